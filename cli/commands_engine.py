@@ -1,0 +1,20 @@
+"""Engine commands: gradcheck (and, later, train and bench)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the app."""
+
+    @app.command()
+    def gradcheck(
+        seed: int = typer.Option(0, help="Seed for weights, inputs and sampled entries."),
+        samples: int = typer.Option(12, help="Entries sampled per tensor."),
+    ) -> None:
+        """Check every analytic gradient against float64 central finite differences."""
+        from euler.gradcheck import run_gradcheck
+
+        ok = run_gradcheck(seed=seed, samples=samples)
+        raise typer.Exit(0 if ok else 1)

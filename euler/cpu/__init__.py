@@ -1,0 +1,1 @@
+"""CPU backend: @njit(parallel=True) prange kernels; matrix products go to BLAS via NumPy."""

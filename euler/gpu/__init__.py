@@ -1,0 +1,1 @@
+"""GPU backend: numba.cuda kernels, a ctypes cuBLAS binding and device memory."""
