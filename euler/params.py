@@ -96,4 +96,3 @@ def init_params(layout: ParamLayout, seed: int, dtype=np.float32) -> np.ndarray:
         rng = np.random.default_rng([seed, i])
         flat[off : off + n] = rng.standard_normal(n) * s
     return flat
-

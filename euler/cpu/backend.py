@@ -1,0 +1,115 @@
+"""The CPU backend: NumPy arrays, BLAS matrix products, prange kernels.
+
+Every backend offers the same methods with the same argument order (outputs, saved
+statistics, inputs, weights, sizes), so euler.model runs unchanged on either device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from euler.cpu import adamw, attention, cross_entropy, embedding, residual, rmsnorm, rope, swiglu
+
+
+class CpuBackend:
+    """Schedules the shared layer math on the CPU; the reference the GPU is tested against."""
+
+    name = "cpu"
+
+    # ------------------------------------------------------------ memory
+    def zeros(self, shape, dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def to_device(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a)
+
+    def to_host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def copy_(self, dst, src) -> None:
+        """dst[...] = src (src may be a host array)."""
+        np.copyto(dst, src)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU kernels return when done."""
+
+    # ------------------------------------------------------------ matrix products
+    def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
+        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
+        a2 = a.T if trans_a else a
+        b2 = b.T if trans_b else b
+        if accumulate:
+            out += a2 @ b2
+        else:
+            np.matmul(a2, b2, out=out)
+
+    # ------------------------------------------------------------ layers
+    def embedding_forward(self, x, tokens, wte) -> None:
+        embedding.embedding_forward(x, tokens, wte)
+
+    def embedding_backward(self, dwte, dx, tokens, accumulate) -> None:
+        embedding.embedding_backward(dwte, dx, tokens, accumulate)
+
+    def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
+        rmsnorm.rmsnorm_forward(y, rstd, x, w, eps)
+
+    def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
+        rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate)
+
+    def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
+        rope.rope_forward(qkv, cos, sin, H, G, E, pos0)
+
+    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
+        rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
+
+    def attention_forward(self, out, lse, qkv, H, G, E) -> None:
+        attention.attention_forward(out, lse, qkv, H, G, E, attention.TILE)
+
+    def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
+        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, attention.TILE)
+
+    def swiglu_forward(self, h, gu) -> None:
+        swiglu.swiglu_forward(h, gu)
+
+    def swiglu_backward(self, dgu, dh, gu) -> None:
+        swiglu.swiglu_backward(dgu, dh, gu)
+
+    def residual_forward(self, out, a, b) -> None:
+        residual.residual_forward(out, a, b)
+
+    def cross_entropy_forward(self, losses, logits, targets) -> None:
+        cross_entropy.cross_entropy_forward(losses, logits, targets)
+
+    def cross_entropy_forward_backward(self, losses, logits, targets, scale) -> None:
+        cross_entropy.cross_entropy_forward_backward(losses, logits, targets, scale)
+
+    def loss_value(self, losses, head_scale) -> float:
+        """sum_k head_scale[k] * sum(losses[k]) for losses (K, N), in float64."""
+        return float(np.dot(losses.astype(np.float64).sum(axis=1), head_scale))
+
+    # ------------------------------------------------------------ optimizer
+    def grad_norm(self, grads) -> float:
+        """Global L2 norm of the flat gradient."""
+        return math.sqrt(adamw.grad_sumsq(grads))
+
+    def adamw_step(self, params, grads, m, v, hp, lr, step, n_decay) -> float:
+        """Clip by global norm, then AdamW in place; returns the norm before clipping."""
+        norm = self.grad_norm(grads)
+        scale = adamw.clip_scale(norm, hp.grad_clip)
+        adamw.adamw_update(
+            params,
+            grads,
+            m,
+            v,
+            lr,
+            hp.beta1,
+            hp.beta2,
+            hp.eps,
+            hp.weight_decay,
+            step,
+            scale,
+            n_decay,
+        )
+        return norm

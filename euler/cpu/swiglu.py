@@ -1,0 +1,29 @@
+"""SwiGLU activation on the CPU over the fused gate|up projection output."""
+
+from __future__ import annotations
+
+from numba import njit, prange
+
+from euler.layer_math import swiglu_backward_scalar, swiglu_forward_scalar
+
+
+@njit(parallel=True, cache=True)
+def swiglu_forward(h, gu):
+    """h (N, F) = silu(gu[:, :F]) * gu[:, F:], assigned; gu (N, 2F)."""
+    N, F = h.shape
+    T = h.dtype.type
+    for n in prange(N):
+        for f in range(F):
+            h[n, f] = swiglu_forward_scalar(gu[n, f], gu[n, F + f], T)
+
+
+@njit(parallel=True, cache=True)
+def swiglu_backward(dgu, dh, gu):
+    """dgu (N, 2F) from dh (N, F) and the saved gu (N, 2F), assigned."""
+    N, F = dh.shape
+    T = dh.dtype.type
+    for n in prange(N):
+        for f in range(F):
+            dg, du = swiglu_backward_scalar(gu[n, f], gu[n, F + f], dh[n, f], T)
+            dgu[n, f] = dg
+            dgu[n, F + f] = du

@@ -1,0 +1,176 @@
+"""The math of every layer, written once and compiled for both targets.
+
+Each helper is `register_jitable`, so it inlines into CPU `@njit` kernels and into
+`numba.cuda` kernels alike; the CPU and GPU backends only schedule these. Helpers take
+the scalar type `T` (np.float32 or np.float64) so every constant is built in the working
+precision: a bare Python float literal would silently promote float32 math to float64.
+
+Row helpers (names ending in `_row`) work on one row of contiguous memory and are the CPU
+schedule's unit of work; the GPU kernels use the scalar pieces with their own reductions.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba.extending import register_jitable
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+@register_jitable
+def rms_rstd(sumsq, n, eps, T):
+    """1 / sqrt(mean(x^2) + eps) from the row's sum of squares (n elements)."""
+    return T(1.0) / math.sqrt(sumsq / T(n) + eps)
+
+
+@register_jitable
+def rmsnorm_forward_row(y, x, w, eps, T):
+    """y = x * rstd * w for one row (D,); returns rstd (saved for the backward pass)."""
+    n = x.shape[0]
+    s = T(0.0)
+    for i in range(n):
+        s += x[i] * x[i]
+    r = rms_rstd(s, n, eps, T)
+    for i in range(n):
+        y[i] = x[i] * r * w[i]
+    return r
+
+
+@register_jitable
+def rmsnorm_backward_row(dx, dw, dy, dres, x, w, r, T):
+    """One row (D,): dx = dres + d/dx, assigned; dw += dy * x * r, accumulated.
+
+    With xhat = x r: dx_i = r (dy_i w_i - xhat_i mean_j(dy_j w_j xhat_j)).
+    """
+    n = x.shape[0]
+    dot = T(0.0)
+    for i in range(n):
+        dot += dy[i] * w[i] * x[i]
+    c = dot * r * r / T(n)
+    for i in range(n):
+        dw[i] += dy[i] * x[i] * r
+        dx[i] = dres[i] + r * (dy[i] * w[i] - x[i] * c)
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+@register_jitable
+def rope_rotate(x1, x2, c, s):
+    """Rotate the pair (x1, x2) by the angle with cosine c and sine s."""
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@register_jitable
+def rope_row(x, cos, sin, sign):
+    """Rotate one head vector (E,) in place, Hugging Face "rotate halves" pairing (i, i + E/2).
+
+    sign = +1 is the forward rotation; sign = -1 rotates back, which is the backward pass
+    (the rotation is orthogonal, so its transpose is its inverse).
+    """
+    half = x.shape[0] // 2
+    for i in range(half):
+        a, b = rope_rotate(x[i], x[i + half], cos[i], sign * sin[i])
+        x[i] = a
+        x[i + half] = b
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+
+@register_jitable
+def silu(g, T):
+    """g * sigmoid(g)."""
+    return g / (T(1.0) + math.exp(-g))
+
+
+@register_jitable
+def swiglu_forward_scalar(g, u, T):
+    """h = silu(g) * u."""
+    return silu(g, T) * u
+
+
+@register_jitable
+def swiglu_backward_scalar(g, u, dh, T):
+    """(dg, du) for h = silu(g) * u; silu'(g) = sig(g) (1 + g (1 - sig(g)))."""
+    sig = T(1.0) / (T(1.0) + math.exp(-g))
+    dg = dh * u * sig * (T(1.0) + g * (T(1.0) - sig))
+    du = dh * g * sig
+    return dg, du
+
+
+# ---------------------------------------------------------------- attention
+
+
+@register_jitable
+def online_softmax_rescale(m_old, m_new, T):
+    """Factor exp(m_old - m_new) that moves a running sum from max m_old to max m_new."""
+    if m_old == -math.inf:
+        return T(0.0)
+    return math.exp(m_old - m_new)
+
+
+# ---------------------------------------------------------------- cross-entropy
+
+
+@register_jitable
+def cross_entropy_row(logits, target, scale, T):
+    """Fused softmax cross-entropy for one row (V,), in place.
+
+    Returns -log p[target]; overwrites `logits` with scale * (p - onehot(target)), the
+    gradient of scale * loss. target < 0 means no target: loss 0 and zero gradient.
+    """
+    n = logits.shape[0]
+    if target < 0:
+        for i in range(n):
+            logits[i] = T(0.0)
+        return T(0.0)
+    m = logits[0]
+    for i in range(1, n):
+        if logits[i] > m:
+            m = logits[i]
+    loss = m - logits[target]
+    s = T(0.0)
+    for i in range(n):
+        e = math.exp(logits[i] - m)
+        logits[i] = e
+        s += e
+    loss += math.log(s)
+    inv = T(1.0) / s
+    for i in range(n):
+        logits[i] = logits[i] * inv * scale
+    logits[target] -= scale
+    return loss
+
+
+@register_jitable
+def logsumexp_row(logits, T):
+    """log(sum(exp(logits))) of one row, shifted by its max for stability."""
+    n = logits.shape[0]
+    m = logits[0]
+    for i in range(1, n):
+        if logits[i] > m:
+            m = logits[i]
+    s = T(0.0)
+    for i in range(n):
+        s += math.exp(logits[i] - m)
+    return m + math.log(s)
+
+
+# ---------------------------------------------------------------- AdamW
+
+
+@register_jitable
+def adamw_scalar(p, g, m, v, lr, beta1, beta2, eps, wd, bc1, bc2, T):
+    """One AdamW update of one parameter; returns (p, m, v).
+
+    Decoupled weight decay (Loshchilov & Hutter): p -= lr * wd * p, applied beside the
+    Adam step rather than folded into the gradient. bc1, bc2 are 1 - beta^t.
+    """
+    m = beta1 * m + (T(1.0) - beta1) * g
+    v = beta2 * v + (T(1.0) - beta2) * g * g
+    mhat = m / bc1
+    vhat = v / bc2
+    p = p - lr * (mhat / (math.sqrt(vhat) + eps) + wd * p)
+    return p, m, v
