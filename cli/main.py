@@ -40,9 +40,10 @@ def info(preset: str = typer.Option("small", help="Preset name: tiny, small or g
 
 def _register_families() -> None:
     """Attach the command families that live in their own modules."""
-    from euler.cli import commands_engine
+    from euler.cli import commands_data, commands_engine
 
     commands_engine.register(app)
+    commands_data.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,166 @@
+"""Data commands: `euler data prepare`, `prepare-sft` and `download`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+data_app = typer.Typer(
+    help="Prepare token shards from books, web text and instructions.", no_args_is_help=True
+)
+
+
+def load_tokenizer(path: Path):
+    """A Tokenizer from a file, or from a prepared data folder's tokenizer.json."""
+    from euler.tokenizer import Tokenizer
+
+    from euler.data.prepare import TOKENIZER_FILE
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER_FILE
+    if not path.is_file():
+        raise EulerError(f"tokenizer file not found: {path}")
+    return Tokenizer.load(str(path))
+
+
+@data_app.command()
+def prepare(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (shards, manifest).")],
+    books: Annotated[
+        list[str] | None,
+        typer.Option(help="Gutenberg .txt file, folder, URL or ebook number (repeatable)."),
+    ] = None,
+    web: Annotated[
+        list[str] | None,
+        typer.Option(help="Web .parquet/.jsonl file, WikiExtractor file, folder or URL."),
+    ] = None,
+    books_weight: Annotated[
+        float | None,
+        typer.Option(help="Sampling weight of books (default: by tokens; an unset one is 1)."),
+    ] = None,
+    web_weight: Annotated[
+        float | None, typer.Option(help="Sampling weight of web text (see --books-weight).")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="Tokenizer file (or a prepared folder) to encode with.")
+    ] = None,
+    vocab_size: Annotated[
+        int | None, typer.Option(help="Train a tokenizer of this size on the sources.")
+    ] = None,
+    val_fraction: Annotated[float, typer.Option(help="Fraction of documents held out.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
+    text_column: Annotated[str, typer.Option(help="Text column of parquet/jsonl files.")] = "text",
+    threads: Annotated[int, typer.Option(help="Tokenizer threads (0: all cores).")] = 0,
+    tokenizer_sample_mb: Annotated[
+        float, typer.Option(help="Million characters sampled to train a tokenizer.")
+    ] = 20.0,
+) -> None:
+    """Tokenize books and web text into train/val shards with a manifest."""
+    from rich.console import Console
+
+    from euler.data.corpus import file_source
+    from euler.data.prepare import prepare_corpus
+
+    if not books and not web:
+        raise EulerError("give at least one --books or --web input")
+    if (tokenizer is None) == (vocab_size is None):
+        raise EulerError("give exactly one of --tokenizer and --vocab-size")
+    weighted = books_weight is not None or web_weight is not None
+    sources = []
+    for kind, items, weight in (("books", books, books_weight), ("web", web, web_weight)):
+        if items:
+            w = (1.0 if weight is None else weight) if weighted else None
+            sources.append(file_source(kind, items, w, text_column))
+    manifest = prepare_corpus(
+        sources,
+        out,
+        tokenizer=load_tokenizer(tokenizer) if tokenizer is not None else None,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        seed=seed,
+        threads=threads or None,
+        tokenizer_sample_chars=int(tokenizer_sample_mb * 1e6),
+        log=Console(stderr=True).print,
+    )
+    _print_summary(out, manifest)
+
+
+def _print_summary(out: Path, manifest: dict) -> None:
+    """Tokens per source, throughput and validation fraction of a preparation."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"prepared {out}")
+    for col in ("source", "weight", "docs", "MB", "train tokens", "val tokens", "val frac"):
+        table.add_column(col, justify="right")
+    for s in manifest["sources"]:
+        n = s["tokens"]["train"] + s["tokens"]["val"]
+        table.add_row(
+            s["name"],
+            "by tokens" if s["weight"] is None else f"{s['weight']:g}",
+            str(s["documents"]["train"] + s["documents"]["val"]),
+            f"{(s['text_bytes']['train'] + s['text_bytes']['val']) / 1e6:.1f}",
+            f"{s['tokens']['train']:,}",
+            f"{s['tokens']['val']:,}",
+            f"{s['tokens']['val'] / max(n, 1):.3f}",
+        )
+    t = manifest["totals"]
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{t['text_bytes'] / 1e6:.1f} MB in {t['seconds']:.1f} s = {t['mb_per_s']:.2f} MB/s "
+        f"on {t['threads']} threads; {t['bytes_per_token']:.2f} bytes/token; "
+        f"validation {t['val_token_fraction']:.3f} of tokens"
+    )
+
+
+@data_app.command("prepare-sft")
+def prepare_sft_command(
+    inputs: Annotated[list[str], typer.Argument(help="Alpaca JSON files or URLs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    tokenizer: Annotated[
+        Path, typer.Option(help="Tokenizer file, or the pretraining data folder that holds it.")
+    ],
+    context: Annotated[int, typer.Option(help="Context T the records must fit.")] = 128,
+    val_fraction: Annotated[float, typer.Option(help="Fraction of records held out.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
+) -> None:
+    """Render Alpaca records in the chat template into SFT shards with loss masks."""
+    from rich.console import Console
+
+    from euler.data.sft import TOO_LONG_RULE, prepare_sft
+
+    m = prepare_sft(inputs, out, load_tokenizer(tokenizer), context, val_fraction, seed)
+    console = Console()
+    console.print(f"{m['records']} records, context {context}; rule: {TOO_LONG_RULE}")
+    for split, s in m["splits"].items():
+        console.print(
+            f"{split}: kept {s['kept']} (truncated {s['truncated']}), dropped {s['dropped']}; "
+            f"{s['tokens']:,} tokens; loss on {s['loss_fraction_of_record_tokens']:.3f} of "
+            f"record tokens, {s['loss_fraction_of_windows']:.3f} of {context + 1}-token windows"
+        )
+
+
+@data_app.command()
+def download(
+    url: Annotated[str, typer.Argument(help="http(s) URL.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Destination file (default: the cache).")
+    ] = None,
+    sha256: Annotated[str | None, typer.Option(help="Expected SHA-256 (hex).")] = None,
+    size: Annotated[int | None, typer.Option(help="Expected size in bytes.")] = None,
+) -> None:
+    """Download a file into the cache (resumable) and print its path."""
+    from euler.data.download import download as fetch
+
+    print(fetch(url, out, sha256=sha256, size=size))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `data` command family to the app."""
+    app.add_typer(data_app, name="data")
