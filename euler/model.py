@@ -82,6 +82,9 @@ class Activations:
         self.rstdf = z(B, T)
         self.logits = z(B * T, V)  # one head at a time
         self.losses = z(K, B * T)
+        # inputs staged into fixed buffers, so a step uploads without allocating
+        self.tokens = backend.zeros((B * T,), np.int32)
+        self.targets = backend.zeros((K, B * T), np.int32)
         # backward scratch
         self.dx = z(B, T, D)
         self.dxn = z(B, T, D)
@@ -175,7 +178,8 @@ class Model:
         H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
         a = self._arena(B, T)
         p = self.p
-        self._tokens = be.to_device(tokens.reshape(-1))
+        be.copy_(a.tokens, tokens.reshape(-1))
+        self._tokens = a.tokens
         be.embedding_forward(_2d(a.x[0]), self._tokens, p["tok_emb"])
         for layer in range(cfg.n_layer):
             w = f"layers.{layer}."
@@ -210,8 +214,10 @@ class Model:
         be, a = self.be, self.acts
         scales = head_scales(targets)
         xf = _2d(a.xf)
-        for k in range(self.cfg.n_mtp):
-            tk = be.to_device(np.ascontiguousarray(targets[k].reshape(-1)))
+        K = self.cfg.n_mtp
+        be.copy_(a.targets, np.ascontiguousarray(targets, dtype=np.int32).reshape(K, -1))
+        for k in range(K):
+            tk = a.targets[k]
             w = self.p["mtp_heads"][k]  # (V, D)
             be.matmul(a.logits, xf, w, trans_b=True)  # (B T, V)
             if not need_grad:
