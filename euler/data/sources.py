@@ -14,6 +14,7 @@ Files are read as strict UTF-8; newlines are normalised to LF.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -147,6 +148,24 @@ def iter_documents(inp: InputFile, text_column: str = "text") -> Iterator[str]:
         raise EulerError(f"{inp.path}: unknown input format {inp.format!r}")
 
 
+def _raise_first_bad_line(path: Path) -> None:
+    """Raise EulerError at the first line of a JSON Lines file that is not a JSON object.
+
+    DuckDB's own message can name the line after the faulty one, so the exact line
+    is found again with the json module; returns only if every line parses.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EulerError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(value, dict):
+                raise EulerError(f"{path}:{lineno}: expected a JSON object per line")
+
+
 def _iter_table(path: Path, fmt: str, column: str) -> Iterator[str]:
     """Stream one text column of a parquet or JSON Lines file through DuckDB."""
     import duckdb
@@ -171,6 +190,8 @@ def _iter_table(path: Path, fmt: str, column: str) -> Iterator[str]:
                     if isinstance(value, str) and value.strip():
                         yield normalize_newlines(value).strip()
         except duckdb.Error as e:
+            if fmt == "jsonl":
+                _raise_first_bad_line(path)
             msg = str(e).splitlines()[0]
             raise EulerError(f"{path}: cannot read {fmt}: {msg}") from None
     finally:
