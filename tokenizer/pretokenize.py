@@ -1,0 +1,158 @@
+"""GPT-2 pretokenization over UTF-8 bytes, compiled: the exact split of the GPT-2 regex.
+
+The pattern below is the specification (the Hugging Face export and the tests use it);
+`piece_end` is a hand-written matcher of the same alternatives, in the same order, that
+runs on raw bytes so that training and encoding never build Python strings per piece.
+Bytes that are not valid UTF-8 count as single "other" characters, which is exactly how
+the pattern sees Python's `surrogateescape` decoding of them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import regex
+from numba import njit
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Character classes as the pattern sees them; a code point is in exactly one.
+OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
+
+
+@functools.cache
+def char_classes() -> np.ndarray:
+    """uint8[0x110000]: the class (OTHER, LETTER, NUMBER, SPACE) of every code point.
+
+    Derived from the `regex` module itself (\\p{L}, \\p{N}, \\s), so the compiled matcher
+    agrees with GPT2_PATTERN by construction.
+    """
+    every = "".join(map(chr, range(0x110000)))
+    table = np.zeros(0x110000, np.uint8)
+    for cls, pat in ((LETTER, r"\p{L}+"), (NUMBER, r"\p{N}+"), (SPACE, r"\s+")):
+        for m in regex.finditer(pat, every):
+            if table[m.start() : m.end()].any():
+                raise AssertionError(f"code points in two classes near U+{m.start():04X}")
+            table[m.start() : m.end()] = cls
+    return table
+
+
+@njit(cache=True, inline="always")
+def _is_cont(b: np.int64) -> bool:
+    return 0x80 <= b <= 0xBF
+
+
+@njit(cache=True, inline="always")
+def decode_utf8(buf, i, n):
+    """(code point, byte length) of the character at buf[i]; (-1, 1) for an invalid byte.
+
+    Strict UTF-8 (Unicode table 3-7): overlongs, surrogates and values past U+10FFFF are
+    invalid, so each of their bytes stands alone, as with Python's decoder.
+    """
+    b0 = np.int64(buf[i])
+    if b0 < 0x80:
+        return b0, 1
+    if 0xC2 <= b0 <= 0xDF:
+        if i + 1 < n and _is_cont(np.int64(buf[i + 1])):
+            return ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2
+        return -1, 1
+    if 0xE0 <= b0 <= 0xEF:
+        lo = 0xA0 if b0 == 0xE0 else 0x80
+        hi = 0x9F if b0 == 0xED else 0xBF
+        if i + 2 < n:
+            b1 = np.int64(buf[i + 1])
+            b2 = np.int64(buf[i + 2])
+            if lo <= b1 <= hi and _is_cont(b2):
+                return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), 3
+        return -1, 1
+    if 0xF0 <= b0 <= 0xF4:
+        lo = 0x90 if b0 == 0xF0 else 0x80
+        hi = 0x8F if b0 == 0xF4 else 0xBF
+        if i + 3 < n:
+            b1 = np.int64(buf[i + 1])
+            b2 = np.int64(buf[i + 2])
+            b3 = np.int64(buf[i + 3])
+            if lo <= b1 <= hi and _is_cont(b2) and _is_cont(b3):
+                cp = ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F)
+                return cp, 4
+        return -1, 1
+    return -1, 1
+
+
+@njit(cache=True, inline="always")
+def _class_at(buf, i, n, classes):
+    cp, length = decode_utf8(buf, i, n)
+    cls = OTHER if cp < 0 else np.int64(classes[cp])
+    return cp, length, cls
+
+
+@njit(cache=True, inline="always")
+def _run_end(buf, j, n, classes, cls):
+    while j < n:
+        _, length, c = _class_at(buf, j, n, classes)
+        if c != cls:
+            break
+        j += length
+    return j
+
+
+@njit(cache=True)
+def piece_end(buf, i, n, classes):
+    """Byte end of the pretoken that starts at buf[i] (i < n): GPT2_PATTERN's next match."""
+    cp, length, cls = _class_at(buf, i, n, classes)
+    if cp == 39 and i + 1 < n:  # apostrophe: 's 't 'm 'd, then 're 've 'll
+        c1 = buf[i + 1]
+        if c1 == 115 or c1 == 116 or c1 == 109 or c1 == 100:
+            return i + 2
+        if i + 2 < n:
+            c2 = buf[i + 2]
+            if (c1 == 114 and c2 == 101) or (c1 == 118 and c2 == 101) or (c1 == 108 and c2 == 108):
+                return i + 3
+    if cls != SPACE:  # a run of letters, numbers or other characters
+        return _run_end(buf, i + length, n, classes, cls)
+    if cp == 32 and i + 1 < n:  # one space joins the run that follows it
+        _, length1, cls1 = _class_at(buf, i + 1, n, classes)
+        if cls1 != SPACE:
+            return _run_end(buf, i + 1 + length1, n, classes, cls1)
+    # Whitespace: \s+(?!\S) keeps the last blank for the word after it, else \s+.
+    j = i + length
+    last = i
+    while j < n:
+        _, length, c = _class_at(buf, j, n, classes)
+        if c != SPACE:
+            break
+        last = j
+        j += length
+    if j == n or last == i:
+        return j
+    return last
+
+
+@njit(cache=True)
+def piece_bounds(buf, classes):
+    """int64[P+1]: byte offsets of the P pretokens of buf (for tests and statistics)."""
+    n = buf.size
+    out = np.empty(n + 1, np.int64)
+    out[0] = 0
+    k = 0
+    i = 0
+    while i < n:
+        i = piece_end(buf, i, n, classes)
+        k += 1
+        out[k] = i
+    return out[: k + 1].copy()
+
+
+def next_safe_cut(buf: np.ndarray, p: int, limit: int) -> int:
+    """First cut c in [p, limit) where a pretoken boundary does not depend on context
+    (looking 64 KiB ahead), else limit.
+
+    An ASCII letter, a space, an ASCII letter: the word before ends at c whatever follows,
+    and " word" starts at c whatever precedes, so encoding buf[:c] and buf[c:] separately
+    gives the same pieces as encoding buf whole. Needs 1 <= p.
+    """
+    w = buf[p - 1 : min(limit, p + (1 << 16))]
+    letter = ((w | 32) >= 97) & ((w | 32) <= 122)
+    hits = np.flatnonzero(letter[:-2] & (w[1:-1] == 32) & letter[2:])
+    return p + int(hits[0]) if hits.size else limit
