@@ -60,12 +60,15 @@ def stdlib_docstrings() -> Iterator[str]:
 
 
 def default_sources() -> list[CorpusSource]:
-    """The two embedded sources: pydoc topics and stdlib docstrings."""
+    """The two embedded sources: pydoc topics and stdlib docstrings (read once, kept in memory)."""
     where = f"CPython {sys.version.split()[0]} at {sysconfig.get_paths()['stdlib']}"
+    topics, docstrings = list(pydoc_topics()), list(stdlib_docstrings())  # ~2 MB of text
     return [
-        CorpusSource("pydoc-topics", pydoc_topics, [{"origin": f"pydoc_data.topics of {where}"}]),
+        CorpusSource("pydoc-topics", lambda: iter(topics), [{"origin": f"pydoc_data of {where}"}]),
         CorpusSource(
-            "stdlib-docstrings", stdlib_docstrings, [{"origin": f"standard library of {where}"}]
+            "stdlib-docstrings",
+            lambda: iter(docstrings),
+            [{"origin": f"standard library docstrings of {where}"}],
         ),
     ]
 
