@@ -7,18 +7,25 @@ import http.server
 import threading
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from euler.data.download import cache_name, download
+from euler.data.sources import iter_documents, resolve_inputs
 from euler.errors import EulerError
 
 BODY = bytes(range(256)) * 1000  # 256,000 bytes
+BOOK = (
+    b"*** START OF THIS PROJECT GUTENBERG EBOOK SEVEN ***\r\nChapter one.\r\n"
+    b"*** END OF THIS PROJECT GUTENBERG EBOOK SEVEN ***\r\nlicense\r\n"
+)
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     """Serves BODY at /file with Range support; /norange ignores Range; /cut stops halfway."""
 
     requests: list[tuple[str, str | None]] = []
+    files: dict[str, bytes] = {}  # more paths a test can serve
 
     def log_message(self, *args) -> None:  # keep test output clean
         pass
@@ -26,11 +33,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         rng = self.headers.get("Range")
         Handler.requests.append((self.path, rng))
-        if self.path == "/missing":
-            self.send_error(404, "Not Found")
+        if self.path in Handler.files:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(Handler.files[self.path])))
+            self.end_headers()
+            self.wfile.write(Handler.files[self.path])
             return
         if self.path == "/boom":
             self.send_error(500, "Internal Server Error")
+            return
+        if self.path not in ("/file", "/norange", "/cut"):
+            self.send_error(404, "Not Found")
             return
         start = 0
         if rng and self.path == "/file":
@@ -149,3 +162,21 @@ def test_cache_names_differ_per_url():
     a = cache_name("https://a.example/x/data.parquet")
     b = cache_name("https://b.example/x/data.parquet")
     assert a != b and a.endswith("-data.parquet") and b.endswith("-data.parquet")
+
+
+def test_gutenberg_ebook_number_tries_each_url_layout(server):
+    Handler.files["/files/7/7-0.txt"] = BOOK  # only the second URL layout has ebook 7
+    (book,) = resolve_inputs("books", ["7"], mirror=server, progress=False)
+    assert list(iter_documents(book)) == ["Chapter one."]
+    assert [p for p, _ in Handler.requests] == ["/cache/epub/7/pg7.txt", "/files/7/7-0.txt"]
+    with pytest.raises(EulerError, match="ebook 8: no plain-text file found"):
+        resolve_inputs("books", ["8"], mirror=server, progress=False)
+
+
+def test_parquet_by_url_is_cached_then_read(server, tmp_path, cache):
+    local = tmp_path / "src.parquet"
+    duckdb.sql(f"COPY (SELECT 'web text ' || i AS text FROM range(3) t(i)) TO '{local}'")
+    Handler.files["/sample/000_00000.parquet"] = local.read_bytes()
+    (inp,) = resolve_inputs("web", [f"{server}/sample/000_00000.parquet"], progress=False)
+    assert inp.format == "parquet" and inp.path.parent == cache / "downloads"
+    assert list(iter_documents(inp)) == ["web text 0", "web text 1", "web text 2"]
