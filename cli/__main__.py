@@ -1,0 +1,3 @@
+from euler.cli.main import main
+
+main()

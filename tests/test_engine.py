@@ -1,0 +1,238 @@
+"""The CPU engine against the independent NumPy reference, plus its contracts and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from euler.config import PRESETS, ModelConfig, get_preset
+from euler.errors import EulerError
+from euler.gradcheck import ODD_CONFIG, gradcheck_rows
+from euler.model import Model, head_scales, make_targets
+from euler.optim import AdamW, AdamWConfig
+from euler.params import ParamLayout, param_table
+from tests import numpy_reference as ref
+
+CONFIGS = {"tiny": PRESETS["tiny"], "odd": ODD_CONFIG}
+
+
+def _batch(cfg: ModelConfig, B: int, T: int, extra: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    window = rng.integers(0, cfg.vocab_size, (B, T + extra))
+    return window[:, :T].astype(np.int32), make_targets(window, T, cfg.n_mtp)
+
+
+def test_preset_parameter_counts():
+    assert get_preset("small").n_params() == 1_049_216
+    assert get_preset("gpu").n_params() == 116_417_280
+    cfg = get_preset("small")
+    assert ParamLayout(cfg).size == cfg.n_params()
+
+
+def test_info_cli_prints_counts():
+    out = subprocess.run(
+        [sys.executable, "-m", "euler.cli", "info", "--preset", "gpu"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "116,417,280" in out
+
+
+def test_layout_decay_prefix_holds_matrices_only():
+    cfg = CONFIGS["odd"]
+    layout = ParamLayout(cfg)
+    for name, shape, decay in param_table(cfg):
+        off, _ = layout.offsets[name]
+        assert (off < layout.n_decay) == decay
+        assert decay == (len(shape) > 1)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("extra", [0, 2, 4])  # windows shorter than T + K leave heads short
+def test_engine_equals_numpy_reference_float64(name, extra):
+    cfg = CONFIGS[name]
+    B, T = 2, cfg.context - 3
+    tokens, targets = _batch(cfg, B, T, extra, seed=extra)
+    model = Model(cfg, dtype=np.float64, seed=7)
+    loss = model.forward(tokens, targets)
+    params = {k: np.asarray(v) for k, v in model.p.items()}
+    ref_loss, ref_logits = ref.reference_forward(cfg, params, tokens, targets)
+    if extra == 0:  # a bare T window: head k has no target at its last k + 1 positions
+        assert (targets[-1][:, T - cfg.n_mtp :] == -1).all()
+    assert loss == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
+    for k in range(cfg.n_mtp):
+        np.testing.assert_allclose(model.head_logits(k), ref_logits[k], rtol=1e-10, atol=1e-10)
+
+
+def test_targets_and_head_scales():
+    window = np.arange(12).reshape(2, 6)
+    t = make_targets(window, 4, 3)
+    assert t.shape == (3, 2, 4)
+    np.testing.assert_array_equal(t[0, 0], [1, 2, 3, 4])
+    np.testing.assert_array_equal(t[2, 1], [9, 10, 11, -1])
+    np.testing.assert_array_equal(t, ref.make_targets(window, 4, 3))
+    mask = np.ones_like(window)
+    mask[:, 2] = 0
+    tm = make_targets(window, 4, 3, mask)
+    assert tm[0, 0, 1] == -1 and tm[1, 0, 0] == -1 and tm[0, 0, 0] == 1
+    s = head_scales(np.full((2, 1, 3), -1, np.int32))
+    assert (s == 0).all()
+    s = head_scales(t)
+    assert s[0] == pytest.approx(1 / (8 * 3)) and s[2] == pytest.approx(1 / (6 * 3))
+
+
+def test_gradcheck_passes_every_row():
+    rows = gradcheck_rows(seed=1, samples=4)
+    assert len(rows) > 60
+    bad = [(r.layer, r.tensor, r.max_rel) for r in rows if not r.ok]
+    assert not bad
+
+
+def test_gradcheck_catches_a_wrong_gradient(monkeypatch):
+    """The check must be able to fail: break the SwiGLU backward and watch it report."""
+    from euler.cpu import backend
+
+    real = backend.swiglu.swiglu_backward
+
+    def broken(dgu, dh, gu):
+        real(dgu, dh, gu)
+        dgu[:, ::2] *= 1.0001  # a 1e-4 error on half the entries
+
+    monkeypatch.setattr(backend.swiglu, "swiglu_backward", broken)
+    rows = gradcheck_rows(seed=2, samples=4)
+    failed = {r.layer for r in rows if not r.ok}
+    assert {"tiny: swiglu", "tiny: model", "odd: swiglu", "odd: model"} <= failed
+
+
+def test_float32_layers_follow_float64():
+    cfg = CONFIGS["odd"]
+    tokens, targets = _batch(cfg, 2, cfg.context, cfg.n_mtp)
+    m64 = Model(cfg, dtype=np.float64, seed=5)
+    m32 = Model(cfg, dtype=np.float32, flat_params=m64.params.astype(np.float32))
+    l64 = m64.forward(tokens, targets, need_grad=True)
+    l32 = m32.forward(tokens, targets, need_grad=True)
+    m64.backward()
+    m32.backward()
+    assert l32 == pytest.approx(l64, rel=1e-5)
+    for name in m64.g:
+        g64, g32 = m64.g[name], m32.g[name]
+        err = np.abs(g32 - g64).max() / max(np.abs(g64).max(), 1e-12)
+        assert err < 1e-3, name
+
+
+def test_flash_attention_equals_naive_attention():
+    from euler.cpu.backend import CpuBackend
+
+    be = CpuBackend()
+    rng = np.random.default_rng(3)
+    B, T, H, G, E = 2, 70, 6, 2, 8  # T spans three key tiles, the last one partial
+    qkv = rng.standard_normal((B, T, (H + 2 * G) * E))
+    out, lse = np.empty((B, T, H * E)), np.empty((B, H, T))
+    be.attention_forward(out, lse, qkv, H, G, E)
+    q = qkv[..., : H * E].reshape(B, T, H, E)
+    k = qkv[..., H * E : (H + G) * E].reshape(B, T, G, E)
+    v = qkv[..., (H + G) * E :].reshape(B, T, G, E)
+    np.testing.assert_allclose(out.reshape(B, T, H, E), ref.naive_attention(q, k, v), atol=1e-12)
+
+
+def test_gradient_accumulation_adds_micro_batches():
+    cfg = CONFIGS["tiny"]
+    t1, g1 = _batch(cfg, 2, 16, 4, seed=1)
+    t2, g2 = _batch(cfg, 2, 16, 4, seed=2)
+    m = Model(cfg, dtype=np.float64, seed=3)
+    m.forward(t1, g1, need_grad=True)
+    m.backward()
+    first = m.grads.copy()
+    m.forward(t2, g2, need_grad=True)
+    m.backward()
+    second = m.grads.copy()
+    m.forward(t1, g1, need_grad=True)
+    m.backward()
+    m.forward(t2, g2, need_grad=True, accumulate=True)
+    m.backward()
+    np.testing.assert_allclose(m.grads, first + second, rtol=1e-12, atol=1e-15)
+
+
+def test_adamw_matches_numpy_and_skips_norm_decay():
+    cfg = CONFIGS["tiny"]
+    m = Model(cfg, dtype=np.float64, seed=1)
+    rng = np.random.default_rng(0)
+    hp = AdamWConfig(weight_decay=0.1, grad_clip=0.5)
+    opt = AdamW(m, hp)
+    p = m.params.copy()
+    mom, vel = np.zeros_like(p), np.zeros_like(p)
+    decay = np.zeros_like(p)
+    decay[: m.layout.n_decay] = hp.weight_decay
+    for step in (1, 2):
+        g = rng.standard_normal(p.size)
+        m.grads[:] = g
+        norm = opt.step(lr=0.01)
+        assert norm == pytest.approx(np.linalg.norm(g))
+        g = g * (hp.grad_clip / (norm + 1e-6))
+        mom = 0.9 * mom + 0.1 * g
+        vel = 0.95 * vel + 0.05 * g * g
+        mhat, vhat = mom / (1 - 0.9**step), vel / (1 - 0.95**step)
+        p = p - 0.01 * (mhat / (np.sqrt(vhat) + hp.eps) + decay * p)
+    np.testing.assert_allclose(m.params, p, rtol=1e-12, atol=1e-14)
+
+
+def test_training_steps_are_deterministic():
+    cfg = CONFIGS["tiny"]
+
+    def run():
+        m = Model(cfg, dtype=np.float32, seed=11)
+        opt = AdamW(m)
+        losses = []
+        tokens, targets = _batch(cfg, 4, cfg.context, cfg.n_mtp)
+        for _ in range(4):
+            losses.append(m.forward(tokens, targets, need_grad=True))
+            m.backward()
+            opt.step(lr=1e-2)
+        return losses, m.params.copy()
+
+    (l1, p1), (l2, p2) = run(), run()
+    assert l1 == l2
+    assert np.array_equal(p1, p2)
+    assert l1[-1] < l1[0]
+
+
+@pytest.mark.parametrize(
+    "fields, culprit",
+    [
+        ({"d_model": 30, "n_head": 4}, "d_model"),
+        ({"n_head": 4, "n_kv_head": 3}, "n_head"),
+        ({"d_model": 12, "n_head": 4, "n_kv_head": 2}, "head size"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"norm_eps": -1.0}, "norm_eps"),
+    ],
+)
+def test_bad_config_names_the_field(fields, culprit):
+    with pytest.raises(EulerError, match=culprit):
+        ModelConfig(**fields)
+
+
+def test_bad_inputs_are_refused_before_any_kernel():
+    cfg = CONFIGS["tiny"]
+    m = Model(cfg, dtype=np.float32)
+    with pytest.raises(EulerError, match="context"):
+        m.forward(np.zeros((1, cfg.context + 1), np.int32))
+    with pytest.raises(EulerError, match="outside the vocabulary"):
+        m.forward(np.full((1, 4), cfg.vocab_size, np.int32))
+    with pytest.raises(EulerError, match="outside the vocabulary"):
+        m.forward(np.full((1, 4), -1, np.int32))
+    bad_targets = np.full((cfg.n_mtp, 1, 4), cfg.vocab_size, np.int32)
+    with pytest.raises(EulerError, match="targets"):
+        m.forward(np.zeros((1, 4), np.int32), bad_targets)
+    with pytest.raises(EulerError, match="unknown config field"):
+        ModelConfig.from_dict({"d_model": 32, "bogus": 1})
+
+
+def test_cli_reports_bad_preset_in_one_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "euler.cli", "info", "--preset", "huge"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--preset" in r.stderr
