@@ -38,70 +38,53 @@ def char_classes() -> np.ndarray:
     return table
 
 
-@njit(cache=True, inline="always")
-def _is_cont(b: np.int64) -> bool:
-    return 0x80 <= b <= 0xBF
-
-
-@njit(cache=True, inline="always")
-def decode_utf8(buf, i, n):
-    """(code point, byte length) of the character at buf[i]; (-1, 1) for an invalid byte.
+@njit(cache=True)
+def decode_utf8(b0, b1, b2, b3):
+    """(code point, byte length) of the character whose bytes start b0 b1 b2 b3 (pass 0
+    past the end); (-1, 1) when b0 does not start a valid character.
 
     Strict UTF-8 (Unicode table 3-7): overlongs, surrogates and values past U+10FFFF are
-    invalid, so each of their bytes stands alone, as with Python's decoder.
+    invalid, so each of their bytes stands alone, as with Python's decoder. Scalars only:
+    array arguments would cost reference counting on every call.
     """
-    b0 = np.int64(buf[i])
+    b0, b1, b2, b3 = np.int64(b0), np.int64(b1), np.int64(b2), np.int64(b3)
     if b0 < 0x80:
         return b0, 1
-    if 0xC2 <= b0 <= 0xDF:
-        if i + 1 < n and _is_cont(np.int64(buf[i + 1])):
-            return ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2
-        return -1, 1
-    if 0xE0 <= b0 <= 0xEF:
-        lo = 0xA0 if b0 == 0xE0 else 0x80
-        hi = 0x9F if b0 == 0xED else 0xBF
-        if i + 2 < n:
-            b1 = np.int64(buf[i + 1])
-            b2 = np.int64(buf[i + 2])
-            if lo <= b1 <= hi and _is_cont(b2):
-                return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), 3
-        return -1, 1
-    if 0xF0 <= b0 <= 0xF4:
-        lo = 0x90 if b0 == 0xF0 else 0x80
-        hi = 0x8F if b0 == 0xF4 else 0xBF
-        if i + 3 < n:
-            b1 = np.int64(buf[i + 1])
-            b2 = np.int64(buf[i + 2])
-            b3 = np.int64(buf[i + 3])
-            if lo <= b1 <= hi and _is_cont(b2) and _is_cont(b3):
-                cp = ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F)
-                return cp, 4
-        return -1, 1
-    return -1, 1
+    c1 = 0x80 <= b1 <= 0xBF
+    if 0xC2 <= b0 <= 0xDF and c1:
+        return ((b0 & 0x1F) << 6) | (b1 & 0x3F), 2
+    c2 = 0x80 <= b2 <= 0xBF
+    if 0xE0 <= b0 <= 0xEF and c1 and c2:
+        if (b0 != 0xE0 or b1 >= 0xA0) and (b0 != 0xED or b1 <= 0x9F):
+            return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), 3
+    if 0xF0 <= b0 <= 0xF4 and c1 and c2 and 0x80 <= b3 <= 0xBF:
+        if (b0 != 0xF0 or b1 >= 0x90) and (b0 != 0xF4 or b1 <= 0x8F):
+            cp = ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F)
+            return cp, 4
+    return np.int64(-1), 1
 
 
-@njit(cache=True, inline="always")
-def _class_at(buf, i, n, classes):
-    cp, length = decode_utf8(buf, i, n)
-    cls = OTHER if cp < 0 else np.int64(classes[cp])
-    return cp, length, cls
-
-
-@njit(cache=True, inline="always")
-def _run_end(buf, j, n, classes, cls):
-    while j < n:
-        _, length, c = _class_at(buf, j, n, classes)
-        if c != cls:
-            break
-        j += length
-    return j
+@njit(cache=True)
+def _char(buf, i, n, classes):
+    """(class, byte length) of the non-ASCII character (or invalid byte) at buf[i]."""
+    cp, length = decode_utf8(
+        buf[i],
+        buf[i + 1] if i + 1 < n else 0,
+        buf[i + 2] if i + 2 < n else 0,
+        buf[i + 3] if i + 3 < n else 0,
+    )
+    return (OTHER if cp < 0 else np.int64(classes[cp])), length
 
 
 @njit(cache=True)
 def piece_end(buf, i, n, classes):
-    """Byte end of the pretoken that starts at buf[i] (i < n): GPT2_PATTERN's next match."""
-    cp, length, cls = _class_at(buf, i, n, classes)
-    if cp == 39 and i + 1 < n:  # apostrophe: 's 't 'm 'd, then 're 've 'll
+    """Byte end of the pretoken that starts at buf[i] (i < n): GPT2_PATTERN's next match.
+
+    ASCII is classified in line at each step (`b < 128`); calling a helper with array
+    arguments per byte costs reference counting and made this 10x slower.
+    """
+    b = buf[i]
+    if b == 39 and i + 1 < n:  # apostrophe: 's 't 'm 'd, then 're 've 'll
         c1 = buf[i + 1]
         if c1 == 115 or c1 == 116 or c1 == 109 or c1 == 100:
             return i + 2
@@ -109,17 +92,39 @@ def piece_end(buf, i, n, classes):
             c2 = buf[i + 2]
             if (c1 == 114 and c2 == 101) or (c1 == 118 and c2 == 101) or (c1 == 108 and c2 == 108):
                 return i + 3
-    if cls != SPACE:  # a run of letters, numbers or other characters
-        return _run_end(buf, i + length, n, classes, cls)
-    if cp == 32 and i + 1 < n:  # one space joins the run that follows it
-        _, length1, cls1 = _class_at(buf, i + 1, n, classes)
-        if cls1 != SPACE:
-            return _run_end(buf, i + 1 + length1, n, classes, cls1)
-    # Whitespace: \s+(?!\S) keeps the last blank for the word after it, else \s+.
+    if b < 128:
+        cls, length = np.int64(classes[b]), 1
+    else:
+        cls, length = _char(buf, i, n, classes)
     j = i + length
+    if b == 32 and j < n:  # one space joins the letters, numbers or others after it
+        b = buf[j]
+        if b < 128:
+            c, length = np.int64(classes[b]), 1
+        else:
+            c, length = _char(buf, j, n, classes)
+        if c != SPACE:
+            cls = c
+            j += length
+    if cls != SPACE:  # a run of one class
+        while j < n:
+            b = buf[j]
+            if b < 128:
+                c, length = np.int64(classes[b]), 1
+            else:
+                c, length = _char(buf, j, n, classes)
+            if c != cls:
+                break
+            j += length
+        return j
+    # Whitespace: \s+(?!\S) keeps the last blank for the word after it, else \s+.
     last = i
     while j < n:
-        _, length, c = _class_at(buf, j, n, classes)
+        b = buf[j]
+        if b < 128:
+            c, length = np.int64(classes[b]), 1
+        else:
+            c, length = _char(buf, j, n, classes)
         if c != SPACE:
             break
         last = j

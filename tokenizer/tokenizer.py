@@ -39,7 +39,7 @@ FORMAT = "nanoeuler-bpe"
 VERSION = 1
 
 _SPECIAL_SPLIT = regex.compile("(" + "|".join(map(regex.escape, SPECIAL_TOKENS)) + ")")
-_CACHE_ENTRIES, _CACHE_KEY_BYTES, _CACHE_IDS = 1 << 18, 4 << 20, 1 << 20
+_CACHE_ENTRIES, _CACHE_KEY_BYTES, _CACHE_IDS = 1 << 17, 2 << 20, 1 << 19
 _PARALLEL_MIN_BYTES = 1 << 16  # below this, one thread is faster than two
 
 
