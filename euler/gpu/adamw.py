@@ -1,0 +1,99 @@
+"""AdamW, the global gradient norm and clipping on the GPU, with no host synchronisation.
+
+The norm is reduced on the device into a float64 scalar, the clip factor is computed from
+it on the device (with the CPU engine's own `clip_scale`, compiled for the GPU), and the
+update kernel reads that factor from device memory: the host never waits for the norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float64
+from numba.extending import register_jitable
+
+from euler.cpu.adamw import clip_scale
+from euler.gpu.memory import THREADS, grid_for
+from euler.gpu.reduce import MAX_THREADS, block_sum
+from euler.layer_math import adamw_scalar
+
+NORM_BLOCKS = 528  # at most this many partial sums of squares: 4 blocks per H200 SM
+_clip_scale = register_jitable(clip_scale)
+
+
+@cuda.jit
+def grad_sumsq_kernel(partial, grads):
+    """partial (C,) float64 = sum of squares of block c's grid-stride share of grads (P,)."""
+    buf = cuda.shared.array(MAX_THREADS, float64)
+    s = float64(0.0)
+    i = cuda.grid(1)
+    while i < grads.shape[0]:
+        g = float64(grads[i])
+        s += g * g
+        i += cuda.gridsize(1)
+    s = block_sum(s, buf, float64(0.0))
+    if cuda.threadIdx.x == 0:
+        partial[cuda.blockIdx.x] = s
+
+
+@cuda.jit
+def norm_and_scale_kernel(stats, partial, max_norm):
+    """stats (2,) float64 = (norm, clip factor) from partial (C,); a single block."""
+    buf = cuda.shared.array(MAX_THREADS, float64)
+    s = float64(0.0)
+    for c in range(cuda.threadIdx.x, partial.shape[0], cuda.blockDim.x):
+        s += partial[c]
+    s = block_sum(s, buf, float64(0.0))
+    if cuda.threadIdx.x == 0:
+        norm = math.sqrt(s)
+        stats[0] = norm
+        stats[1] = _clip_scale(norm, max_norm)
+
+
+def norm_blocks(P: int, threads: int) -> int:
+    """Blocks (C) of the sum-of-squares pass over P gradients: enough to fill the GPU."""
+    return max(1, min(NORM_BLOCKS, (P + threads - 1) // threads))
+
+
+def grad_norm(stats, partial, grads, max_norm, stream=0, threads: int = THREADS) -> None:
+    """stats (2,) float64 = (L2 norm of grads (P,), its clip factor); partial (C,) scratch."""
+    assert stats.shape == (2,) and partial.ndim == 1
+    grad_sumsq_kernel[partial.shape[0], threads, stream](partial, grads)
+    norm_and_scale_kernel[1, threads, stream](stats, partial, float(max_norm))
+
+
+@cuda.jit
+def adamw_kernel(params, grads, m, v, stats, lr, beta1, beta2, eps, wd, bc1, bc2, n_decay):
+    """In-place AdamW on flat (P,) buffers, gradients scaled by stats[1]; decay on [0, n_decay)."""
+    T = params.dtype.type
+    gs = T(stats[1])
+    i = cuda.grid(1)
+    while i < params.shape[0]:
+        wd_ = wd if i < n_decay else T(0.0)
+        p, mi, vi = adamw_scalar(
+            params[i], grads[i] * gs, m[i], v[i], lr, beta1, beta2, eps, wd_, bc1, bc2, T
+        )
+        params[i] = p
+        m[i] = mi
+        v[i] = vi
+        i += cuda.gridsize(1)
+
+
+def adamw_update(
+    params, grads, m, v, stats, lr, beta1, beta2, eps, wd, step, n_decay,
+    stream=0, threads: int = THREADS,
+) -> None:  # fmt: skip
+    """In-place AdamW on flat (P,) buffers; the clip factor is read from stats[1] on the device.
+
+    step counts from 1; weight decay only on the prefix [0, n_decay).
+    """
+    P = params.shape[0]
+    assert grads.shape == m.shape == v.shape == (P,)
+    T = params.dtype.type
+    bc1 = T(1.0 - beta1**step)
+    bc2 = T(1.0 - beta2**step)
+    adamw_kernel[grid_for(P, threads, cap=4096), threads, stream](
+        params, grads, m, v, stats, T(lr), T(beta1), T(beta2), T(eps), T(wd), bc1, bc2,
+        np.int64(n_decay),
+    )  # fmt: skip

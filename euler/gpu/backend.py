@@ -1,0 +1,211 @@
+"""The GPU backend: numba device arrays, cuBLAS matrix products, numba.cuda kernels.
+
+Same methods and argument order as euler.cpu.backend.CpuBackend. Everything runs on one
+CUDA stream (cuBLAS is bound to it too), so launches are ordered without host waits;
+only to_host, synchronize and float() of a returned DeviceScalar wait for the device.
+Scratch buffers (norm partials, attention's D_i) are allocated on first use at a given
+size and reused, so steps after the first allocate nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from euler.errors import EulerError
+from euler.gpu.cublas import INSTALL_HINT
+
+try:
+    from numba import cuda
+except ImportError:  # numba-cuda is the `gpu` extra
+    cuda = None
+
+
+def _require_gpu() -> None:
+    """An EulerError naming what is missing: numba-cuda, or a usable CUDA GPU."""
+    if cuda is None:
+        raise EulerError(f"GPU backend: numba-cuda is not installed; {INSTALL_HINT}")
+    try:
+        available = cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken driver reads as "no GPU"
+        available = False
+    if not available:
+        raise EulerError(
+            f"GPU backend: no CUDA GPU found (driver or device missing); {INSTALL_HINT} "
+            "on a machine with an NVIDIA GPU"
+        )
+
+
+class GpuBackend:
+    """Schedules the shared layer math on one CUDA GPU; TF32 matmuls unless tf32=False.
+
+    threads caps every block size and tile (0: attention's own) sets attention's tiles; tests
+    shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
+    """
+
+    name = "cuda"
+
+    def __init__(self, tf32: bool = True, threads: int = 256, tile: int = 0, blas=None):
+        _require_gpu()
+        from euler.gpu import (
+            adamw,
+            attention,
+            cross_entropy,
+            embedding,
+            memory,
+            residual,
+            rmsnorm,
+            rope,
+            swiglu,
+        )
+        from euler.gpu.cublas import Cublas
+
+        self.k_adamw, self.k_attention, self.k_ce = adamw, attention, cross_entropy
+        self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
+        self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
+        self.threads, self.tile = threads, tile
+        self.stream = cuda.stream()
+        if blas is None:
+            handle = self.stream.handle
+            blas = Cublas(int(getattr(handle, "value", handle)), tf32=tf32)
+        self.blas = blas
+        self._scratch: dict[tuple, object] = {}
+
+    # ------------------------------------------------------------ memory
+    def zeros(self, shape, dtype):
+        return self.memory.device_zeros(shape, dtype, self.stream, self.threads)
+
+    def to_device(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        out = self.zeros(a.shape, a.dtype)
+        out.copy_to_device(a, stream=self.stream)
+        return out
+
+    def to_host(self, a) -> np.ndarray:
+        host = a.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return host
+
+    def copy_(self, dst, src) -> None:
+        """dst[...] = src (src may be a host array, copied in dst's dtype)."""
+        if isinstance(src, np.ndarray):
+            src = np.ascontiguousarray(src, dtype=dst.dtype).reshape(dst.shape)
+        dst.copy_to_device(src, stream=self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def scratch(self, name: str, shape, dtype):
+        """A reusable device buffer for (name, shape, dtype), allocated on first use."""
+        key = (name, tuple(shape), np.dtype(dtype).str)
+        if key not in self._scratch:
+            self._scratch[key] = self.zeros(shape, dtype)
+        return self._scratch[key]
+
+    def peak_memory(self) -> tuple[int, int]:
+        """(bytes in use on the device now, total), as the driver reports."""
+        free, total = cuda.current_context().get_memory_info()
+        return total - free, total
+
+    # ------------------------------------------------------------ matrix products
+    def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
+        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
+        self.blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+
+    def matmul_batched(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
+        """out (Z, M, N) = op(a[z]) @ op(b[z]) for each z (strided-batched GEMM)."""
+        self.blas.gemm_strided_batched(out, a, b, trans_a, trans_b, accumulate)
+
+    # ------------------------------------------------------------ layers
+    def embedding_forward(self, x, tokens, wte) -> None:
+        self.k_embedding.embedding_forward(x, tokens, wte, self.stream, self.threads)
+
+    def embedding_backward(self, dwte, dx, tokens, accumulate) -> None:
+        self.k_embedding.embedding_backward(dwte, dx, tokens, accumulate, self.stream, self.threads)
+
+    def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
+        self.k_rmsnorm.rmsnorm_forward(
+            y, rstd, x, w, eps, self.stream, self.k_rmsnorm.row_threads(x.shape[1], self.threads)
+        )
+
+    def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
+        N, D = x.shape
+        partial = self.scratch("rmsnorm_dw", (self.k_rmsnorm.partial_rows(N), D), x.dtype)
+        self.k_rmsnorm.rmsnorm_backward(
+            dx,
+            dw,
+            dy,
+            dres,
+            x,
+            w,
+            rstd,
+            accumulate,
+            partial,
+            self.stream,
+            self.k_rmsnorm.row_threads(D, self.threads),
+        )
+
+    def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
+        self.k_rope.rope_forward(qkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
+
+    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
+        self.k_rope.rope_backward(dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
+
+    def attention_forward(self, out, lse, qkv, H, G, E) -> None:
+        self.k_attention.attention_forward(out, lse, qkv, H, G, E, self.stream, self.tile)
+
+    def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
+        dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
+        self.k_attention.attention_backward(
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
+        )
+
+    def swiglu_forward(self, h, gu) -> None:
+        self.k_swiglu.swiglu_forward(h, gu, self.stream, self.threads)
+
+    def swiglu_backward(self, dgu, dh, gu) -> None:
+        self.k_swiglu.swiglu_backward(dgu, dh, gu, self.stream, self.threads)
+
+    def residual_forward(self, out, a, b) -> None:
+        self.k_residual.residual_forward(out, a, b, self.stream, self.threads)
+
+    def cross_entropy_forward(self, losses, logits, targets) -> None:
+        self.k_ce.cross_entropy_forward(losses, logits, targets, self.stream, self.threads)
+
+    def cross_entropy_forward_backward(self, losses, logits, targets, scale) -> None:
+        self.k_ce.cross_entropy_forward_backward(
+            losses, logits, targets, scale, self.stream, self.threads
+        )
+
+    def loss_value(self, losses, head_scale):
+        """sum_k head_scale[k] * sum(losses[k]) for losses (K, N), as a DeviceScalar (float64).
+
+        Nothing waits until float() is taken of the result.
+        """
+        out = self.scratch("loss", (1,), np.float64)
+        self.k_ce.loss_sum(out, losses, head_scale, self.stream, self.threads)
+        return self.memory.DeviceScalar(out, self.stream)
+
+    # ------------------------------------------------------------ optimizer
+    def _norm_stats(self, grads, max_norm: float):
+        stats = self.scratch("grad_stats", (2,), np.float64)
+        C = self.k_adamw.norm_blocks(grads.shape[0], self.threads)
+        partial = self.scratch("grad_partial", (C,), np.float64)
+        self.k_adamw.grad_norm(stats, partial, grads, max_norm, self.stream, self.threads)
+        return stats
+
+    def grad_norm(self, grads) -> float:
+        """Global L2 norm of the flat gradient (waits for the device)."""
+        stats = self._norm_stats(grads, 0.0)
+        return float(self.memory.DeviceScalar(stats[0:1], self.stream))
+
+    def adamw_step(self, params, grads, m, v, hp, lr, step, n_decay):
+        """Clip by global norm, then AdamW in place; returns the norm before clipping.
+
+        The norm and the clip factor stay on the device: the result is a DeviceScalar.
+        """
+        stats = self._norm_stats(grads, hp.grad_clip)
+        self.k_adamw.adamw_update(
+            params, grads, m, v, stats, lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+            step, n_decay, self.stream, self.threads,
+        )  # fmt: skip
+        return self.memory.DeviceScalar(stats[0:1], self.stream)

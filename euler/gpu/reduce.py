@@ -1,0 +1,86 @@
+"""Block-wide reductions for the GPU kernels: warp shuffles, or shared memory in the simulator.
+
+The CUDA simulator has no warp shuffles, so under NUMBA_ENABLE_CUDASIM=1 the same device
+functions reduce through shared memory instead (a global constant picks the path, so the
+compiled kernels carry only the shuffle path's cost). Block sizes must be multiples of 32.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+WARP = 32
+MAX_THREADS = 1024  # shared scratch of this many slots serves any block size
+FULL_MASK = 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sum(v):
+    """Sum of v over the 32 lanes of a warp, returned to every lane (butterfly)."""
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL_MASK, v, off)
+        off //= 2
+    return v
+
+
+@cuda.jit(device=True, inline=True)
+def warp_max(v):
+    """Max of v over the 32 lanes of a warp, returned to every lane."""
+    off = 16
+    while off > 0:
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, off))
+        off //= 2
+    return v
+
+
+@cuda.jit(device=True)
+def block_sum(v, buf, zero):
+    """Sum of v over the block, returned to every thread; buf: shared (MAX_THREADS,) scratch.
+
+    `zero` is 0 in the working type. Ends with a barrier, so buf may be reused at once.
+    """
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    if SIMULATOR:
+        buf[tid] = v
+        cuda.syncthreads()
+        s = zero
+        for i in range(n):
+            s += buf[i]
+        cuda.syncthreads()
+        return s
+    v = warp_sum(v)
+    if tid % WARP == 0:
+        buf[tid // WARP] = v
+    cuda.syncthreads()
+    lane = tid % WARP
+    v = buf[lane] if lane < n // WARP else zero
+    v = warp_sum(v)
+    cuda.syncthreads()
+    return v
+
+
+@cuda.jit(device=True)
+def block_max(v, buf, lowest):
+    """Max of v over the block, returned to every thread; `lowest` is the identity (-inf)."""
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    if SIMULATOR:
+        buf[tid] = v
+        cuda.syncthreads()
+        s = lowest
+        for i in range(n):
+            s = max(s, buf[i])
+        cuda.syncthreads()
+        return s
+    v = warp_max(v)
+    if tid % WARP == 0:
+        buf[tid // WARP] = v
+    cuda.syncthreads()
+    lane = tid % WARP
+    v = buf[lane] if lane < n // WARP else lowest
+    v = warp_max(v)
+    cuda.syncthreads()
+    return v

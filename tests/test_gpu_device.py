@@ -1,0 +1,227 @@
+"""The GPU engine against the CPU engine on a real GPU (marked `gpu`, skipped without one).
+
+Every layer's forward and backward, the matrix products and the optimizer run on both
+backends from the same float32 inputs; outputs must agree to `atol + rtol |cpu|` (exact
+fp32 on the GPU: TF32 off). A whole training step of a model (forward, backward, AdamW)
+must agree too. The layer checks (`LAYER_CHECKS`) are shared with test_gpu_sim.py, which
+runs them in the CUDA simulator on smaller shapes.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from euler.config import PRESETS
+from euler.cpu.backend import CpuBackend
+from euler.model import Model, make_targets
+
+# float32 on both sides, different summation orders: a few ulps after long reductions
+RTOL, ATOL = 2e-5, 2e-6
+
+
+def report(name: str, got: np.ndarray, want: np.ndarray, rtol=RTOL, atol=ATOL) -> None:
+    """Fail naming the tensor and its worst element if any |got - want| > atol + rtol |want|."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    excess = np.abs(got - want) - (atol + rtol * np.abs(want))
+    if not np.all(np.isfinite(got)) or excess.max(initial=-1.0) > 0:
+        i = np.unravel_index(np.nanargmax(np.where(np.isfinite(got), excess, np.inf)), got.shape)
+        raise AssertionError(f"{name}: worst element {i}: gpu {got[i]!r} vs cpu {want[i]!r}")
+
+
+def run_both(cpu, gpu, method: str, args: list, outputs: dict[str, int], **tol) -> None:
+    """Call `method` on both backends with the same arguments and compare the named outputs.
+
+    args holds host arrays and scalars; the same host array twice (an alias such as dx and
+    dres) stays one buffer on each side. outputs maps a tensor name to its argument index.
+    """
+    c_args, g_args, seen = [], [], {}
+    for a in args:
+        if isinstance(a, np.ndarray):
+            if id(a) not in seen:
+                seen[id(a)] = (a.copy(), gpu.to_device(a))
+            c, g = seen[id(a)]
+            c_args.append(c)
+            g_args.append(g)
+        else:
+            c_args.append(a)
+            g_args.append(a)
+    getattr(cpu, method)(*c_args)
+    getattr(gpu, method)(*g_args)
+    for name, i in outputs.items():
+        report(f"{method}.{name}", gpu.to_host(g_args[i]), c_args[i], **tol)
+
+
+def _f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def check_embedding(cpu, gpu, rng, s) -> None:
+    V, D, N = s.V, s.D, s.B * s.T
+    tokens = rng.integers(0, V, N).astype(np.int32)
+    tokens[:3] = tokens[0]  # a repeated id: the backward must add, not overwrite
+    x, wte = _f32(rng, N, D), _f32(rng, V, D)
+    run_both(cpu, gpu, "embedding_forward", [x, tokens, wte], {"x": 0})
+    for acc in (False, True):
+        run_both(cpu, gpu, "embedding_backward", [wte, x, tokens, acc], {"dwte": 0})
+
+
+def check_rmsnorm(cpu, gpu, rng, s) -> None:
+    N, D = s.B * s.T, s.D
+    x, w = _f32(rng, N, D), _f32(rng, D, scale=0.5) + 1
+    y, rstd = np.zeros((N, D), np.float32), np.zeros(N, np.float32)
+    run_both(cpu, gpu, "rmsnorm_forward", [y, rstd, x, w, 1e-5], {"y": 0, "rstd": 1})
+    r = 1 / np.sqrt((x.astype(np.float64) ** 2).mean(1) + 1e-5)
+    for acc in (False, True):
+        dx, dy, dw = _f32(rng, N, D), _f32(rng, N, D), _f32(rng, D)
+        args = [dx, dw, dy, dx, x, w, r.astype(np.float32), acc]  # dx aliases dres
+        run_both(cpu, gpu, "rmsnorm_backward", args, {"dx": 0, "dw": 1})
+
+
+def check_rope(cpu, gpu, rng, s) -> None:
+    H, G, E = s.H, s.G, s.E
+    qkv = _f32(rng, s.B, s.T, (H + 2 * G) * E)
+    ang = np.arange(s.T + 3)[:, None] * 10000.0 ** (-np.arange(0, E, 2) / E)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    for method in ("rope_forward", "rope_backward"):
+        run_both(cpu, gpu, method, [qkv, cos, sin, H, G, E, 2], {"qkv": 0})
+
+
+def check_attention(cpu, gpu, rng, s) -> None:
+    B, T, H, G, E = s.B, s.T, s.H, s.G, s.E
+    qkv = _f32(rng, B, T, (H + 2 * G) * E)
+    out, lse = np.zeros((B, T, H * E), np.float32), np.zeros((B, H, T), np.float32)
+    run_both(cpu, gpu, "attention_forward", [out, lse, qkv, H, G, E], {"out": 0, "lse": 1})
+    cpu.attention_forward(out, lse, qkv, H, G, E)
+    dqkv, dout = np.full_like(qkv, np.nan), _f32(rng, B, T, H * E)
+    args = [dqkv, dout, qkv, out, lse, H, G, E]
+    run_both(cpu, gpu, "attention_backward", args, {"dqkv": 0}, rtol=1e-4, atol=1e-5)
+
+
+def check_swiglu_residual(cpu, gpu, rng, s) -> None:
+    N, F = s.B * s.T, s.F
+    gu, h, dh = _f32(rng, N, 2 * F, scale=3), _f32(rng, N, F), _f32(rng, N, F)
+    run_both(cpu, gpu, "swiglu_forward", [h, gu], {"h": 0})
+    run_both(cpu, gpu, "swiglu_backward", [np.zeros_like(gu), dh, gu], {"dgu": 0})
+    a, b = _f32(rng, N, s.D), _f32(rng, N, s.D)
+    run_both(cpu, gpu, "residual_forward", [a, a, b], {"out": 0})  # out aliases a
+
+
+def check_cross_entropy(cpu, gpu, rng, s) -> None:
+    N, V = s.B * s.T, s.V
+    logits = _f32(rng, N, V, scale=4)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    targets[1::5] = -1
+    losses = np.zeros(N, np.float32)
+    run_both(cpu, gpu, "cross_entropy_forward", [losses, logits, targets], {"losses": 0})
+    args = [losses, logits, targets, 0.37]
+    run_both(cpu, gpu, "cross_entropy_forward_backward", args, {"losses": 0, "dlogits": 1})
+    all_losses, scales = _f32(rng, 3, N), np.array([0.5, 0.0, 0.25])
+    want = cpu.loss_value(all_losses, scales)
+    got = float(gpu.loss_value(gpu.to_device(all_losses), scales))
+    report("loss_value", np.array(got), np.array(want), rtol=1e-12, atol=1e-12)
+
+
+def check_matmul(cpu, gpu, rng, s) -> None:
+    M, K, N = s.B * s.T, s.D, s.F
+    for ta in (False, True):
+        for tb in (False, True):
+            a = _f32(rng, *((K, M) if ta else (M, K)))
+            b = _f32(rng, *((N, K) if tb else (K, N)))
+            for acc in (False, True):
+                out = _f32(rng, M, N)
+                run_both(cpu, gpu, "matmul", [out, a, b, ta, tb, acc], {"out": 0})
+
+
+def check_adamw(cpu, gpu, rng, s) -> None:
+    P = 8 * s.F + s.D
+    for clip in (0.0, 1.0, 1e3):
+        hp = SimpleNamespace(grad_clip=clip, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+        params, grads = _f32(rng, P), _f32(rng, P, scale=0.1)
+        m, v = _f32(rng, P, scale=0.01), np.abs(_f32(rng, P, scale=1e-4))
+        dev = [gpu.to_device(a) for a in (params, grads, m, v)]
+        want = cpu.adamw_step(params, grads, m, v, hp, 3e-4, 7, P // 2)
+        got = float(gpu.adamw_step(*dev, hp, 3e-4, 7, P // 2))
+        report(f"adamw.norm(clip={clip})", np.array(got), np.array(want), rtol=1e-9)
+        for name, c, g in zip(
+            ("params", "m", "v"), (params, m, v), (dev[0], dev[2], dev[3]), strict=True
+        ):
+            report(f"adamw.{name}(clip={clip})", gpu.to_host(g), c)
+
+
+LAYER_CHECKS = [
+    check_embedding,
+    check_rmsnorm,
+    check_rope,
+    check_attention,
+    check_swiglu_residual,
+    check_cross_entropy,
+    check_matmul,
+    check_adamw,
+]
+
+# GPU shapes: head size 64 as in the `gpu` preset, T not a multiple of the attention tile
+GPU_SIZES = SimpleNamespace(B=2, T=200, D=96, F=256, V=1000, H=6, G=2, E=64)
+
+
+def _gpu_backend():
+    pytest.importorskip("numba.cuda")
+    from numba import cuda
+
+    if not cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from euler.gpu.backend import GpuBackend
+
+    return GpuBackend(tf32=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
+def test_layer(check) -> None:
+    check(CpuBackend(), _gpu_backend(), np.random.default_rng(0), GPU_SIZES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E", [32, 64, 128])
+def test_attention_head_sizes(E) -> None:
+    sizes = SimpleNamespace(B=2, T=130, H=4, G=2, E=E)
+    check_attention(CpuBackend(), _gpu_backend(), np.random.default_rng(E), sizes)
+
+
+def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: float) -> None:
+    """`steps` training steps of `preset` on both backends: equal losses, grads and params."""
+    cfg = PRESETS[preset]
+    rng = np.random.default_rng(1)
+    cpu_m, gpu_m = Model(cfg, dtype=np.float32), Model(cfg, backend=gpu, dtype=np.float32)
+    hp = SimpleNamespace(grad_clip=1.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    state = {}
+    for name, m in (("cpu", cpu_m), ("gpu", gpu_m)):
+        state[name] = [m.be.zeros((m.layout.size,), np.float32) for _ in range(2)]
+    for step in range(1, steps + 1):
+        window = rng.integers(0, cfg.vocab_size, (B, T + cfg.n_mtp))
+        tokens, targets = window[:, :T], make_targets(window, T, cfg.n_mtp)
+        lc = cpu_m.forward(tokens, targets, need_grad=True)
+        lg = float(gpu_m.forward(tokens, targets, need_grad=True))
+        report(f"step {step} loss", np.array(lg), np.array(lc), rtol=1e-5)
+        cpu_m.backward()
+        gpu_m.backward()
+        g_host = gpu.to_host(gpu_m.grads)
+        scale = np.abs(cpu_m.grads).max()
+        for name, (off, shape) in cpu_m.layout.offsets.items():
+            n = int(np.prod(shape))
+            report(
+                f"step {step} grad {name}", g_host[off : off + n], cpu_m.grads[off : off + n],
+                rtol=grad_rtol, atol=grad_rtol * scale,
+            )  # fmt: skip
+        for name, m in (("cpu", cpu_m), ("gpu", gpu_m)):
+            m.be.adamw_step(m.params, m.grads, *state[name], hp, 1e-3, step, m.layout.n_decay)
+        report(f"step {step} params", gpu.to_host(gpu_m.params), cpu_m.params, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_training_steps_match_cpu() -> None:
+    train_step_matches(_gpu_backend(), "small", B=4, T=128, steps=3, grad_rtol=1e-5)

@@ -1,0 +1,58 @@
+"""The GPU kernels in the CUDA simulator against the CPU engine, on tiny shapes (no GPU needed).
+
+NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the one test that
+runs in the ordinary session starts this same file again in a subprocess with it set;
+there the layer checks of test_gpu_device.py run on a GpuBackend whose blocks and tiles
+are small (the simulator runs one Python thread per GPU thread) and whose matrix products
+come from NumPy (cuBLAS cannot run in the simulator). Block reductions take their
+shared-memory path here, since the simulator has no warp shuffles.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+if not IN_SIMULATOR:
+
+    def test_kernels_in_simulator() -> None:
+        pytest.importorskip("numba.cuda")
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+        root = Path(__file__).resolve().parents[1]
+        r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+else:
+    from test_gpu_device import LAYER_CHECKS
+
+    from euler.cpu.backend import CpuBackend
+
+    SIM_SIZES = SimpleNamespace(B=2, T=11, D=24, F=16, V=40, H=4, G=2, E=8)
+
+    class NumpyBlas:
+        """Matrix products for the simulator, on the simulator's host-backed device arrays."""
+
+        def gemm(self, out, a, b, trans_a=False, trans_b=False, accumulate=False):
+            host = out.copy_to_host()
+            a, b = a.copy_to_host(), b.copy_to_host()
+            CpuBackend().matmul(host, a, b, trans_a, trans_b, accumulate)
+            out.copy_to_device(host)
+
+    @pytest.fixture(scope="module")
+    def gpu():
+        from euler.gpu.backend import GpuBackend
+
+        return GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas())
+
+    @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
+    def test_layer(check, gpu) -> None:
+        check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
