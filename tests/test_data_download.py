@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import threading
 from pathlib import Path
 
@@ -180,3 +181,17 @@ def test_parquet_by_url_is_cached_then_read(server, tmp_path, cache):
     (inp,) = resolve_inputs("web", [f"{server}/sample/000_00000.parquet"], progress=False)
     assert inp.format == "parquet" and inp.path.parent == cache / "downloads"
     assert list(iter_documents(inp)) == ["web text 0", "web text 1", "web text 2"]
+
+
+def test_alpaca_by_url(server, tmp_path):
+    from euler.tokenizer import Tokenizer
+
+    from euler.data.sft import SFTDataset, prepare_sft
+
+    records = [{"instruction": f"Say {i}.", "input": "", "output": f"{i}!"} for i in range(20)]
+    Handler.files["/alpaca.json"] = json.dumps(records).encode()
+    (tmp_path / "s.txt").write_text(json.dumps(records))
+    tok = Tokenizer.train([tmp_path / "s.txt"], 270)
+    m = prepare_sft([f"{server}/alpaca.json"], tmp_path / "sft", tok, progress=False)
+    assert m["records"] == 20 and m["inputs"][0]["origin"] == f"{server}/alpaca.json"
+    assert len(SFTDataset(tmp_path / "sft")) + len(SFTDataset(tmp_path / "sft", "val")) == 20
