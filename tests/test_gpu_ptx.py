@@ -1,0 +1,103 @@
+"""Every GPU kernel compiles to PTX for sm_90 (Hopper), with no GPU present.
+
+The launchers are driven with host arrays while kernel launches are intercepted, so each
+kernel is compiled for exactly the argument types its launcher passes. float32 kernels
+must carry no float64 arithmetic (a stray Python float literal would promote the math);
+only the norm and loss reductions, which accumulate in float64 on purpose, may.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+if cuda.config.ENABLE_CUDASIM:
+    pytest.skip("compiles real kernels; meaningless in the simulator", allow_module_level=True)
+
+import numba  # noqa: E402
+import numba.cuda.dispatcher as dispatcher  # noqa: E402
+
+from euler.gpu import (  # noqa: E402
+    adamw,
+    attention,
+    cross_entropy,
+    embedding,
+    memory,
+    residual,
+    rmsnorm,
+    rope,
+    swiglu,
+)
+
+F64_ALLOWED = {"loss_sum_kernel", "grad_sumsq_kernel", "norm_and_scale_kernel", "adamw_kernel"}
+F64_OP = re.compile(r"\.f64\b")
+
+
+def _launches(monkeypatch) -> list[tuple[object, tuple]]:
+    """(kernel, args) of every launch made by each launcher on small host arrays."""
+    calls: list[tuple[object, tuple]] = []
+    monkeypatch.setattr(
+        dispatcher.CUDADispatcher,
+        "__getitem__",
+        lambda self, cfg: lambda *args: calls.append((self, args)),
+    )
+    f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    N, D, F, V, K, B, T = 6, 8, 12, 10, 4, 2, 3
+    tokens = np.zeros(N, np.int32)
+    memory.fill(f32(N), 0)
+    embedding.embedding_forward(f32(N, D), tokens, f32(V, D))
+    embedding.embedding_backward(f32(V, D), f32(N, D), tokens, True)
+    residual.residual_forward(f32(N, D), f32(N, D), f32(N, D))
+    swiglu.swiglu_forward(f32(N, F), f32(N, 2 * F))
+    swiglu.swiglu_backward(f32(N, 2 * F), f32(N, F), f32(N, 2 * F))
+    rmsnorm.rmsnorm_forward(f32(N, D), f32(N), f32(N, D), f32(D), 1e-5)
+    rmsnorm.rmsnorm_backward(
+        f32(N, D), f32(D), f32(N, D), f32(N, D), f32(N, D), f32(D), f32(N), True, f32(3, D)
+    )
+    cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
+    cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, 0.5)
+    cross_entropy.loss_sum(np.zeros(1), f32(K, N), np.ones(K))
+    P = 100
+    stats, partial = np.zeros(2), np.zeros(4)
+    adamw.grad_norm(stats, partial, f32(P), 1.0)
+    adamw.adamw_update(f32(P), f32(P), f32(P), f32(P), stats, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 50)
+    for E in (64, 32):  # the `gpu` and `small` presets' head sizes
+        H, G = 4, 2
+        qkv = f32(B, T, (H + 2 * G) * E)
+        rope.rope_forward(qkv, f32(T, E // 2), f32(T, E // 2), H, G, E)
+        attention.attention_forward(f32(B, T, H * E), f32(B, H, T), qkv, H, G, E)
+        attention.attention_backward(
+            f32(*qkv.shape), f32(B, T, H * E), qkv, f32(B, T, H * E), f32(B, H, T), H, G, E,
+            f32(B, H, T),
+        )  # fmt: skip
+    return calls
+
+
+def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
+    calls = _launches(monkeypatch)
+    monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
+        compute_capability=(9, 0)
+    ))  # fmt: skip
+    seen = set()
+    for kernel, args in calls:
+        sig = tuple(numba.typeof(a) for a in args)
+        name = kernel.py_func.__name__
+        if (kernel, sig) in seen:
+            continue
+        seen.add((kernel, sig))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        assert ".target sm_90" in ptx, name
+        if name not in F64_ALLOWED:
+            bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
+            assert not bad, f"{name}{sig}: float64 in PTX: {bad[:3]}"
+    launched = {k.py_func.__name__ for k, _ in calls}
+    defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
+    for module in (adamw, cross_entropy, embedding, memory, residual, rmsnorm, rope, swiglu):
+        for name, obj in vars(module).items():
+            if isinstance(obj, dispatcher.CUDADispatcher) and not obj.targetoptions["device"]:
+                defined.add(name)
+    assert defined <= launched, f"kernels never compiled here: {sorted(defined - launched)}"
