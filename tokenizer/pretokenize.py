@@ -149,15 +149,17 @@ def piece_bounds(buf, classes):
     return out[: k + 1].copy()
 
 
-def next_safe_cut(buf: np.ndarray, p: int, limit: int) -> int:
-    """First cut c in [p, limit) where a pretoken boundary does not depend on context
-    (looking 64 KiB ahead), else limit.
+def safe_cuts(buf: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """int64 cuts c in [lo, hi) where a pretoken boundary does not depend on context
+    (needs 1 <= lo and hi < len(buf)).
 
     An ASCII letter, a space, an ASCII letter: the word before ends at c whatever follows,
-    and " word" starts at c whatever precedes, so encoding buf[:c] and buf[c:] separately
-    gives the same pieces as encoding buf whole. Needs 1 <= p.
+    and " word" starts at c whatever precedes, so pretokenizing buf[:c] and buf[c:] apart
+    gives the same pieces as pretokenizing buf whole.
     """
-    w = buf[p - 1 : min(limit, p + (1 << 16))]
-    letter = ((w | 32) >= 97) & ((w | 32) <= 122)
-    hits = np.flatnonzero(letter[:-2] & (w[1:-1] == 32) & letter[2:])
-    return p + int(hits[0]) if hits.size else limit
+    if hi <= lo:
+        return np.zeros(0, np.int64)
+    w = buf[lo - 1 : hi + 1] | np.uint8(32)
+    letter = (w >= 97) & (w <= 122)
+    space = buf[lo:hi] == 32
+    return lo + np.flatnonzero(letter[:-2] & space & letter[2:])

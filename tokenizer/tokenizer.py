@@ -25,7 +25,7 @@ from euler.errors import EulerError
 from .bytetable import ByteTable, new_table
 from .hf import hf_tokenizer_json
 from .merge import encode_spans, pair_table
-from .pretokenize import GPT2_PATTERN, char_classes, next_safe_cut
+from .pretokenize import GPT2_PATTERN, char_classes, safe_cuts
 from .train import check_inputs, count_pretokens, learn_merges
 
 SPECIAL_TOKENS: dict[str, int] = {
@@ -41,6 +41,7 @@ VERSION = 1
 _SPECIAL_SPLIT = regex.compile("(" + "|".join(map(regex.escape, SPECIAL_TOKENS)) + ")")
 _CACHE_ENTRIES, _CACHE_KEY_BYTES, _CACHE_IDS = 1 << 17, 2 << 20, 1 << 19
 _PARALLEL_MIN_BYTES = 1 << 16  # below this, one thread is faster than two
+_CUT_SEARCH_BYTES = 1 << 16  # how far past an even split to look for a safe cut
 
 
 def _escape_surrogates(err: UnicodeError) -> tuple[bytes, int]:
@@ -237,7 +238,7 @@ class Tokenizer:
                     c += 1
                 else:
                     pieces.append(np.array([p], np.int32))
-            out.append(np.concatenate(pieces) if len(pieces) != 1 else pieces[0].copy())
+            out.append(np.concatenate(pieces) if pieces else np.zeros(0, np.int32))
         return out
 
     def _encode_spans(self, buf: np.ndarray, worker: int, bounds: np.ndarray):
@@ -317,7 +318,8 @@ def _thread_cuts(buf: np.ndarray, ends: np.ndarray, threads: int) -> np.ndarray:
     for t in range(1, threads):
         p = max(t * n // threads, cuts[-1] + 1)
         doc_end = int(ends[np.searchsorted(ends, p)])
-        cut = next_safe_cut(buf, p, doc_end)
+        found = safe_cuts(buf, p, min(doc_end - 1, p + _CUT_SEARCH_BYTES))
+        cut = int(found[0]) if found.size else doc_end
         if cut < n and cut > cuts[-1]:
             cuts.append(cut)
     cuts.append(n)

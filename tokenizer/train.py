@@ -34,9 +34,10 @@ from .bytetable import (
     table_find,
     table_room,
 )
-from .pretokenize import char_classes, piece_end
+from .pretokenize import char_classes, piece_end, safe_cuts
 
-BLOCK_BYTES = 4 << 20  # files are read in blocks of whole lines of about this size
+BLOCK_BYTES = 4 << 20  # files are read in blocks of about this size
+SEARCH_BYTES = 1 << 16  # a block's cut is looked for in its last SEARCH_BYTES
 BANNED, TOUCHED = 1, 2  # pair flags
 
 
@@ -62,20 +63,19 @@ def count_pieces(buf, start, classes, t):
 
 
 def _blocks(path: Path):
-    """Yield uint8 arrays of whole lines (about BLOCK_BYTES each) read from path."""
+    """Yield uint8 arrays of about BLOCK_BYTES read from path, cut only where the
+    pretokens do not depend on context (safe_cuts), so counts equal the whole file's."""
     carry = b""
     with open(path, "rb") as f:
-        while True:
-            data = f.read(BLOCK_BYTES)
-            if not data:
-                break
-            data = carry + data
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                carry = data
+        while data := f.read(BLOCK_BYTES):
+            buf = np.frombuffer(carry + data, np.uint8)
+            cuts = safe_cuts(buf, max(1, buf.size - SEARCH_BYTES), buf.size - 1)
+            if cuts.size == 0:
+                carry = buf.tobytes()
                 continue
-            carry = data[cut:]
-            yield np.frombuffer(data, np.uint8, count=cut)
+            cut = int(cuts[-1])
+            carry = buf[cut:].tobytes()
+            yield buf[:cut]
     if carry:
         yield np.frombuffer(carry, np.uint8)
 
