@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from euler.errors import EulerError
+
+if TYPE_CHECKING:
+    from euler.tokenizer import Tokenizer
 
 data_app = typer.Typer(
     help="Prepare token shards from books, web text and instructions.", no_args_is_help=True
 )
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: Path) -> Tokenizer:
     """A Tokenizer from a file, or from a prepared data folder's tokenizer.json."""
     from euler.tokenizer import Tokenizer
 
@@ -59,6 +62,9 @@ def prepare(
     tokenizer_sample_mb: Annotated[
         float, typer.Option(help="Million characters sampled to train a tokenizer.")
     ] = 20.0,
+    gutenberg_mirror: Annotated[
+        str, typer.Option(help="Project Gutenberg site that ebook numbers are fetched from.")
+    ] = "https://www.gutenberg.org",
 ) -> None:
     """Tokenize books and web text into train/val shards with a manifest."""
     from rich.console import Console
@@ -75,7 +81,7 @@ def prepare(
     for kind, items, weight in (("books", books, books_weight), ("web", web, web_weight)):
         if items:
             w = (1.0 if weight is None else weight) if weighted else None
-            sources.append(file_source(kind, items, w, text_column))
+            sources.append(file_source(kind, items, w, text_column, mirror=gutenberg_mirror))
     manifest = prepare_corpus(
         sources,
         out,
@@ -131,19 +137,46 @@ def prepare_sft_command(
     seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
 ) -> None:
     """Render Alpaca records in the chat template into SFT shards with loss masks."""
+    from euler.data.sft import prepare_sft
+
+    _print_sft_summary(
+        prepare_sft(inputs, out, load_tokenizer(tokenizer), context, val_fraction, seed)
+    )
+
+
+def _print_sft_summary(m: dict) -> None:
+    """Records kept, truncated and dropped per split, and the share of tokens the loss sees."""
     from rich.console import Console
 
-    from euler.data.sft import TOO_LONG_RULE, prepare_sft
-
-    m = prepare_sft(inputs, out, load_tokenizer(tokenizer), context, val_fraction, seed)
+    context = m["context"]
     console = Console()
-    console.print(f"{m['records']} records, context {context}; rule: {TOO_LONG_RULE}")
+    console.print(f"{m['records']} records, context {context}; rule: {m['too_long_rule']}")
     for split, s in m["splits"].items():
         console.print(
             f"{split}: kept {s['kept']} (truncated {s['truncated']}), dropped {s['dropped']}; "
             f"{s['tokens']:,} tokens; loss on {s['loss_fraction_of_record_tokens']:.3f} of "
             f"record tokens, {s['loss_fraction_of_windows']:.3f} of {context + 1}-token windows"
         )
+
+
+@data_app.command()
+def info(
+    folder: Annotated[Path, typer.Argument(help="A folder made by prepare or prepare-sft.")],
+) -> None:
+    """Summarise a prepared folder from its manifest."""
+    from rich.console import Console
+
+    from euler.data.manifest import read_manifest
+
+    m = read_manifest(folder)
+    tok = m["tokenizer"]
+    Console().print(
+        f"{m['kind']} data, tokenizer V={tok['vocab_size']} sha256 {tok['sha256'][:12]}"
+    )
+    if m["kind"] == "pretrain":
+        _print_summary(folder, m)
+    else:
+        _print_sft_summary(m)
 
 
 @data_app.command()

@@ -49,6 +49,8 @@ def test_prepare_then_prepare_sft(inputs):
     assert r.returncode == 0, r.stderr
     assert "kept" in r.stdout and "dropped" in r.stdout
     assert (inputs / "sft" / "sft-train.mask.bin").is_file()
+    r = euler("data", "info", str(inputs / "sft"))
+    assert r.returncode == 0 and "sft data, tokenizer V=300" in r.stdout and "kept" in r.stdout
 
 
 @pytest.mark.parametrize(

@@ -195,3 +195,10 @@ def test_alpaca_by_url(server, tmp_path):
     m = prepare_sft([f"{server}/alpaca.json"], tmp_path / "sft", tok, progress=False)
     assert m["records"] == 20 and m["inputs"][0]["origin"] == f"{server}/alpaca.json"
     assert len(SFTDataset(tmp_path / "sft")) + len(SFTDataset(tmp_path / "sft", "val")) == 20
+
+
+def test_corrupt_cached_file_is_fetched_again(server, tmp_path):
+    dest = tmp_path / "f.bin"
+    dest.write_bytes(b"a corrupt earlier copy")
+    download(f"{server}/file", dest, sha256=hashlib.sha256(BODY).hexdigest(), progress=False)
+    assert dest.read_bytes() == BODY

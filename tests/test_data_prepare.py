@@ -136,3 +136,13 @@ def test_loader_refuses_a_tokenizer_of_another_vocabulary(corpus, tok, tmp_path)
     prepare_corpus(sources(corpus), tmp_path / "p", tokenizer=tok)
     with pytest.raises(EulerError, match="vocabulary of 300 tokens, but the tokenizer has 512"):
         TokenLoader(tmp_path / "p", vocab_size=512)
+
+
+def test_weights_all_or_none_and_positive(corpus, tok, tmp_path):
+    books = file_source("books", [str(corpus / "books")], 1.0, progress=False)
+    web = file_source("web", [str(corpus / "web.jsonl")], progress=False)
+    with pytest.raises(EulerError, match="every source or to none"):
+        prepare_corpus([books, web], tmp_path / "p", tokenizer=tok)
+    web.weight = 0.0
+    with pytest.raises(EulerError, match="must be positive"):
+        prepare_corpus([books, web], tmp_path / "p", tokenizer=tok)

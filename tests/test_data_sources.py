@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -101,3 +102,15 @@ def test_shared_web_folder():
     assert not any("<doc" in d or "</doc>" in d for d in docs)
     c4 = [d for f in files if f.format == "jsonl" for d in iter_documents(f)]
     assert len(c4) == 300
+
+
+def test_gzipped_json_lines_as_c4_ships_them(tmp_path):
+    path = tmp_path / "c4-train.00000-of-01024.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps({"text": "gz one"}) + "\n" + json.dumps({"text": "gz two"}) + "\n")
+    assert docs_of(path) == ["gz one", "gz two"]
+    bad = tmp_path / "bad.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write('{"text": "a"}\n{"text": \n')
+    with pytest.raises(EulerError, match=r"bad\.jsonl\.gz:2: invalid JSON"):
+        docs_of(bad)

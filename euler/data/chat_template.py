@@ -12,7 +12,12 @@ Sequences shorter than the window are padded with <|endoftext|>, which is masked
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from euler.tokenizer import Tokenizer
 
 USER = "<|user|>"
 ASSISTANT = "<|assistant|>"
@@ -31,24 +36,26 @@ def render(instruction: str, input: str, output: str) -> str:
     return f"{USER}{prompt_text(instruction, input)}{END}{ASSISTANT}{output.strip()}{END}"
 
 
-def prompt_ids(tok, prompt_tokens: np.ndarray) -> np.ndarray:
+def prompt_ids(tok: Tokenizer, prompt_tokens: np.ndarray) -> np.ndarray:
     """(P,) int32: <|user|> prompt <|end|> <|assistant|>, from the prompt text's ids."""
     return np.concatenate([[tok.user_id], prompt_tokens, [tok.end_id, tok.assistant_id]]).astype(
         np.int32
     )
 
 
-def response_ids(tok, response_tokens: np.ndarray) -> np.ndarray:
+def response_ids(tok: Tokenizer, response_tokens: np.ndarray) -> np.ndarray:
     """(R,) int32: the response's ids followed by <|end|>."""
     return np.concatenate([response_tokens, [tok.end_id]]).astype(np.int32)
 
 
-def encode_prompt(tok, instruction: str, input: str = "") -> np.ndarray:
+def encode_prompt(tok: Tokenizer, instruction: str, input: str = "") -> np.ndarray:
     """(P,) int32 ids the model continues at chat time; stop generating at tok.end_id."""
     return prompt_ids(tok, tok.encode(prompt_text(instruction, input)))
 
 
-def encode_example(tok, instruction: str, input: str, output: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_example(
+    tok: Tokenizer, instruction: str, input: str, output: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(L,) int32 ids and (L,) uint8 loss mask of one example: 1 on the response and its <|end|>."""
     p = encode_prompt(tok, instruction, input)
     r = response_ids(tok, tok.encode(output.strip()))

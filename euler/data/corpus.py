@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from euler.data.gutenberg import DEFAULT_MIRROR
 from euler.data.sources import InputFile, iter_documents, resolve_inputs
 
 
@@ -28,9 +29,10 @@ def file_source(
     weight: float | None = None,
     text_column: str = "text",
     progress: bool = True,
+    mirror: str = DEFAULT_MIRROR,
 ) -> CorpusSource:
     """A books or web source from paths, folders, URLs and (books) ebook numbers."""
-    files = resolve_inputs(kind, items, progress=progress)
+    files = resolve_inputs(kind, items, mirror=mirror, progress=progress)
 
     def documents(files: list[InputFile] = files) -> Iterator[str]:
         for f in files:

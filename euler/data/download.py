@@ -6,7 +6,7 @@ header and appends; a server that ignores Range (200 instead of 206) restarts th
 file from byte 0. The finished file is checked against the expected size and
 SHA-256 when given and only then renamed to its final name, so a file under its
 final name is always complete. A file already in the cache is not fetched again
-(its size and hash are still checked when known).
+unless it fails the size or hash check.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ def download(
         raise EulerError(f"download {url}: only http:// and https:// URLs are supported")
     dest = Path(dest) if dest is not None else downloads_dir() / cache_name(url)
     if dest.is_file():
-        _check(dest, url, size, sha256)
-        return dest
+        try:
+            _check(dest, url, size, sha256)
+            return dest
+        except EulerError:
+            pass  # _check removed the bad copy; fetch it again
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.is_file() else 0

@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from euler.data.files import staged_dir
 from euler.data.manifest import write_manifest
 from euler.data.shards import ShardWriter, token_dtype
 from euler.errors import EulerError
+
+if TYPE_CHECKING:
+    from euler.tokenizer import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val")
@@ -45,7 +49,9 @@ def is_val(text: str, seed: int, val_fraction: float) -> bool:
     return int.from_bytes(h.digest(), "little") / 2**64 < val_fraction
 
 
-def encode_stream(tok, docs: Iterable[str], threads: int) -> Iterator[tuple[str, np.ndarray]]:
+def encode_stream(
+    tok: Tokenizer, docs: Iterable[str], threads: int
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (document, int32 ids) in order; batches go through encode_batch on `threads`."""
     batch: list[str] = []
     size = 0
@@ -59,7 +65,9 @@ def encode_stream(tok, docs: Iterable[str], threads: int) -> Iterator[tuple[str,
         yield from zip(batch, tok.encode_batch(batch, threads=threads), strict=True)
 
 
-def train_tokenizer(sources: list[CorpusSource], vocab_size: int, workdir: Path, sample_chars: int):
+def train_tokenizer(
+    sources: list[CorpusSource], vocab_size: int, workdir: Path, sample_chars: int
+) -> Tokenizer:
     """Train a BPE tokenizer on an even sample of the sources' cleaned text.
 
     Each source contributes up to sample_chars / len(sources) characters, at most
@@ -86,7 +94,7 @@ def train_tokenizer(sources: list[CorpusSource], vocab_size: int, workdir: Path,
 def prepare_corpus(
     sources: list[CorpusSource],
     out_dir: Path,
-    tokenizer=None,
+    tokenizer: Tokenizer | None = None,
     vocab_size: int | None = None,
     val_fraction: float = 0.05,
     seed: int = 0,
@@ -104,6 +112,11 @@ def prepare_corpus(
         raise EulerError("no data sources given")
     if not 0.0 <= val_fraction < 1.0:
         raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
+    weights = [s.weight for s in sources]
+    if any(w is None for w in weights) and any(w is not None for w in weights):
+        raise EulerError("give a weight to every source or to none (then tokens decide)")
+    if any(w is not None and not w > 0 for w in weights):
+        raise EulerError(f"source weights must be positive, got {weights}")
     if (tokenizer is None) == (vocab_size is None):
         raise EulerError("give either a tokenizer file or a vocabulary size to train one")
     threads = threads or os.cpu_count() or 1
@@ -151,7 +164,7 @@ def prepare_corpus(
 def _write_source(
     src: CorpusSource,
     work: Path,
-    tok,
+    tok: Tokenizer,
     val_fraction: float,
     seed: int,
     threads: int,

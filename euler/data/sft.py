@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from euler.data.manifest import read_manifest, write_manifest
 from euler.data.prepare import SPLITS, TOKENIZER_FILE, is_val
 from euler.data.shards import open_shard, token_dtype, write_shard
 from euler.errors import EulerError
+
+if TYPE_CHECKING:
+    from euler.tokenizer import Tokenizer
 
 FIELDS = ("instruction", "input", "output")
 TOO_LONG_RULE = "drop if the prompt alone exceeds the context (P > C), else cut to C + 1 tokens"
@@ -66,7 +70,7 @@ def load_alpaca(path: Path) -> list[dict]:
 def prepare_sft(
     items: list[str],
     out_dir: Path,
-    tokenizer,
+    tokenizer: Tokenizer,
     context: int = 128,
     val_fraction: float = 0.05,
     seed: int = 0,

@@ -5,15 +5,18 @@ Two kinds of named source, each a list of inputs:
 - books: local `.txt` files or folders of them, ebook numbers (downloaded from
   Project Gutenberg), or URLs of plain-text files. One book is one document, with
   its Project Gutenberg header and footer stripped.
-- web: local or downloaded `.parquet` (e.g. FineWeb-Edu) and `.jsonl` files with a
-  text column (read with DuckDB), and WikiExtractor output (`<doc ...>` ... `</doc>`
-  blocks, one article per document). Folders are walked recursively.
+- web: local or downloaded `.parquet` files (e.g. FineWeb-Edu, https://huggingface.co/
+  datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT/000_00000.parquet) and
+  JSON Lines (`.jsonl`, `.jsonl.gz`, C4's `.json.gz`) with a text column, both read
+  with DuckDB; and WikiExtractor output (`<doc ...>` ... `</doc>` blocks, one article
+  per document). Folders are walked recursively.
 
 Files are read as strict UTF-8; newlines are normalised to LF.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Iterator
@@ -55,10 +58,10 @@ def _is_url(item: str) -> bool:
 
 def _web_format(path: Path) -> str:
     """Format of a web file from its suffix, else by sniffing a `<doc` start."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    name = path.name.lower()
+    if name.endswith(".parquet"):
         return "parquet"
-    if suffix in (".jsonl", ".ndjson"):
+    if name.endswith((".jsonl", ".ndjson", ".jsonl.gz", ".json.gz")):  # C4 ships .json.gz lines
         return "jsonl"
     with open(path, "rb") as f:
         if f.read(64).lstrip().startswith(b"<doc"):
@@ -154,7 +157,8 @@ def _raise_first_bad_line(path: Path) -> None:
     DuckDB's own message can name the line after the faulty one, so the exact line
     is found again with the json module; returns only if every line parses.
     """
-    with open(path, encoding="utf-8", errors="replace") as f:
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
