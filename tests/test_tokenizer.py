@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 import regex
-
-from euler.errors import EulerError
 from euler.tokenizer import SPECIAL_TOKENS, Tokenizer
 from euler.tokenizer.pretokenize import GPT2_PATTERN
+
+from euler.errors import EulerError
 
 WORDS = (
     "the of and a to in is you that it he was for on are as with his they I at be this "
