@@ -80,6 +80,7 @@ def test_prepare_writes_shards_that_decode_to_the_documents(corpus, tok, tmp_pat
     assert total["val"] / (total["train"] + total["val"]) == m["totals"]["val_token_fraction"]
     loader = TokenLoader(out, "train", vocab_size=tok.vocab_size)
     loader.check_tokenizer(tok.sha256)
+    assert Tokenizer.load(loader.tokenizer_path).sha256 == tok.sha256
     assert loader.batch(0, 0, 4, 16, 2).max() < tok.vocab_size
 
 
@@ -113,7 +114,9 @@ def test_failures_leave_nothing_half_written(corpus, tok, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "blank.txt").write_text("*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\n\n")
-    with pytest.raises(EulerError, match="no document is left after cleaning"):
+    with pytest.raises(
+        EulerError, match="empty corpus: source .books. has no document left after cleaning"
+    ):
         prepare_corpus([file_source("books", [str(empty)])], tmp_path / "out", tokenizer=tok)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "x"}\n')

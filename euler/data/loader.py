@@ -40,10 +40,12 @@ class TokenLoader:
             raise EulerError(f"split must be 'train' or 'val', got {split!r}")
         self.split = split
         self.manifest: dict | None = None
+        self.tokenizer_path: Path | None = None  # the folder's tokenizer.json, if a folder
         groups: list[tuple[float | None, list[Path]]] = []  # (weight, shard files) per source
         if isinstance(source, (str, Path)) and Path(source).is_dir():
             folder = Path(source)
             self.manifest = read_manifest(folder, kind="pretrain")
+            self.tokenizer_path = folder / self.manifest["tokenizer"]["file"]
             for src in self.manifest["sources"]:
                 files = [folder / name for name in src["shards"][split]]
                 groups.append((src.get("weight"), files))

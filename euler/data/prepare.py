@@ -121,11 +121,12 @@ def prepare_corpus(
         raise EulerError("give either a tokenizer file or a vocabulary size to train one")
     threads = threads or os.cpu_count() or 1
     with staged_dir(Path(out_dir)) as work:
-        t0 = time.perf_counter()
+        t_tok = None  # seconds spent training the tokenizer, when we trained it
         if tokenizer is None:
             log(f"training a {vocab_size}-token BPE tokenizer on the sources")
+            t0 = time.perf_counter()
             tokenizer = train_tokenizer(sources, vocab_size, work, tokenizer_sample_chars)
-        t_tok = time.perf_counter() - t0
+            t_tok = round(time.perf_counter() - t0, 3)
         tokenizer.save(str(work / TOKENIZER_FILE))
         t1 = time.perf_counter()
         entries = [
@@ -134,26 +135,25 @@ def prepare_corpus(
         ]
         seconds = time.perf_counter() - t1
         total = {s: sum(e["tokens"][s] for e in entries) for s in SPLITS}
-        chars = sum(e["text_bytes"][s] for e in entries for s in SPLITS)
-        if total["train"] + total["val"] == 0:
-            raise EulerError("empty corpus: no document is left after cleaning")
+        text_bytes = sum(e["text_bytes"][s] for e in entries for s in SPLITS)
         manifest = {
             "kind": "pretrain",
             "tokenizer": {
                 "file": TOKENIZER_FILE,
                 "sha256": tokenizer.sha256,
                 "vocab_size": tokenizer.vocab_size,
-                "train_seconds": round(t_tok, 3),
+                "eot_id": tokenizer.eot_id,
+                "train_seconds": t_tok,
             },
             "split": {"val_fraction": val_fraction, "seed": seed, "rule": SPLIT_RULE},
             "sources": entries,
             "totals": {
                 "tokens": total,
-                "text_bytes": chars,
+                "text_bytes": text_bytes,
                 "val_token_fraction": total["val"] / (total["train"] + total["val"]),
-                "bytes_per_token": chars / (total["train"] + total["val"]),
+                "bytes_per_token": text_bytes / (total["train"] + total["val"]),
                 "seconds": round(seconds, 3),
-                "mb_per_s": chars / 1e6 / seconds if seconds > 0 else None,
+                "mb_per_s": text_bytes / 1e6 / seconds if seconds > 0 else None,
                 "threads": threads,
             },
         }
@@ -203,7 +203,7 @@ def _write_source(
                 w.abort()
         raise
     if docs["train"] + docs["val"] == 0:
-        raise EulerError(f"source {src.name!r}: no document is left after cleaning")
+        raise EulerError(f"empty corpus: source {src.name!r} has no document left after cleaning")
     log(
         f"{src.name}: {docs['train'] + docs['val']} documents, "
         f"{tokens['train']:,} train + {tokens['val']:,} val tokens"

@@ -82,6 +82,8 @@ def prepare_sft(
         raise EulerError(f"context must be positive, got {context}")
     if not items:
         raise EulerError("no instruction files given")
+    if not 0.0 <= val_fraction < 1.0:
+        raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
     threads = threads or os.cpu_count() or 1
     t0 = time.perf_counter()
     inputs, records = [], []
