@@ -1,0 +1,286 @@
+"""GPU benchmark: the `gpu` preset's training step, per-layer times, FlashAttention vs naive.
+
+    python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
+
+Measures on the current CUDA GPU (TF32 matmuls, as training runs):
+- the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
+  FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
+  per step, and device memory in use;
+- time per backend method over one step, from CUDA events around each call;
+- our FlashAttention forward and backward against a naive attention that materialises the
+  (B H, T, T) scores (batched cuBLAS GEMMs and a row softmax kernel) at each `--attn-t`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from numba import cuda, float32
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from euler.config import PRESETS  # noqa: E402
+from euler.gpu.backend import GpuBackend  # noqa: E402
+from euler.gpu.reduce import MAX_THREADS, block_max, block_sum  # noqa: E402
+from euler.model import Model, make_targets  # noqa: E402
+
+
+class Hyper:
+    grad_clip, beta1, beta2, eps, weight_decay = 1.0, 0.9, 0.95, 1e-8, 0.1
+
+
+def timed(be: GpuBackend, fn, reps: int) -> float:
+    """Median milliseconds of fn() over reps runs, from CUDA events on the backend's stream."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cuda.event(), cuda.event()
+        start.record(be.stream)
+        fn()
+        stop.record(be.stream)
+        stop.synchronize()
+        times.append(cuda.event_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+class TimedBackend:
+    """Wraps a backend; records CUDA events around each layer method to sum time per name."""
+
+    LAYER = ("matmul", "embedding_", "rmsnorm_", "rope_", "attention_", "swiglu_", "residual_")
+
+    def __init__(self, be: GpuBackend):
+        self.be = be
+        self.events: list[tuple[str, object, object]] = []
+
+    def __getattr__(self, name):
+        fn = getattr(self.be, name)
+        if not name.startswith(self.LAYER + ("cross_entropy", "loss_value", "adamw")):
+            return fn
+
+        def wrapper(*args, **kw):
+            start, stop = cuda.event(), cuda.event()
+            start.record(self.be.stream)
+            out = fn(*args, **kw)
+            stop.record(self.be.stream)
+            self.events.append((name, start, stop))
+            return out
+
+        return wrapper
+
+    def totals(self) -> dict[str, float]:
+        self.be.synchronize()
+        out: dict[str, float] = defaultdict(float)
+        for name, a, b in self.events:
+            out[name] += cuda.event_elapsed_time(a, b)
+        self.events.clear()
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def train_step(model: Model, tokens, targets, state, step: int):
+    loss = model.forward(tokens, targets, need_grad=True)
+    model.backward()
+    m, v = state
+    model.be.adamw_step(model.params, model.grads, m, v, Hyper, 3e-4, step, model.layout.n_decay)
+    return loss
+
+
+def bench_step(args) -> dict:
+    cfg = PRESETS[args.preset]
+    be = GpuBackend(tf32=True)
+    B, T = args.batch, args.seq
+    rng = np.random.default_rng(0)
+    window = rng.integers(0, cfg.vocab_size, (B, T + cfg.n_mtp))
+    tokens, targets = window[:, :T], make_targets(window, T, cfg.n_mtp)
+    timer = TimedBackend(be)
+    model = Model(cfg, backend=timer, dtype=np.float32)
+    state = [be.zeros((model.layout.size,), np.float32) for _ in range(2)]
+    t0 = time.perf_counter()
+    loss0 = float(train_step(model, tokens, targets, state, 1))  # compiles every kernel
+    compile_s = time.perf_counter() - t0
+    timer.totals()
+    train_step(model, tokens, targets, state, 2)
+    per_method = timer.totals()
+    model.be = be  # untimed from here on
+    be.synchronize()
+    host, steps = [], args.steps
+    t0 = time.perf_counter()
+    for s in range(steps):
+        h0 = time.perf_counter()
+        loss = train_step(model, tokens, targets, state, 3 + s)
+        host.append(time.perf_counter() - h0)
+    be.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    used, total = be.peak_memory()
+    tok_s = B * T / wall
+    return {
+        "preset": args.preset,
+        "batch": B,
+        "seq_len": T,
+        "params": model.layout.size,
+        "tf32": True,
+        "steps_timed": steps,
+        "step_ms": wall * 1e3,
+        "host_ms_per_step": float(np.median(host)) * 1e3,
+        "tokens_per_s": tok_s,
+        "mfu": tok_s * args.flop_per_token / (args.peak * 1e12),
+        "first_step_s_incl_compile": compile_s,
+        "loss_first": loss0,
+        "loss_last": float(loss),
+        "device_mem_in_use_gib": used / 2**30,
+        "device_mem_total_gib": total / 2**30,
+        "per_method_ms_one_step": per_method,
+    }
+
+
+@cuda.jit
+def causal_softmax_kernel(s, scale):
+    """s (Z, T, T) scores -> causal softmax probabilities in place; one block per row."""
+    Z, T, _ = s.shape
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    z = cuda.blockIdx.y
+    i = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    m = float32(-math.inf)
+    for j in range(tid, i + 1, cuda.blockDim.x):
+        m = max(m, s[z, i, j] * scale)
+    m = block_max(m, buf, float32(-math.inf))
+    acc = float32(0.0)
+    for j in range(tid, i + 1, cuda.blockDim.x):
+        acc += math.exp(s[z, i, j] * scale - m)
+    acc = block_sum(acc, buf, float32(0.0))
+    for j in range(tid, T, cuda.blockDim.x):
+        s[z, i, j] = math.exp(s[z, i, j] * scale - m) / acc if j <= i else float32(0.0)
+
+
+@cuda.jit
+def softmax_backward_kernel(dp, p, scale):
+    """dp (Z, T, T) = p (dp - rowsum(p dp)) * scale in place: dS from dP; one block per row."""
+    Z, T, _ = dp.shape
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    z = cuda.blockIdx.y
+    i = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    d = float32(0.0)
+    for j in range(tid, i + 1, cuda.blockDim.x):
+        d += p[z, i, j] * dp[z, i, j]
+    d = block_sum(d, buf, float32(0.0))
+    for j in range(tid, T, cuda.blockDim.x):
+        dp[z, i, j] = p[z, i, j] * (dp[z, i, j] - d) * scale
+
+
+def bench_attention(be: GpuBackend, T: int, args) -> dict:
+    """FlashAttention vs naive (materialised scores), forward and backward, at length T."""
+    B, H, G, E = args.batch, 12, 4, 64
+    rep = H // G
+    rng = np.random.default_rng(T)
+    qkv_h = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
+    dout_h = rng.standard_normal((B, T, H * E)).astype(np.float32)
+    qkv, dout = be.to_device(qkv_h), be.to_device(dout_h)
+    out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
+    dqkv = be.zeros(qkv_h.shape, np.float32)
+    flash_fwd = timed(be, lambda: be.attention_forward(out, lse, qkv, H, G, E), args.reps)
+    flash_bwd = timed(
+        be, lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), args.reps
+    )
+    flash_out = be.to_host(out)
+    # naive: per (b, h) contiguous q, k, v (kv heads repeated), scores (B H, T, T) in memory
+    q5 = qkv_h[:, :, : H * E].reshape(B, T, H, E).transpose(0, 2, 1, 3)
+    k5 = qkv_h[:, :, H * E : (H + G) * E].reshape(B, T, G, E).transpose(0, 2, 1, 3)
+    v5 = qkv_h[:, :, (H + G) * E :].reshape(B, T, G, E).transpose(0, 2, 1, 3)
+    do5 = dout_h.reshape(B, T, H, E).transpose(0, 2, 1, 3)
+    flat = lambda a: be.to_device(np.ascontiguousarray(a).reshape(B * H, T, E))  # noqa: E731
+    q, k, v = flat(q5), flat(np.repeat(k5, rep, axis=1)), flat(np.repeat(v5, rep, axis=1))
+    do = flat(do5)
+    s = be.zeros((B * H, T, T), np.float32)
+    dp = be.zeros((B * H, T, T), np.float32)
+    o, dq, dk, dv = (be.zeros((B * H, T, E), np.float32) for _ in range(4))
+    scale = np.float32(1 / math.sqrt(E))
+    grid = (T, B * H)
+
+    def naive_fwd():
+        be.matmul_batched(s, q, k, trans_b=True)
+        causal_softmax_kernel[grid, 256, be.stream](s, scale)
+        be.matmul_batched(o, s, v)
+
+    def naive_bwd():
+        be.matmul_batched(dp, do, v, trans_b=True)
+        softmax_backward_kernel[grid, 256, be.stream](dp, s, scale)
+        be.matmul_batched(dq, dp, k)
+        be.matmul_batched(dk, dp, q, trans_a=True)
+        be.matmul_batched(dv, s, do, trans_a=True)
+
+    naive_f = timed(be, naive_fwd, args.reps)
+    naive_b = timed(be, naive_bwd, args.reps)
+    naive_out = be.to_host(o).reshape(B, H, T, E).transpose(0, 2, 1, 3).reshape(B, T, H * E)
+    useful = 4 * B * H * T * T * E / 2  # causal forward FLOPs
+    return {
+        "B": B,
+        "T": T,
+        "H": H,
+        "G": G,
+        "E": E,
+        "flash_fwd_ms": flash_fwd,
+        "flash_bwd_ms": flash_bwd,
+        "flash_fwd_tflops": useful / flash_fwd / 1e9,
+        "flash_bwd_over_fwd": flash_bwd / flash_fwd,
+        "naive_fwd_ms": naive_f,
+        "naive_bwd_ms": naive_b,
+        "naive_tf32": be.blas.tf32,
+        "naive_over_flash_fwd_bwd": (naive_f + naive_b) / (flash_fwd + flash_bwd),
+        "max_abs_diff_flash_vs_naive": float(np.abs(flash_out - naive_out).max()),
+    }
+
+
+def device_name() -> str:
+    try:
+        q = "--query-gpu=name,driver_version,memory.total"
+        return subprocess.check_output(["nvidia-smi", q, "--format=csv,noheader"], text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return cuda.get_current_device().name.decode()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="gpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--attn-t", type=int, nargs="*", default=[512, 2048])
+    ap.add_argument("--peak", type=float, default=495.0, help="dense TF32 TFLOP/s")
+    ap.add_argument("--flop-per-token", type=float, default=0.72e9)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": device_name().strip(),
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+    }
+    result["train_step"] = bench_step(args)
+    print(json.dumps(result["train_step"], indent=1), flush=True)
+    be = GpuBackend(tf32=True)
+    result["attention"] = [bench_attention(be, t, args) for t in args.attn_t]
+    for r in result["attention"]:
+        print(json.dumps(r), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    ts = result["train_step"]
+    print(
+        f"{ts['tokens_per_s']:.0f} tokens/s, step {ts['step_ms']:.1f} ms "
+        f"(host {ts['host_ms_per_step']:.1f} ms), MFU {100 * ts['mfu']:.1f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()
