@@ -23,7 +23,12 @@ def make_folder(tmp_path, weights=(None, None), sizes=(5000, 3000)):
         shards = {s: [f"{name}-{s}-000.bin"] for s in ("train", "val")}
         sources.append({"name": name, "weight": w, "shards": shards})
     write_manifest(
-        tmp_path, {"kind": "pretrain", "tokenizer": {"sha256": "abc"}, "sources": sources}
+        tmp_path,
+        {
+            "kind": "pretrain",
+            "tokenizer": {"file": "tokenizer.json", "sha256": "abc"},
+            "sources": sources,
+        },
     )
     return tmp_path
 
