@@ -40,7 +40,10 @@ def prepare(
     ] = None,
     web: Annotated[
         list[str] | None,
-        typer.Option(help="Web .parquet/.jsonl file, WikiExtractor file, folder or URL."),
+        typer.Option(
+            help="Web .parquet/.jsonl file, WikiExtractor file, folder or URL "
+            "(a URL may end in #sha256=<hex> to be checked)."
+        ),
     ] = None,
     books_weight: Annotated[
         float | None,

@@ -202,3 +202,11 @@ def test_corrupt_cached_file_is_fetched_again(server, tmp_path):
     dest.write_bytes(b"a corrupt earlier copy")
     download(f"{server}/file", dest, sha256=hashlib.sha256(BODY).hexdigest(), progress=False)
     assert dest.read_bytes() == BODY
+
+
+def test_sha256_in_the_url_fragment(server, tmp_path):
+    good = f"{server}/file#sha256={hashlib.sha256(BODY).hexdigest()}"
+    assert download(good, tmp_path / "a", progress=False).read_bytes() == BODY
+    assert Handler.requests[-1] == ("/file", None)  # the fragment stays on our side
+    with pytest.raises(EulerError, match="SHA-256"):
+        download(f"{server}/file#sha256={'0' * 64}", tmp_path / "b", progress=False)

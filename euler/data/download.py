@@ -60,9 +60,13 @@ def download(
 ) -> Path:
     """Fetch `url` to `dest` (default: the cache) and return the local path.
 
-    sha256 / size: expected hex digest / byte count, checked when given.
+    sha256 / size: expected hex digest / byte count, checked when given; a URL may
+    also carry its digest as a fragment, `...#sha256=<hex>` (never sent to the server).
     Raises EulerError on HTTP errors, network errors and failed checks.
     """
+    url, fragment = urllib.parse.urldefrag(url)
+    if fragment.startswith("sha256="):
+        sha256 = sha256 or fragment.removeprefix("sha256=")
     scheme = urllib.parse.urlparse(url).scheme
     if scheme not in ("http", "https"):
         raise EulerError(f"download {url}: only http:// and https:// URLs are supported")

@@ -11,7 +11,8 @@ Two kinds of named source, each a list of inputs:
   with DuckDB; and WikiExtractor output (`<doc ...>` ... `</doc>` blocks, one article
   per document). Folders are walked recursively.
 
-Files are read as strict UTF-8; newlines are normalised to LF.
+URLs are downloaded into the cache (download.py; `#sha256=<hex>` at the end of a URL
+is checked). Files are read as strict UTF-8; newlines are normalised to LF.
 """
 
 from __future__ import annotations
