@@ -225,3 +225,16 @@ def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: 
 @pytest.mark.gpu
 def test_training_steps_match_cpu() -> None:
     train_step_matches(_gpu_backend(), "small", B=4, T=128, steps=3, grad_rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
+def test_matmul_strided_batched(trans_a, trans_b) -> None:
+    gpu, rng = _gpu_backend(), np.random.default_rng(2)
+    Z, M, K, N = 3, 17, 40, 23
+    a = _f32(rng, Z, *((K, M) if trans_a else (M, K)))
+    b = _f32(rng, Z, *((N, K) if trans_b else (K, N)))
+    out = gpu.zeros((Z, M, N), np.float32)
+    gpu.matmul_batched(out, gpu.to_device(a), gpu.to_device(b), trans_a, trans_b)
+    want = (a.transpose(0, 2, 1) if trans_a else a) @ (b.transpose(0, 2, 1) if trans_b else b)
+    report("matmul_batched", gpu.to_host(out), want)

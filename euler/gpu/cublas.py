@@ -92,22 +92,13 @@ class Cublas:
         self.set_tf32(tf32)
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)
-        self.lib.cublasSgemm_v2.argtypes = (
-            [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-            + [ctypes.c_int] * 3
-            + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] * 2
-            + [
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.c_int,
-            ]
-        )
-        self.lib.cublasSgemmStridedBatched.argtypes = (
-            [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-            + [ctypes.c_int] * 3
-            + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong] * 2
-            + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
-        )
+        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        # handle, op_a, op_b, m, n, k, alpha*, A, lda, B, ldb, beta*, C, ldc
+        gemm = [vp, i32, i32, i32, i32, i32, vp, vp, i32, vp, i32, vp, vp, i32]
+        self.lib.cublasSgemm_v2.argtypes = gemm
+        # the same with a stride after each leading dimension, then the batch count
+        batched = gemm[:9] + [i64] + gemm[9:11] + [i64] + gemm[11:] + [i64, i32]
+        self.lib.cublasSgemmStridedBatched.argtypes = batched
 
     @staticmethod
     def _check(status: int, what: str) -> None:
