@@ -44,6 +44,9 @@ def _register_families() -> None:
 
     commands_engine.register(app)
     commands_data.register(app)
+    from euler.cli import commands_tokenizer
+
+    commands_tokenizer.register(app)
 
 
 def main() -> None:

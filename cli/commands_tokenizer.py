@@ -1,0 +1,133 @@
+"""Tokenizer commands: `euler tokenizer train`, `encode`, `decode` and `stats`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+tokenizer_app = typer.Typer(
+    help="Train, apply and inspect the byte-level BPE tokenizer.", no_args_is_help=True
+)
+
+TokenizerOpt = Annotated[
+    Path, typer.Option("--tokenizer", "-t", help="Tokenizer JSON written by `train`.")
+]
+
+
+def _read(path: Path) -> str:
+    """A file's text; undecodable bytes ride along as surrogate escapes (encoded back)."""
+    if str(path) == "-":
+        return sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+    if not path.is_file():
+        raise EulerError(f"input file not found: {path}")
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+@tokenizer_app.command()
+def train(
+    inputs: Annotated[list[Path], typer.Argument(help="Text files to learn from (UTF-8).")],
+    vocab_size: Annotated[
+        int, typer.Option(help="Ids in all: 256 bytes + 4 special tokens + merges.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the tokenizer JSON.")],
+    hf: Annotated[
+        Path | None, typer.Option(help="Also write a Hugging Face tokenizer.json here.")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Learn a tokenizer from text files (streamed) and save it."""
+    from euler.tokenizer import Tokenizer
+
+    t = time.perf_counter()
+    tok = Tokenizer.train(inputs, vocab_size, progress=progress)
+    elapsed = time.perf_counter() - t
+    tok.save(out)
+    if hf is not None:
+        tok.export_hf(hf)
+    typer.echo(f"{out}: vocab {tok.vocab_size} in {elapsed:.1f} s, sha256 {tok.sha256}")
+
+
+@tokenizer_app.command()
+def encode(
+    tokenizer: TokenizerOpt,
+    input: Annotated[Path, typer.Argument(help="Text file to encode ('-' for stdin).")],
+    allow_special: Annotated[
+        bool, typer.Option(help="Turn special-token text such as <|user|> into its id.")
+    ] = False,
+    threads: Annotated[int | None, typer.Option(help="Threads (default: every core).")] = None,
+) -> None:
+    """Print the token ids of a file, space-separated."""
+    from euler.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(tokenizer)
+    ids = tok.encode_batch([_read(input)], allow_special=allow_special, threads=threads)[0]
+    typer.echo(" ".join(map(str, ids.tolist())))
+
+
+@tokenizer_app.command()
+def decode(
+    tokenizer: TokenizerOpt,
+    ids: Annotated[
+        list[str] | None, typer.Argument(help="Token ids (default: read them from stdin).")
+    ] = None,
+) -> None:
+    """Print the text of token ids."""
+    from euler.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(tokenizer)
+    words = ids if ids else sys.stdin.read().split()
+    try:
+        values = [int(w) for w in words]
+    except ValueError as e:
+        raise EulerError(f"token ids must be integers: {e}") from None
+    sys.stdout.write(tok.decode(values))
+    sys.stdout.flush()
+
+
+@tokenizer_app.command()
+def stats(
+    tokenizer: TokenizerOpt,
+    inputs: Annotated[list[Path], typer.Argument(help="Text files to measure.")],
+    top: Annotated[int, typer.Option(help="How many of the most frequent tokens to list.")] = 20,
+) -> None:
+    """Bytes per token on each file, and the most frequent tokens over all of them."""
+    import numpy as np
+    from euler.tokenizer import Tokenizer
+    from rich.console import Console
+    from rich.table import Table
+
+    tok = Tokenizer.load(tokenizer)
+    counts = np.zeros(tok.vocab_size, np.int64)
+    table = Table(title=f"tokenizer {tokenizer} (vocab {tok.vocab_size})")
+    for col in ("file", "bytes", "tokens", "bytes/token"):
+        table.add_column(col, justify="left" if col == "file" else "right")
+    for path in inputs:
+        text = _read(path)
+        ids = tok.encode_batch([text])[0]
+        n_bytes = len(text.encode("utf-8", "surrogateescape"))
+        counts += np.bincount(ids, minlength=tok.vocab_size)
+        ratio = n_bytes / max(len(ids), 1)
+        table.add_row(str(path), f"{n_bytes:,}", f"{len(ids):,}", f"{ratio:.3f}")
+    freq = Table(title=f"{top} most frequent tokens")
+    for col in ("id", "token", "count", "share"):
+        freq.add_column(col, justify="left" if col == "token" else "right")
+    total = max(int(counts.sum()), 1)
+    for i in np.argsort(-counts, kind="stable")[:top]:
+        if counts[i] == 0:
+            break
+        shown = repr(tok.token_bytes(int(i)).decode("utf-8", "replace"))
+        freq.add_row(str(i), shown, f"{counts[i]:,}", f"{counts[i] / total:.2%}")
+    console = Console()
+    console.print(table)
+    console.print(freq)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `tokenizer` command family to the app."""
+    app.add_typer(tokenizer_app, name="tokenizer")
