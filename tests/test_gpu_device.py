@@ -18,6 +18,8 @@ from euler.config import PRESETS
 from euler.cpu.backend import CpuBackend
 from euler.model import Model, make_targets
 
+pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
+
 # float32 on both sides, different summation orders: a few ulps after long reductions
 RTOL, ATOL = 2e-5, 2e-6
 
@@ -198,7 +200,7 @@ def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: 
     rng = np.random.default_rng(1)
     cpu_m, gpu_m = Model(cfg, dtype=np.float32), Model(cfg, backend=gpu, dtype=np.float32)
     hp = SimpleNamespace(grad_clip=1.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-    state = {}
+    lr, state = 1e-3, {}
     for name, m in (("cpu", cpu_m), ("gpu", gpu_m)):
         state[name] = [m.be.zeros((m.layout.size,), np.float32) for _ in range(2)]
     for step in range(1, steps + 1):
@@ -218,8 +220,13 @@ def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: 
                 rtol=grad_rtol, atol=grad_rtol * scale,
             )  # fmt: skip
         for name, m in (("cpu", cpu_m), ("gpu", gpu_m)):
-            m.be.adamw_step(m.params, m.grads, *state[name], hp, 1e-3, step, m.layout.n_decay)
-        report(f"step {step} params", gpu.to_host(gpu_m.params), cpu_m.params, rtol=1e-4)
+            m.be.adamw_step(m.params, m.grads, *state[name], hp, lr, step, m.layout.n_decay)
+        # Adam divides by sqrt(v) + eps, so for |g| near eps (1e-8) an absolute rounding
+        # error e in g moves the step by about lr e / eps: parameters agree to a fraction of
+        # one step, not to rounding (the AdamW check with identical inputs is the strict one;
+        # the next step's loss checks the trajectory).
+        got = gpu.to_host(gpu_m.params)
+        report(f"step {step} params", got, cpu_m.params, rtol=1e-4, atol=0.5 * lr)
 
 
 @pytest.mark.gpu

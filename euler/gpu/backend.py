@@ -86,10 +86,29 @@ class GpuBackend:
         return host
 
     def copy_(self, dst, src) -> None:
-        """dst[...] = src (src may be a host array, copied in dst's dtype)."""
+        """dst[...] = src (src may be a host array, copied in dst's dtype).
+
+        A host array goes through a pinned staging buffer: a copy from pageable memory
+        would make the host wait until the stream has finished all earlier work.
+        """
         if isinstance(src, np.ndarray):
-            src = np.ascontiguousarray(src, dtype=dst.dtype).reshape(dst.shape)
+            stage, done = self._staging(dst.shape, dst.dtype)
+            done.synchronize()  # the last copy out of this buffer has been read
+            np.copyto(stage, src.reshape(dst.shape), casting="same_kind")
+            src = stage
+            dst.copy_to_device(src, stream=self.stream)
+            done.record(self.stream)
+            return
         dst.copy_to_device(src, stream=self.stream)
+
+    def _staging(self, shape, dtype):
+        """(pinned host buffer, event recorded after its last upload) for this shape."""
+        key = ("pinned", tuple(shape), np.dtype(dtype).str)
+        if key not in self._scratch:
+            done = cuda.event(timing=False)
+            done.record(self.stream)
+            self._scratch[key] = (cuda.pinned_array(shape, dtype), done)
+        return self._scratch[key]
 
     def synchronize(self) -> None:
         self.stream.synchronize()
