@@ -1,1 +1,11 @@
-"""CPU backend: @njit(parallel=True) prange kernels; matrix products go to BLAS via NumPy."""
+"""CPU backend: @njit(parallel=True) prange kernels; matrix products go to BLAS via NumPy.
+
+A training step alternates prange kernels and multi-threaded BLAS calls on the same cores.
+OpenMP threads that spin-wait after a parallel region steal those cores from BLAS (measured
+on a 2-core machine: the whole step ran 2-3x slower), so idle OpenMP threads sleep instead,
+unless the user chose otherwise. This must happen before the OpenMP runtime loads.
+"""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
