@@ -60,7 +60,10 @@ codecs.register_error("euler.surrogates", _escape_surrogates)
 def utf8(text: str) -> bytes:
     """text as UTF-8; lone surrogates as in _escape_surrogates, so bytes that came from
     data.decode("utf-8", "surrogateescape") become `data` again."""
-    return text.encode("utf-8", "euler.surrogates")
+    try:
+        return text.encode("utf-8")  # the common case, on CPython's fast path
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "euler.surrogates")
 
 
 class Tokenizer:
@@ -221,24 +224,28 @@ class Tokenizer:
             else:
                 with ThreadPoolExecutor(len(jobs)) as pool:
                     results = list(pool.map(lambda job: self._encode_spans(buf, *job), jobs))
-        ids = np.concatenate([r[0] for r in results])
+        ids = results[0][0] if len(results) == 1 else np.concatenate([r[0] for r in results])
         # Token offset of every bound: each worker's own offsets, shifted past the workers before.
         shift = np.cumsum([0] + [r[0].size for r in results])
         tok_at = np.concatenate(
             [[0]] + [r[1][1:] + s for r, s in zip(results, shift[:-1], strict=True)]
         )
-        chunk_tok = tok_at[np.searchsorted(bounds, ends)]
+        at = tok_at[np.searchsorted(bounds, ends)].tolist()
+        pieces = iter([ids[a:b] for a, b in zip(at[:-1], at[1:], strict=True)])
         out = []
-        c = 0
-        for doc in parts:
-            pieces = []
-            for p in doc:
-                if isinstance(p, bytes):
-                    pieces.append(ids[chunk_tok[c] : chunk_tok[c + 1]])
-                    c += 1
-                else:
-                    pieces.append(np.array([p], np.int32))
-            out.append(np.concatenate(pieces) if pieces else np.zeros(0, np.int32))
+        for doc in parts:  # each document's arrays are views of `ids` unless specials join in
+            if len(doc) == 1 and isinstance(doc[0], bytes):
+                out.append(next(pieces))
+            else:
+                out.append(
+                    np.concatenate(
+                        [
+                            next(pieces) if isinstance(p, bytes) else np.array([p], np.int32)
+                            for p in doc
+                        ]
+                        + [np.zeros(0, np.int32)]
+                    )
+                )
         return out
 
     def _encode_spans(self, buf: np.ndarray, worker: int, bounds: np.ndarray):
