@@ -264,6 +264,7 @@ def test_encode_batch_equals_encode(tok):
             assert len(got) == len(want)
             for g, w in zip(got, want, strict=True):
                 assert g.dtype == np.int32 and np.array_equal(g, w)
+    assert tok.encode_batch([]) == []
 
 
 def test_pathological_inputs_take_linear_time(tmp_path):

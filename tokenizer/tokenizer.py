@@ -107,8 +107,12 @@ class Tokenizer:
     def train(
         cls, files: Sequence[str | Path], vocab_size: int, progress: bool = False
     ) -> Tokenizer:
-        """Learn vocab_size - 260 merges from text files, streamed (see train.py for the
-        deterministic tie-break rule). Stops early if the files run out of pairs."""
+        """Learn vocab_size - 260 merges from text files (read as UTF-8 bytes, streamed).
+
+        Deterministic: each step merges the most frequent pair of adjacent tokens; ties go
+        to the smallest (left id, right id); a pair whose bytes already are a token is
+        skipped (train.py states the full rule). Stops early if the files run out of pairs.
+        """
         if vocab_size < FIRST_MERGE_ID:
             raise EulerError(
                 f"vocab size {vocab_size} is too small: the 256 bytes and "
