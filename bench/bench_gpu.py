@@ -240,6 +240,26 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
     }
 
 
+def kernel_resources() -> list[dict]:
+    """Registers and local (spilled) memory per thread of every attention kernel compiled."""
+    from euler.gpu import attention, attention_tiles
+
+    kernels = [k for ks in attention_tiles._BUILT.values() for k in ks]
+    kernels += [k for ks in attention._KERNELS.values() for k in ks]
+    out = []
+    for disp in kernels:
+        for kern in disp.overloads.values():
+            out.append(
+                {
+                    "kernel": disp.py_func.__name__,
+                    "registers": kern.regs_per_thread,
+                    "local_bytes": kern.local_mem_per_thread,
+                    "static_shared_bytes": kern.shared_mem_per_block,
+                }
+            )
+    return out
+
+
 def device_name() -> str:
     try:
         q = "--query-gpu=name,driver_version,memory.total"
@@ -270,7 +290,8 @@ def main() -> None:
     print(json.dumps(result["train_step"], indent=1), flush=True)
     be = GpuBackend(tf32=True)
     result["attention"] = [bench_attention(be, t, args) for t in args.attn_t]
-    for r in result["attention"]:
+    result["kernel_resources"] = kernel_resources()
+    for r in result["attention"] + result["kernel_resources"]:
         print(json.dumps(r), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ if not IN_SIMULATOR:
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 else:
-    from test_gpu_device import LAYER_CHECKS
+    from test_gpu_device import LAYER_CHECKS, check_attention
 
     from euler.cpu.backend import CpuBackend
 
@@ -56,3 +56,11 @@ else:
     @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
+
+    def test_attention_register_tiled() -> None:
+        """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal."""
+        from euler.gpu.backend import GpuBackend
+
+        gpu = GpuBackend(tf32=False, threads=32, blas=NumpyBlas())
+        sizes = SimpleNamespace(B=1, T=70, H=2, G=1, E=8)
+        check_attention(CpuBackend(), gpu, np.random.default_rng(3), sizes)

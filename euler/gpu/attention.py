@@ -11,17 +11,25 @@ Probabilities are recomputed from the logsumexp; no T x T matrix is ever stored.
 qkv (B, T, (H + 2G) E) holds q heads, then k heads, then v heads; query head h reads kv
 head h // (H / G). Kernels are built per (E, tile sizes): E must be a compile-time
 constant for the per-thread register arrays.
+
+These one-row-per-thread kernels serve any even head size; for E a multiple of 8 up to
+64 the launchers use the register-tiled kernels of attention_tiles.py instead (same
+results to rounding, several times faster), unless a tile size is forced (tests do).
 """
 
 from __future__ import annotations
 
 import math
 
+import numba
 from numba import cuda, float32
 
+from euler.gpu import attention_tiles
+from euler.gpu.reduce import SIMULATOR
 from euler.layer_math import online_softmax_rescale
 
 _KERNELS: dict = {}
+_SHARED_RAISED: set = set()  # (kernel, signature) whose dynamic shared limit is raised
 
 
 def tile_for(E: int) -> int:
@@ -219,6 +227,23 @@ def kernels(E: int, BQ: int, BK: int):
     return _KERNELS[key]
 
 
+def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
+    """Launch with nbytes of dynamic shared memory, first raising the kernel's limit.
+
+    Over 48 KB a kernel must opt in (cuKernelSetAttribute) once per compiled signature.
+    """
+    if not SIMULATOR and nbytes > 48 * 1024:
+        sig = tuple(numba.typeof(a) for a in args)
+        if (kernel, sig) not in _SHARED_RAISED:
+            from numba.cuda.cudadrv.driver import binding, driver
+
+            fn = kernel.compile(sig)._codelibrary.get_cufunc()
+            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+            _SHARED_RAISED.add((kernel, sig))
+    kernel[grid, attention_tiles.THREADS, stream, nbytes](*args)
+
+
 def _check(qkv, H, G, E) -> tuple[int, int]:
     B, Tn, C = qkv.shape
     assert C == (H + 2 * G) * E and H % G == 0 and E % 2 == 0
@@ -229,9 +254,15 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
     """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E)."""
     B, Tn = _check(qkv, H, G, E)
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
+    scale = qkv.dtype.type(1.0 / math.sqrt(E))
+    if not tile and attention_tiles.supports(E):
+        fwd = attention_tiles.kernels(E)[0]
+        nbytes = attention_tiles.shared_bytes(E)["forward"]
+        grid = ((Tn + 63) // 64, B * H)
+        _launch_dynamic(fwd, grid, stream, nbytes, out, lse, qkv, H, G, scale)
+        return
     t = tile or tile_for(E)
     fwd, _, _ = kernels(E, t, t)
-    scale = qkv.dtype.type(1.0 / math.sqrt(E))
     fwd[((Tn + t - 1) // t, B * H), t, stream](out, lse, qkv, H, G, scale)
 
 
@@ -244,9 +275,18 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
     assert lse.shape == dsum.shape == (B, H, Tn)
+    scale = qkv.dtype.type(1.0 / math.sqrt(E))
+    if not tile and attention_tiles.supports(E):
+        _, dq, dkv = attention_tiles.kernels(E)
+        nbytes = attention_tiles.shared_bytes(E)
+        nt = (Tn + 63) // 64
+        args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+        _launch_dynamic(dq, (nt, B * H), stream, nbytes["dq"], *args)
+        args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
+        _launch_dynamic(dkv, (nt, B * G), stream, nbytes["dkv"], *args)
+        return
     t = tile or tile_for(E)
     _, dq, dkv = kernels(E, t, t)
-    scale = qkv.dtype.type(1.0 / math.sqrt(E))
     grid_t = (Tn + t - 1) // t
     dq[(grid_t, B * H), t, stream](dqkv, dsum, dout, qkv, out, lse, H, G, scale)
     dkv[(grid_t, B * G), t, stream](dqkv, dsum, dout, qkv, lse, H, G, scale)

@@ -1,0 +1,349 @@
+"""Register-tiled FlashAttention kernels (the FlashAttention-2 structure on fp32 CUDA cores).
+
+A block of 128 threads owns a 64 x 64 tile of scores: thread (ty, tx) = (tid // 8, tid % 8)
+holds rows r_i = 4 ty + i (i < 4) and columns c_j = tx + 8 j (j < 8) in registers, and an
+E-wide output tile of rows r_i and columns c_j (j < E / 8). Every operand is staged in one
+dynamic shared-memory array, transposed so a product's k index is the slow one:
+X^T[k][row ^ swizzle(k)], where the XOR swizzle keeps both the staging stores and the
+product's loads free of bank conflicts (tiles loaded from memory swizzle with k & 31;
+tiles written from registers with the bits of tx, see `SWIZZLE_TILE`). A row's max and sum
+over its 8 column threads use warp shuffles (shared memory in the simulator).
+
+NVVM does not unroll the register-tile loops itself, and register arrays indexed in a
+loop would live in local memory, so the kernel source is generated with those loops
+written out (one scalar per register) and compiled per head size E (a multiple of 8,
+at most 64).
+
+forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V.
+backward_dq: one block per (64 query rows, b, h): D = rowsum(dO O) (saved), then per key
+  tile P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dQ += dS K.
+backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of every
+  head of its group: dV += P^T dO, dK += dS^T Q. Each kernel owns what it writes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32
+
+from euler.gpu.reduce import FULL_MASK, SIMULATOR
+from euler.layer_math import online_softmax_rescale
+
+THREADS = 128
+TILE = 64
+RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
+SWIZZLE_LOAD = "({k} & 31)"
+# tile written from registers: lanes differ in tx (= k % 8) and ty; put tx's bits on the
+# bank bits that rows 4 ty + i leave equal (0, 1 and 4)
+SWIZZLE_TILE = "(({k} & 3) | (({k} & 4) << 2))"
+
+
+def supports(E: int) -> bool:
+    """Head sizes these kernels are generated for."""
+    return E % 8 == 0 and 8 <= E <= 64
+
+
+class _Src:
+    """Lines of generated Python with an indentation level."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.level = 0
+
+    def __call__(self, *lines: str) -> None:
+        for line in lines:
+            self.lines.append("    " * self.level + line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _prologue(w: _Src, NJ: int) -> None:
+    w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty = tid // 8")
+    w("sm = cuda.shared.array(0, float32)")
+    w(*(f"r{i} = ty * 4 + {i}" for i in range(4)))
+    w(*(f"c{j} = tx + {8 * j}" for j in range(8)))
+    w(*(f"sw{j} = " + SWIZZLE_TILE.format(k=f"c{j}") for j in range(8)))
+    w(*(f"fc{j} = c{j} & 31" for j in range(NJ)))
+
+
+def _load_t(w: _Src, off: str, row0: str, col: str, E: int, src: str, scale: str = "") -> None:
+    """Stage rows row0..row0+63, columns col..col+E-1 of src (B, T, C) as X^T at sm[off].
+
+    Rows past the sequence are staged as zeros, so padded rows compute finite garbage.
+    """
+    w(f"for idx in range(tid, {64 * E}, {THREADS}):")
+    w.level += 1
+    w(f"rr = idx // {E}", f"ee = idx - rr * {E}", "val = T(0.0)")
+    w(f"if {row0} + rr < Tn:")
+    w(f"    val = {src}[b, {row0} + rr, {col} + ee]{scale}")
+    w(f"sm[{off} + ee * 64 + (rr ^ (ee & 31))] = val")
+    w.level -= 1
+
+
+def _product(w, acc, a_off, a_sw, b_off, b_mode, K, ncols) -> None:
+    """acc{i}_{j} += sum_k A[r_i][k] B[k][c_j] for k < K, A staged as [k][row ^ a_sw(k)].
+
+    b_mode "kmajor": B staged as [k][col ^ (k & 31)]; "colmajor": B staged as
+    [col][k ^ (col & 31)] (a tile loaded from memory, read along its other index).
+    """
+    w(f"for k in range({K}):")
+    w.level += 1
+    w("xa = " + a_sw.format(k="k"), "ka = k * 64")
+    w(*(f"a{i} = sm[{a_off} + ka + (r{i} ^ xa)]" for i in range(4)))
+    if b_mode == "kmajor":
+        w("xb = k & 31")
+        w(*(f"b{j} = sm[{b_off} + ka + (c{j} ^ xb)]" for j in range(ncols)))
+    else:
+        w(*(f"b{j} = sm[{b_off} + c{j} * 64 + (k ^ fc{j})]" for j in range(ncols)))
+    w(*(f"{acc}{i}_{j} += a{i} * b{j}" for i in range(4) for j in range(ncols)))
+    w.level -= 1
+
+
+def _zero(w, acc, ncols) -> None:
+    w(*(f"{acc}{i}_{j} = T(0.0)" for i in range(4) for j in range(ncols)))
+
+
+def _group(w, op: str, names: list[str], red: int) -> None:
+    """Each name becomes op over the 8 threads of its row (lanes differing in tx).
+
+    The simulator has no shuffles: there the values meet in shared scratch at sm[red].
+    """
+    w("if SIMULATOR:")
+    w.level += 1
+    w(*(f"sm[{red} + r{i} * 8 + tx] = {n}" for i, n in enumerate(names)))
+    w("cuda.syncthreads()")
+    for i, n in enumerate(names):
+        terms = [f"sm[{red} + r{i} * 8 + {t}]" for t in range(8)]
+        w(f"{n} = max({', '.join(terms)})" if op == "max" else f"{n} = {' + '.join(terms)}")
+    w("cuda.syncthreads()")
+    w.level -= 1
+    w("else:")
+    w.level += 1
+    for n in names:
+        for off in (1, 2, 4):
+            shfl = f"cuda.shfl_xor_sync(FULL_MASK, {n}, {off})"
+            w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
+    w.level -= 1
+
+
+def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
+    """On the diagonal tile, -inf where the key is after the query."""
+    for i in range(4):
+        for j in range(8):
+            cond = f"c{j} > r{i}" if rows_are_queries else f"r{i} > c{j}"
+            w(f"if {cond}:", f"    {acc}{i}_{j} = T(-math.inf)")
+
+
+def _write_tile_t(w, off: str, acc: str) -> None:
+    """Store register tile M[r_i][c_j] as M^T[c][r ^ SWIZZLE_TILE(c)] at sm[off]."""
+    w(
+        *(
+            f"sm[{off} + c{j} * 64 + (r{i} ^ sw{j})] = {acc}{i}_{j}"
+            for i in range(4)
+            for j in range(8)
+        )
+    )
+
+
+def _forward_source(E: int) -> str:
+    NJ = E // 8
+    Q, KP, V = 0, 64 * E, 64 * E + max(64 * E, 4096)
+    w = _Src()
+    w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
+    w.level += 1
+    w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads."""')
+    w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
+    _prologue(w, NJ)
+    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
+    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
+    w(*(f"m{i} = T(-math.inf)" for i in range(4)), *(f"l{i} = T(0.0)" for i in range(4)))
+    _zero(w, "o", NJ)
+    w("for j0 in range(0, i0 + 64, 64):")
+    w.level += 1
+    _load_t(w, str(KP), "j0", "ko", E, "qkv")
+    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    w("cuda.syncthreads()")
+    _zero(w, "s", 8)
+    _product(w, "s", Q, SWIZZLE_LOAD, KP, "kmajor", E, 8)
+    w("if j0 == i0:")
+    w.level += 1
+    _mask_diagonal(w, "s", rows_are_queries=True)
+    w.level -= 1
+    w("cuda.syncthreads()  # K^T is read; its space takes P")
+    for i in range(4):
+        w(f"mx{i} = max(" + ", ".join(f"s{i}_{j}" for j in range(8)) + ")")
+    _group(w, "max", [f"mx{i}" for i in range(4)], V + 64 * E)
+    for i in range(4):
+        w(f"mn{i} = max(m{i}, mx{i})", f"al{i} = online_softmax_rescale(m{i}, mn{i}, T)")
+        w(*(f"s{i}_{j} = math.exp(s{i}_{j} - mn{i})" for j in range(8)))
+        w(f"rs{i} = " + " + ".join(f"s{i}_{j}" for j in range(8)))
+    _group(w, "sum", [f"rs{i}" for i in range(4)], V + 64 * E)
+    for i in range(4):
+        w(f"l{i} = l{i} * al{i} + rs{i}", f"m{i} = mn{i}")
+        w(*(f"o{i}_{j} *= al{i}" for j in range(NJ)))
+    _write_tile_t(w, str(KP), "s")
+    w("cuda.syncthreads()")
+    _product(w, "o", KP, SWIZZLE_TILE, V, "colmajor", 64, NJ)
+    w("cuda.syncthreads()")
+    w.level -= 1
+    for i in range(4):
+        w(f"if i0 + r{i} < Tn:")
+        w.level += 1
+        w(f"inv = T(1.0) / l{i}")
+        w(*(f"out[b, i0 + r{i}, qo + c{j}] = o{i}_{j} * inv" for j in range(NJ)))
+        w("if tx == 0:", f"    lse[b, h, i0 + r{i}] = m{i} + math.log(l{i})")
+        w.level -= 1
+    return w.text()
+
+
+def _dq_source(E: int) -> str:
+    NJ = E // 8
+    Q, DO, K, V, DS = 0, 64 * E, 128 * E, 192 * E, 256 * E
+    w = _Src()
+    w("def backward_dq_tiled_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):")
+    w.level += 1
+    w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads."""')
+    w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
+    _prologue(w, NJ)
+    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
+    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
+    _load_t(w, str(DO), "i0", "qo", E, "dout")
+    for i in range(4):
+        w(f"d{i} = T(0.0)", f"ls{i} = T(0.0)", f"if i0 + r{i} < Tn:")
+        w.level += 1
+        w(f"ls{i} = lse[b, h, i0 + r{i}]")
+        w(
+            *(
+                f"d{i} += dout[b, i0 + r{i}, qo + c{j}] * out[b, i0 + r{i}, qo + c{j}]"
+                for j in range(NJ)
+            )
+        )
+        w.level -= 1
+    _group(w, "sum", [f"d{i}" for i in range(4)], DS + 4096)
+    for i in range(4):
+        w(f"if tx == 0 and i0 + r{i} < Tn:", f"    dsum[b, h, i0 + r{i}] = d{i}")
+    _zero(w, "q", NJ)
+    w("for j0 in range(0, i0 + 64, 64):")
+    w.level += 1
+    _load_t(w, str(K), "j0", "ko", E, "qkv")
+    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    w("cuda.syncthreads()")
+    _zero(w, "s", 8)
+    _product(w, "s", Q, SWIZZLE_LOAD, K, "kmajor", E, 8)
+    _zero(w, "p", 8)
+    _product(w, "p", DO, SWIZZLE_LOAD, V, "kmajor", E, 8)
+    w("if j0 == i0:")
+    w.level += 1
+    _mask_diagonal(w, "s", rows_are_queries=True)
+    w.level -= 1
+    for i in range(4):
+        for j in range(8):
+            w(f"s{i}_{j} = math.exp(s{i}_{j} - ls{i})", f"s{i}_{j} = s{i}_{j} * (p{i}_{j} - d{i})")
+    _write_tile_t(w, str(DS), "s")
+    w("cuda.syncthreads()")
+    _product(w, "q", DS, SWIZZLE_TILE, K, "colmajor", 64, NJ)
+    w("cuda.syncthreads()")
+    w.level -= 1
+    for i in range(4):
+        w(f"if i0 + r{i} < Tn:")
+        w(*(f"    dqkv[b, i0 + r{i}, qo + c{j}] = q{i}_{j} * scale" for j in range(NJ)))
+    return w.text()
+
+
+def _dkv_source(E: int) -> str:
+    NJ = E // 8
+    K, V, Q, DO, P, DS = 0, 64 * E, 128 * E, 192 * E, 256 * E, 256 * E + 4096
+    LS, DD = 256 * E + 8192, 256 * E + 8192 + 64
+    w = _Src()
+    w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
+    w.level += 1
+    w('"""dK, dV parts of dqkv; grid (T / 64, B G), 128 threads; rows are keys."""')
+    w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
+    _prologue(w, NJ)
+    w("rep = H // G", "b = cuda.blockIdx.y // G", "g = cuda.blockIdx.y % G")
+    w(f"ko = H * {E} + g * {E}", f"vo = ko + G * {E}")
+    w("j0 = cuda.blockIdx.x * 64")
+    _load_t(w, str(K), "j0", "ko", E, "qkv")
+    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    _zero(w, "dk", NJ)
+    _zero(w, "dv", NJ)
+    w("for hh in range(rep):")
+    w.level += 1
+    w(f"qo = (g * rep + hh) * {E}", "h = g * rep + hh")
+    w("for i0 in range(j0, Tn, 64):")
+    w.level += 1
+    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
+    _load_t(w, str(DO), "i0", "qo", E, "dout")
+    w("if tid < 64:")
+    w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+    w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+    w("cuda.syncthreads()")
+    _zero(w, "s", 8)
+    _product(w, "s", K, SWIZZLE_LOAD, Q, "kmajor", E, 8)
+    _zero(w, "p", 8)
+    _product(w, "p", V, SWIZZLE_LOAD, DO, "kmajor", E, 8)
+    w("if j0 == i0:")
+    w.level += 1
+    _mask_diagonal(w, "s", rows_are_queries=False)
+    w.level -= 1
+    for j in range(8):
+        w(f"lc{j} = sm[{LS} + c{j}]", f"dc{j} = sm[{DD} + c{j}]")
+    for i in range(4):
+        for j in range(8):
+            w(f"s{i}_{j} = math.exp(s{i}_{j} - lc{j})", f"p{i}_{j} = s{i}_{j} * (p{i}_{j} - dc{j})")
+    _write_tile_t(w, str(P), "s")
+    _write_tile_t(w, str(DS), "p")
+    w("cuda.syncthreads()")
+    _product(w, "dv", P, SWIZZLE_TILE, DO, "colmajor", 64, NJ)
+    _product(w, "dk", DS, SWIZZLE_TILE, Q, "colmajor", 64, NJ)
+    w("cuda.syncthreads()")
+    w.level -= 2
+    for i in range(4):
+        w(f"if j0 + r{i} < Tn:")
+        w(*(f"    dqkv[b, j0 + r{i}, ko + c{j}] = dk{i}_{j}" for j in range(NJ)))
+        w(*(f"    dqkv[b, j0 + r{i}, vo + c{j}] = dv{i}_{j}" for j in range(NJ)))
+    return w.text()
+
+
+def shared_bytes(E: int) -> dict[str, int]:
+    """Dynamic shared memory of each kernel, in bytes."""
+    return {
+        "forward": 4 * (128 * E + max(64 * E, 4096) + RED),
+        "dq": 4 * (256 * E + 4096 + RED),
+        "dkv": 4 * (256 * E + 8192 + 128),
+    }
+
+
+_BUILT: dict[int, tuple] = {}
+
+
+def _compile(name: str, src: str):
+    scope = {
+        "cuda": cuda,
+        "float32": float32,
+        "math": math,
+        "SIMULATOR": SIMULATOR,
+        "FULL_MASK": FULL_MASK,
+        "online_softmax_rescale": online_softmax_rescale,
+    }
+    exec(compile(src, f"<generated {name}>", "exec"), scope)  # noqa: S102 - our own source
+    return cuda.jit(scope[name])
+
+
+def kernels(E: int):
+    """(forward, dq, dkv) dispatchers for head size E, generated and compiled once."""
+    if E not in _BUILT:
+        assert supports(E)
+        srcs = {
+            "forward_tiled_kernel": _forward_source(E),
+            "backward_dq_tiled_kernel": _dq_source(E),
+            "backward_dkv_tiled_kernel": _dkv_source(E),
+        }
+        _BUILT[E] = tuple(_compile(n, s) for n, s in srcs.items())
+    return _BUILT[E]
