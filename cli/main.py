@@ -47,6 +47,9 @@ def _register_families() -> None:
     from euler.cli import commands_tokenizer
 
     commands_tokenizer.register(app)
+    from euler.cli import commands_train
+
+    commands_train.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,313 @@
+"""Life-cycle commands: `euler train`, `euler sft`, `euler chat` and `euler plot`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+# options shared by train and sft (their defaults differ, so each command sets its own)
+Out = Annotated[Path, typer.Option("--out", "-o", help="Run folder (checkpoint, metrics).")]
+Device = Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU).")]
+BatchSize = Annotated[int, typer.Option(help="B: sequences per micro-batch.")]
+SeqLen = Annotated[int, typer.Option(help="T: tokens per sequence (0: the model's context).")]
+GradAccum = Annotated[int, typer.Option(help="Micro-batches per optimizer step.")]
+Steps = Annotated[int, typer.Option(help="Optimizer steps (unless --tokens is given).")]
+Tokens = Annotated[int, typer.Option(help="Token budget; sets the steps (0: use --steps).")]
+Lr = Annotated[float, typer.Option(help="Peak learning rate (after warmup).")]
+MinLr = Annotated[float, typer.Option(help="Learning rate at the end of the cosine decay.")]
+Warmup = Annotated[int, typer.Option(help="Linear warmup steps.")]
+WeightDecay = Annotated[float, typer.Option(help="AdamW decoupled weight decay (matrices only).")]
+GradClip = Annotated[float, typer.Option(help="Clip the global gradient norm (0: off).")]
+EvalEvery = Annotated[int, typer.Option(help="Steps between validation losses and samples.")]
+EvalBatches = Annotated[int, typer.Option(help="Validation micro-batches per evaluation.")]
+SampleTokens = Annotated[int, typer.Option(help="Tokens of the sample shown at evaluations.")]
+CkptEvery = Annotated[int, typer.Option(help="Steps between checkpoints.")]
+LogEvery = Annotated[int, typer.Option(help="Steps between log lines (non-terminal output).")]
+Seed = Annotated[int, typer.Option(help="Seed of the weights, batches and samples.")]
+Resume = Annotated[
+    Path | None,
+    typer.Option(help="Continue this run folder from its checkpoint (its saved settings)."),
+]
+Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already holds.")]
+
+
+def _run(tc, resume: Path | None, overwrite: bool) -> None:
+    """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved)."""
+    from euler.train import read_run, train
+
+    if resume is not None:
+        tc, _ = read_run(resume)
+        tc = type(tc).from_dict({**tc.to_dict(), "out_dir": str(resume)})
+    summary = train(tc, resume=resume is not None, overwrite=overwrite)
+    if summary["interrupted"]:
+        raise typer.Exit(130)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the app."""
+
+    @app.command("train")
+    def train_command(
+        preset: Annotated[str, typer.Option(help="Model preset: tiny, small or gpu.")] = "small",
+        data: Annotated[
+            Path | None,
+            typer.Option(help="Folder from `euler data prepare` (default: the embedded corpus)."),
+        ] = None,
+        out: Out = Path("runs/pretrain"),
+        device: Device = "cpu",
+        batch_size: BatchSize = 8,
+        seq_len: SeqLen = 0,
+        grad_accum: GradAccum = 1,
+        steps: Steps = 1000,
+        tokens: Tokens = 0,
+        lr: Lr = 3e-3,
+        min_lr: MinLr = 3e-4,
+        warmup: Warmup = 50,
+        weight_decay: WeightDecay = 0.1,
+        grad_clip: GradClip = 1.0,
+        eval_every: EvalEvery = 100,
+        eval_batches: EvalBatches = 8,
+        sample_tokens: SampleTokens = 40,
+        ckpt_every: CkptEvery = 100,
+        log_every: LogEvery = 10,
+        seed: Seed = 0,
+        resume: Resume = None,
+        overwrite: Overwrite = False,
+    ) -> None:
+        """Pretrain a model on token shards (or on the embedded default corpus)."""
+        from euler.train import TrainConfig
+
+        tc = TrainConfig(
+            out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
+            device=device, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
+            steps=steps, tokens=tokens, lr=lr, min_lr=min_lr, warmup_steps=warmup,
+            weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
+            eval_batches=eval_batches, sample_tokens=sample_tokens, ckpt_every=ckpt_every,
+            log_every=log_every, seed=seed,
+        )  # fmt: skip
+        _run(tc, resume, overwrite)
+
+    @app.command("sft")
+    def sft_command(
+        from_: Annotated[
+            Path | None,
+            typer.Option("--from", help="Pretrained checkpoint (or run folder) to start from."),
+        ] = None,
+        data: Annotated[
+            Path | None, typer.Option(help="Folder from `euler data prepare-sft`.")
+        ] = None,
+        out: Out = Path("runs/sft"),
+        device: Device = "cpu",
+        batch_size: BatchSize = 8,
+        grad_accum: GradAccum = 1,
+        steps: Steps = 300,
+        tokens: Tokens = 0,
+        lr: Lr = 1e-3,
+        min_lr: MinLr = 1e-4,
+        warmup: Warmup = 20,
+        weight_decay: WeightDecay = 0.1,
+        grad_clip: GradClip = 1.0,
+        eval_every: EvalEvery = 50,
+        eval_batches: EvalBatches = 8,
+        sample_tokens: SampleTokens = 40,
+        ckpt_every: CkptEvery = 50,
+        log_every: LogEvery = 10,
+        seed: Seed = 0,
+        resume: Resume = None,
+        overwrite: Overwrite = False,
+    ) -> None:
+        """Fine-tune on instructions; the loss counts response tokens only."""
+        from euler.train import TrainConfig
+
+        if resume is None and (from_ is None or data is None):
+            raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
+        tc = TrainConfig(
+            out_dir=str(out), kind="sft", data=str(data) if data else None,
+            init_from=str(from_) if from_ else None, device=device, batch_size=batch_size,
+            grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
+            warmup_steps=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+            eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,
+            ckpt_every=ckpt_every, log_every=log_every, seed=seed,
+        ) if resume is None else None  # fmt: skip
+        _run(tc, resume, overwrite)
+
+    @app.command("chat")
+    def chat_command(
+        checkpoint: Annotated[
+            Path, typer.Option(help="Checkpoint file, or a run folder holding one.")
+        ],
+        prompt: Annotated[
+            str | None, typer.Option(help="Answer this one instruction and exit (for scripts).")
+        ] = None,
+        max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 96,
+        temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.8,
+        top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0: all).")] = 40,
+        top_p: Annotated[float, typer.Option(help="Nucleus: smallest set with this mass.")] = 0.95,
+        seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 0,
+        speculative: Annotated[
+            bool,
+            typer.Option(
+                help="Greedy decoding sped up by drafting with the MTP heads; prints the "
+                "acceptance rate and the speed-up over plain greedy."
+            ),
+        ] = False,
+    ) -> None:
+        """Chat with a checkpoint: a REPL (/reset, Ctrl-D to quit) or one --prompt.
+
+        Long prompts: the newest turns that fit in the context minus the room kept for the
+        answer (min(max tokens, context/2)) are kept; a single prompt longer than that keeps
+        its last tokens.
+        """
+        import numpy as np
+
+        from euler import checkpoint as ckpt
+        from euler.generate import ChatSession, Decoder
+        from euler.sampling import SamplingConfig
+
+        if max_tokens < 1:
+            raise EulerError("--max-tokens must be at least 1")
+        sampling = SamplingConfig(0.0 if speculative else temperature, top_k, top_p)
+        ck = ckpt.load(checkpoint)
+        tok = ck.tokenizer()
+        session = ChatSession(Decoder(ck.cfg, ck.params), tok)
+        rng = np.random.default_rng(seed)
+        if prompt is not None:
+            _answer(session, _check_text(prompt, "--prompt"), max_tokens, sampling, rng,
+                    speculative, ck)  # fmt: skip
+            return
+        print(f"chat with {ck.path} (step {ck.step}); /reset forgets the conversation, "
+              "Ctrl-D quits", flush=True)  # fmt: skip
+        while True:
+            sys.stdout.write("you> ")
+            sys.stdout.flush()
+            try:
+                line = sys.stdin.buffer.readline()
+            except KeyboardInterrupt:
+                print()
+                return
+            if not line:  # Ctrl-D / end of input
+                print()
+                return
+            try:
+                text = line.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                print(f"error: that input is not UTF-8 (byte {e.start}); type it again", flush=True)
+                continue
+            if not text:
+                continue
+            if text.startswith("/"):
+                if text == "/reset":
+                    session.reset()
+                    print("(conversation cleared)", flush=True)
+                else:
+                    print("commands: /reset, and Ctrl-D to quit", flush=True)
+                continue
+            _answer(session, text, max_tokens, sampling, rng, speculative, ck)
+
+    @app.command("plot")
+    def plot_command(
+        run: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl.")],
+        out: Annotated[
+            Path | None, typer.Option("--out", "-o", help="PNG path (default: RUN/loss.png).")
+        ] = None,
+    ) -> None:
+        """Write a PNG of the training and validation loss of a run."""
+        path = plot_run(run, out or run / "loss.png")
+        print(f"wrote {path}")
+
+
+def _check_text(text: str, what: str) -> str:
+    """Refuse text that is empty or not UTF-8 (undecodable argv bytes arrive as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EulerError(f"{what} is not valid UTF-8") from None
+    if not text.strip():
+        raise EulerError(f"{what} is empty")
+    return text
+
+
+def _answer(session, text, max_tokens, sampling, rng, speculative, ck) -> None:
+    """Stream one answer to stdout, then a line of statistics."""
+    from euler.generate import Decoder, TextStream, generate
+
+    stream = TextStream(session.tok)
+    sys.stdout.write("euler> ")
+
+    def show(t: int) -> None:
+        sys.stdout.write(stream.push(t))
+        sys.stdout.flush()
+
+    res, cut = session.reply(text, max_tokens, sampling, rng, speculative, show)
+    sys.stdout.write(stream.flush() + "\n")
+    if cut:
+        print("(the prompt was longer than the context allows: only its last tokens were used)")
+    why = {"end": "", "max": " (--max-tokens reached)", "context": " (context full)"}[res.stop]
+    line = f"[{len(res.tokens)} tokens, {res.tokens_per_second:.1f} tok/s{why}]"
+    if speculative:
+        # the same answer by plain greedy decoding, timed, for the speed-up
+        base = generate(Decoder(ck.cfg, ck.params), session.last_context, max_tokens, sampling, rng,
+                        (session.tok.end_id, session.tok.eot_id))  # fmt: skip
+        same = "identical" if base.tokens == res.tokens else "DIFFERENT"
+        speed = base.seconds / res.seconds if res.seconds > 0 else float("nan")
+        line += (
+            f" speculative: {res.accepted}/{res.drafted} drafts accepted "
+            f"({100 * res.acceptance:.0f}%), {len(res.tokens) / max(res.forward_calls + 1, 1):.2f}"
+            f" tokens per forward, {speed:.2f}x the speed of plain greedy "
+            f"({base.tokens_per_second:.1f} tok/s; output {same})"
+        )
+    print(line, flush=True)
+
+
+def plot_run(run: Path, out: Path) -> Path:
+    """Training loss (raw and smoothed) and validation loss against tokens seen, as a PNG."""
+    import json
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EulerError("euler plot needs matplotlib: pip install -e '.[plot]'") from None
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise EulerError(f"no metrics to plot: {path} not found")
+    train, val, per_step = [], [], 0
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in r:
+            train.append((r["step"], r["loss"]))
+            per_step = r["tokens"] / r["step"]
+        elif "val_loss" in r:
+            val.append((r["step"], r["val_loss"]))
+    if not train:
+        raise EulerError(f"{path} holds no training steps yet")
+    steps, losses = map(list, zip(*train, strict=True))
+    smooth, ema = [], losses[0]
+    for x in losses:
+        ema = 0.95 * ema + 0.05 * x
+        smooth.append(ema)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
+    ax.plot(steps, smooth, color="tab:blue", lw=1.5, label="train (EMA 0.95)")
+    if val:
+        vs, vl = zip(*val, strict=True)
+        ax.plot(vs, vl, "o-", color="tab:orange", ms=3, label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over the MTP heads, nats)")
+    ax.set_title(f"{Path(run).name}: {per_step:,.0f} tokens per step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return Path(out)
