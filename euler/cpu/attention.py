@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from euler.layer_math import exp_, online_softmax_rescale
 
-TILE = 32
+TILE = 64
 ROWS = 4  # query rows per block; the kernels below are written out for exactly four
 FAST = {"reassoc", "contract", "nsz", "arcp"}  # lets sums vectorise; keeps inf/nan semantics
 
