@@ -30,6 +30,7 @@ from euler.model import Model, make_targets
 H_STEP = 1e-4
 FLOOR = 1e-4
 THRESHOLD = 1e-6
+CHECK_TILE = 16  # T = 24 and 45 then span 2 and 3 key tiles, the last one partial
 ODD_CONFIG = ModelConfig(
     vocab_size=50, d_model=36, n_head=6, n_kv_head=2, n_layer=2, context=45, n_mtp=4
 )
@@ -217,9 +218,11 @@ def _layer_checks(cfg: ModelConfig, be, rng: np.random.Generator, samples: int) 
     return rows
 
 
-def _model_check(name: str, cfg: ModelConfig, rng: np.random.Generator, samples: int) -> list:
+def _model_check(
+    name: str, cfg: ModelConfig, be, rng: np.random.Generator, samples: int
+) -> list[Row]:
     """Whole-model loss gradient on sampled entries of every parameter tensor."""
-    model = Model(cfg, dtype=np.float64, seed=int(rng.integers(1 << 30)))
+    model = Model(cfg, backend=be, dtype=np.float64, seed=int(rng.integers(1 << 30)))
     # larger-than-init weights so that every path carries signal
     model.params[:] += rng.standard_normal(model.layout.size) * 0.05
     B, T, K = 2, cfg.context, cfg.n_mtp
@@ -287,14 +290,14 @@ def gradcheck_rows(seed: int = 0, samples: int = 12) -> list[Row]:
 def _all_rows(seed: int, samples: int) -> list[Row]:
     from euler.cpu.backend import CpuBackend
 
-    be = CpuBackend()
+    be = CpuBackend(attention_tile=CHECK_TILE)
     rng = np.random.default_rng(seed)
     rows: list[Row] = []
     for cname, cfg in (("tiny", PRESETS["tiny"]), ("odd", ODD_CONFIG)):
         for r in _layer_checks(cfg, be, rng, samples):
             r.layer = f"{cname}: {r.layer}"
             rows.append(r)
-        rows += _model_check(f"{cname}: model", cfg, rng, samples)
+        rows += _model_check(f"{cname}: model", cfg, be, rng, samples)
         rows.append(_flash_vs_naive(cfg, be, rng))
         rows[-1].layer = f"{cname}: {rows[-1].layer}"
         rows.append(_f32_vs_f64(cfg, rng))

@@ -125,7 +125,7 @@ def test_float32_layers_follow_float64():
 def test_flash_attention_equals_naive_attention():
     from euler.cpu.backend import CpuBackend
 
-    be = CpuBackend()
+    be = CpuBackend(attention_tile=32)
     rng = np.random.default_rng(3)
     B, T, H, G, E = 2, 70, 6, 2, 8  # T spans three key tiles, the last one partial
     qkv = rng.standard_normal((B, T, (H + 2 * G) * E))

@@ -18,6 +18,11 @@ class CpuBackend:
 
     name = "cpu"
 
+    def __init__(self, attention_tile: int = attention.TILE):
+        # keys per FlashAttention tile; the gradient check uses small tiles so that its
+        # short sequences still cross several tile boundaries
+        self.attention_tile = attention_tile
+
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
@@ -65,10 +70,10 @@ class CpuBackend:
         rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
 
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
-        attention.attention_forward(out, lse, qkv, H, G, E, attention.TILE)
+        attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
-        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, attention.TILE)
+        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
 
     def swiglu_forward(self, h, gu) -> None:
         swiglu.swiglu_forward(h, gu)
