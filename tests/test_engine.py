@@ -236,3 +236,12 @@ def test_cli_reports_bad_preset_in_one_line():
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--preset" in r.stderr
+
+
+def test_gradcheck_cli_prints_table_and_exits_zero():
+    r = subprocess.run(
+        [sys.executable, "-m", "euler.cli", "gradcheck", "--samples", "2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "max rel err" in r.stdout and "0 failed" in r.stdout
