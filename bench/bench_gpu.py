@@ -29,6 +29,7 @@ from numba import cuda, float32
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from euler.config import PRESETS  # noqa: E402
+from euler.gpu import attention  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 from euler.gpu.reduce import MAX_THREADS, block_max, block_sum  # noqa: E402
 from euler.model import Model, make_targets  # noqa: E402
@@ -192,6 +193,19 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
         be, lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), args.reps
     )
     flash_out = be.to_host(out)
+    # the one-row-per-thread kernels (any head size), forced by giving a tile size
+    tile = attention.tile_for(E)
+    simple_fwd = timed(
+        be, lambda: attention.attention_forward(out, lse, qkv, H, G, E, be.stream, tile), args.reps
+    )
+    dsum = be.scratch("attention_dsum", lse.shape, lse.dtype)
+    simple_bwd = timed(
+        be,
+        lambda: attention.attention_backward(
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, be.stream, tile
+        ),
+        args.reps,
+    )
     # naive: per (b, h) contiguous q, k, v (kv heads repeated), scores (B H, T, T) in memory
     q5 = qkv_h[:, :, : H * E].reshape(B, T, H, E).transpose(0, 2, 1, 3)
     k5 = qkv_h[:, :, H * E : (H + G) * E].reshape(B, T, G, E).transpose(0, 2, 1, 3)
@@ -232,6 +246,8 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
         "flash_bwd_ms": flash_bwd,
         "flash_fwd_tflops": useful / flash_fwd / 1e9,
         "flash_bwd_over_fwd": flash_bwd / flash_fwd,
+        "one_row_per_thread_fwd_ms": simple_fwd,
+        "one_row_per_thread_bwd_ms": simple_bwd,
         "naive_fwd_ms": naive_f,
         "naive_bwd_ms": naive_b,
         "naive_tf32": be.blas.tf32,

@@ -227,20 +227,26 @@ def kernels(E: int, BQ: int, BK: int):
     return _KERNELS[key]
 
 
-def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
-    """Launch with nbytes of dynamic shared memory, first raising the kernel's limit.
+def _raise_shared_limit(kernel, args, nbytes: int) -> None:
+    """Let kernel (compiled for args' types) use nbytes of dynamic shared memory.
 
     Over 48 KB a kernel must opt in (cuKernelSetAttribute) once per compiled signature.
     """
-    if not SIMULATOR and nbytes > 48 * 1024:
-        sig = tuple(numba.typeof(a) for a in args)
-        if (kernel, sig) not in _SHARED_RAISED:
-            from numba.cuda.cudadrv.driver import binding, driver
+    sig = tuple(numba.typeof(a) for a in args)
+    if (kernel, sig) in _SHARED_RAISED:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
 
-            fn = kernel.compile(sig)._codelibrary.get_cufunc()
-            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
-            _SHARED_RAISED.add((kernel, sig))
+    fn = kernel.compile(sig)._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+    _SHARED_RAISED.add((kernel, sig))
+
+
+def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
+    """Launch a register-tiled kernel with nbytes of dynamic shared memory."""
+    if not SIMULATOR and nbytes > 48 * 1024:
+        _raise_shared_limit(kernel, args, nbytes)
     kernel[grid, attention_tiles.THREADS, stream, nbytes](*args)
 
 

@@ -3,16 +3,17 @@
 A block of 128 threads owns a 64 x 64 tile of scores: thread (ty, tx) = (tid // 8, tid % 8)
 holds rows r_i = 4 ty + i (i < 4) and columns c_j = tx + 8 j (j < 8) in registers, and an
 E-wide output tile of rows r_i and columns c_j (j < E / 8). Every operand is staged in one
-dynamic shared-memory array, transposed so a product's k index is the slow one:
-X^T[k][row ^ swizzle(k)], where the XOR swizzle keeps both the staging stores and the
-product's loads free of bank conflicts (tiles loaded from memory swizzle with k & 31;
-tiles written from registers with the bits of tx, see `SWIZZLE_TILE`). A row's max and sum
-over its 8 column threads use warp shuffles (shared memory in the simulator).
+dynamic shared-memory array, transposed so that a product's k index is the slow one
+(X^T[k][row], rows padded to LD = 65 floats): a product step then reads 4 + 8 words at
+fixed offsets from two base addresses for 32 FMAs, the broadcast and consecutive reads
+are free of bank conflicts, and so are the staging stores (consecutive k, one row). A
+row's max and sum over its 8 column threads use warp shuffles (shared memory in the
+simulator).
 
 NVVM does not unroll the register-tile loops itself, and register arrays indexed in a
 loop would live in local memory, so the kernel source is generated with those loops
-written out (one scalar per register) and compiled per head size E (a multiple of 8,
-at most 64).
+written out (one scalar per register, k unrolled by 8 so addresses fold to constants)
+and compiled per head size E (a multiple of 8, at most 64).
 
 forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V.
 backward_dq: one block per (64 query rows, b, h): D = rowsum(dO O) (saved), then per key
@@ -32,11 +33,9 @@ from euler.layer_math import online_softmax_rescale
 
 THREADS = 128
 TILE = 64
+LD = 65  # padded row of a staged tile, in floats
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
-SWIZZLE_LOAD = "({k} & 31)"
-# tile written from registers: lanes differ in tx (= k % 8) and ty; put tx's bits on the
-# bank bits that rows 4 ty + i leave equal (0, 1 and 4)
-SWIZZLE_TILE = "(({k} & 3) | (({k} & 4) << 2))"
+UNROLL = 8  # product steps written out per loop iteration
 
 
 def supports(E: int) -> bool:
@@ -59,13 +58,11 @@ class _Src:
         return "\n".join(self.lines) + "\n"
 
 
-def _prologue(w: _Src, NJ: int) -> None:
-    w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty = tid // 8")
+def _prologue(w: _Src) -> None:
+    w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty4 = (tid // 8) * 4")
     w("sm = cuda.shared.array(0, float32)")
-    w(*(f"r{i} = ty * 4 + {i}" for i in range(4)))
+    w(*(f"r{i} = ty4 + {i}" for i in range(4)))
     w(*(f"c{j} = tx + {8 * j}" for j in range(8)))
-    w(*(f"sw{j} = " + SWIZZLE_TILE.format(k=f"c{j}") for j in range(8)))
-    w(*(f"fc{j} = c{j} & 31" for j in range(NJ)))
 
 
 def _load_t(w: _Src, off: str, row0: str, col: str, E: int, src: str, scale: str = "") -> None:
@@ -78,26 +75,27 @@ def _load_t(w: _Src, off: str, row0: str, col: str, E: int, src: str, scale: str
     w(f"rr = idx // {E}", f"ee = idx - rr * {E}", "val = T(0.0)")
     w(f"if {row0} + rr < Tn:")
     w(f"    val = {src}[b, {row0} + rr, {col} + ee]{scale}")
-    w(f"sm[{off} + ee * 64 + (rr ^ (ee & 31))] = val")
+    w(f"sm[{off} + ee * {LD} + rr] = val")
     w.level -= 1
 
 
-def _product(w, acc, a_off, a_sw, b_off, b_mode, K, ncols) -> None:
-    """acc{i}_{j} += sum_k A[r_i][k] B[k][c_j] for k < K, A staged as [k][row ^ a_sw(k)].
+def _product(w, acc, a_off, b_off, b_mode, K, ncols) -> None:
+    """acc{i}_{j} += sum_k A[r_i][k] B[k][c_j] for k < K, A staged as [k][row] at a_off.
 
-    b_mode "kmajor": B staged as [k][col ^ (k & 31)]; "colmajor": B staged as
-    [col][k ^ (col & 31)] (a tile loaded from memory, read along its other index).
+    b_mode "kmajor": B staged as [k][col]; "colmajor": B staged as [col][k] (a tile whose
+    other index is the one summed over).
     """
-    w(f"for k in range({K}):")
+    w(f"for k0 in range(0, {K}, {UNROLL}):")
     w.level += 1
-    w("xa = " + a_sw.format(k="k"), "ka = k * 64")
-    w(*(f"a{i} = sm[{a_off} + ka + (r{i} ^ xa)]" for i in range(4)))
-    if b_mode == "kmajor":
-        w("xb = k & 31")
-        w(*(f"b{j} = sm[{b_off} + ka + (c{j} ^ xb)]" for j in range(ncols)))
-    else:
-        w(*(f"b{j} = sm[{b_off} + c{j} * 64 + (k ^ fc{j})]" for j in range(ncols)))
-    w(*(f"{acc}{i}_{j} += a{i} * b{j}" for i in range(4) for j in range(ncols)))
+    w(f"ab = {a_off} + k0 * {LD} + ty4")
+    w(f"bb = {b_off} + k0 * {LD} + tx" if b_mode == "kmajor" else f"bb = {b_off} + tx * {LD} + k0")
+    for u in range(UNROLL):
+        w(*(f"a{i} = sm[ab + {u * LD + i}]" for i in range(4)))
+        if b_mode == "kmajor":
+            w(*(f"b{j} = sm[bb + {u * LD + 8 * j}]" for j in range(ncols)))
+        else:
+            w(*(f"b{j} = sm[bb + {8 * j * LD + u}]" for j in range(ncols)))
+        w(*(f"{acc}{i}_{j} += a{i} * b{j}" for i in range(4) for j in range(ncols)))
     w.level -= 1
 
 
@@ -137,25 +135,20 @@ def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
 
 
 def _write_tile_t(w, off: str, acc: str) -> None:
-    """Store register tile M[r_i][c_j] as M^T[c][r ^ SWIZZLE_TILE(c)] at sm[off]."""
-    w(
-        *(
-            f"sm[{off} + c{j} * 64 + (r{i} ^ sw{j})] = {acc}{i}_{j}"
-            for i in range(4)
-            for j in range(8)
-        )
-    )
+    """Store register tile M[r_i][c_j] as M^T[c][r] at sm[off]."""
+    w(f"tb = {off} + tx * {LD} + ty4")
+    w(*(f"sm[tb + {8 * j * LD + i}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
 
 
 def _forward_source(E: int) -> str:
     NJ = E // 8
-    Q, KP, V = 0, 64 * E, 64 * E + max(64 * E, 4096)
+    Q, KP, V = 0, E * LD, E * LD + max(E, 64) * LD
     w = _Src()
     w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
     w.level += 1
     w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w, NJ)
+    _prologue(w)
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
@@ -168,7 +161,7 @@ def _forward_source(E: int) -> str:
     _load_t(w, str(V), "j0", "vo", E, "qkv")
     w("cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", Q, SWIZZLE_LOAD, KP, "kmajor", E, 8)
+    _product(w, "s", Q, KP, "kmajor", E, 8)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=True)
@@ -176,18 +169,18 @@ def _forward_source(E: int) -> str:
     w("cuda.syncthreads()  # K^T is read; its space takes P")
     for i in range(4):
         w(f"mx{i} = max(" + ", ".join(f"s{i}_{j}" for j in range(8)) + ")")
-    _group(w, "max", [f"mx{i}" for i in range(4)], V + 64 * E)
+    _group(w, "max", [f"mx{i}" for i in range(4)], V + E * LD)
     for i in range(4):
         w(f"mn{i} = max(m{i}, mx{i})", f"al{i} = online_softmax_rescale(m{i}, mn{i}, T)")
         w(*(f"s{i}_{j} = math.exp(s{i}_{j} - mn{i})" for j in range(8)))
         w(f"rs{i} = " + " + ".join(f"s{i}_{j}" for j in range(8)))
-    _group(w, "sum", [f"rs{i}" for i in range(4)], V + 64 * E)
+    _group(w, "sum", [f"rs{i}" for i in range(4)], V + E * LD)
     for i in range(4):
         w(f"l{i} = l{i} * al{i} + rs{i}", f"m{i} = mn{i}")
         w(*(f"o{i}_{j} *= al{i}" for j in range(NJ)))
     _write_tile_t(w, str(KP), "s")
     w("cuda.syncthreads()")
-    _product(w, "o", KP, SWIZZLE_TILE, V, "colmajor", 64, NJ)
+    _product(w, "o", KP, V, "colmajor", 64, NJ)
     w("cuda.syncthreads()")
     w.level -= 1
     for i in range(4):
@@ -202,13 +195,13 @@ def _forward_source(E: int) -> str:
 
 def _dq_source(E: int) -> str:
     NJ = E // 8
-    Q, DO, K, V, DS = 0, 64 * E, 128 * E, 192 * E, 256 * E
+    Q, DO, K, V, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD
     w = _Src()
     w("def backward_dq_tiled_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):")
     w.level += 1
     w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w, NJ)
+    _prologue(w)
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
@@ -225,7 +218,7 @@ def _dq_source(E: int) -> str:
             )
         )
         w.level -= 1
-    _group(w, "sum", [f"d{i}" for i in range(4)], DS + 4096)
+    _group(w, "sum", [f"d{i}" for i in range(4)], DS + 64 * LD)
     for i in range(4):
         w(f"if tx == 0 and i0 + r{i} < Tn:", f"    dsum[b, h, i0 + r{i}] = d{i}")
     _zero(w, "q", NJ)
@@ -235,9 +228,9 @@ def _dq_source(E: int) -> str:
     _load_t(w, str(V), "j0", "vo", E, "qkv")
     w("cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", Q, SWIZZLE_LOAD, K, "kmajor", E, 8)
+    _product(w, "s", Q, K, "kmajor", E, 8)
     _zero(w, "p", 8)
-    _product(w, "p", DO, SWIZZLE_LOAD, V, "kmajor", E, 8)
+    _product(w, "p", DO, V, "kmajor", E, 8)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=True)
@@ -247,7 +240,7 @@ def _dq_source(E: int) -> str:
             w(f"s{i}_{j} = math.exp(s{i}_{j} - ls{i})", f"s{i}_{j} = s{i}_{j} * (p{i}_{j} - d{i})")
     _write_tile_t(w, str(DS), "s")
     w("cuda.syncthreads()")
-    _product(w, "q", DS, SWIZZLE_TILE, K, "colmajor", 64, NJ)
+    _product(w, "q", DS, K, "colmajor", 64, NJ)
     w("cuda.syncthreads()")
     w.level -= 1
     for i in range(4):
@@ -258,14 +251,14 @@ def _dq_source(E: int) -> str:
 
 def _dkv_source(E: int) -> str:
     NJ = E // 8
-    K, V, Q, DO, P, DS = 0, 64 * E, 128 * E, 192 * E, 256 * E, 256 * E + 4096
-    LS, DD = 256 * E + 8192, 256 * E + 8192 + 64
+    K, V, Q, DO, P, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD, (4 * E + 64) * LD
+    LS, DD = (4 * E + 128) * LD, (4 * E + 128) * LD + 64
     w = _Src()
     w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
     w.level += 1
     w('"""dK, dV parts of dqkv; grid (T / 64, B G), 128 threads; rows are keys."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w, NJ)
+    _prologue(w)
     w("rep = H // G", "b = cuda.blockIdx.y // G", "g = cuda.blockIdx.y % G")
     w(f"ko = H * {E} + g * {E}", f"vo = ko + G * {E}")
     w("j0 = cuda.blockIdx.x * 64")
@@ -285,9 +278,9 @@ def _dkv_source(E: int) -> str:
     w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
     w("cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", K, SWIZZLE_LOAD, Q, "kmajor", E, 8)
+    _product(w, "s", K, Q, "kmajor", E, 8)
     _zero(w, "p", 8)
-    _product(w, "p", V, SWIZZLE_LOAD, DO, "kmajor", E, 8)
+    _product(w, "p", V, DO, "kmajor", E, 8)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=False)
@@ -300,8 +293,8 @@ def _dkv_source(E: int) -> str:
     _write_tile_t(w, str(P), "s")
     _write_tile_t(w, str(DS), "p")
     w("cuda.syncthreads()")
-    _product(w, "dv", P, SWIZZLE_TILE, DO, "colmajor", 64, NJ)
-    _product(w, "dk", DS, SWIZZLE_TILE, Q, "colmajor", 64, NJ)
+    _product(w, "dv", P, DO, "colmajor", 64, NJ)
+    _product(w, "dk", DS, Q, "colmajor", 64, NJ)
     w("cuda.syncthreads()")
     w.level -= 2
     for i in range(4):
@@ -314,9 +307,9 @@ def _dkv_source(E: int) -> str:
 def shared_bytes(E: int) -> dict[str, int]:
     """Dynamic shared memory of each kernel, in bytes."""
     return {
-        "forward": 4 * (128 * E + max(64 * E, 4096) + RED),
-        "dq": 4 * (256 * E + 4096 + RED),
-        "dkv": 4 * (256 * E + 8192 + 128),
+        "forward": 4 * ((2 * E + max(E, 64)) * LD + RED),
+        "dq": 4 * ((4 * E + 64) * LD + RED),
+        "dkv": 4 * ((4 * E + 128) * LD + 128),
     }
 
 
