@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 import regex
-from euler.tokenizer import SPECIAL_TOKENS, Tokenizer
+from euler.tokenizer import SPECIAL_TOKENS, Tokenizer, train
+from euler.tokenizer.bytetable import new_table
 from euler.tokenizer.pretokenize import GPT2_PATTERN
 
 from euler.errors import EulerError
@@ -239,11 +240,24 @@ def naive_train(texts: list[str], n_merges: int) -> list[tuple[int, int]]:
     return merges
 
 
-def test_training_equals_full_recount(tmp_path):
+@pytest.mark.parametrize("capacity", ["default", "tiny"])
+def test_training_equals_full_recount(tmp_path, monkeypatch, capacity):
+    if capacity == "tiny":  # every table and heap starts almost empty and must grow
+        monkeypatch.setattr(train, "COUNTER_ENTRIES", 2)
+        monkeypatch.setattr(train, "COUNTER_KEY_BYTES", 4)
+        monkeypatch.setattr(train, "EXTRA_PAIRS", 0)
+        monkeypatch.setattr(train, "BLOCK_BYTES", 1000)
     texts = [corpus(1500, 11), "aaaa aaaaa aaaaaa  abab ababab\n" * 20 + corpus(200, 12)]
     paths = [write(tmp_path / f"{i}.txt", t) for i, t in enumerate(texts)]
     ours = Tokenizer.train(paths, 260 + 250)
     assert ours.merges.tolist() == [list(m) for m in naive_train(texts, 250)]
+
+
+def test_a_full_cache_is_cleared_and_ids_stay_exact(tok):
+    text = corpus(3000, 9)
+    small = Tokenizer(tok.merges)
+    small._caches = [new_table(16, 128, 64)]  # holds 15 pretokens: cleared again and again
+    assert np.array_equal(small.encode(text), tok.encode(text))
 
 
 def test_training_skips_pairs_that_remake_a_token(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .bytetable import table_add, table_clear, table_find, table_room
+from .bytetable import fnv1a, table_add, table_clear, table_find, table_room
 from .pretokenize import piece_end
 
 CACHED_PIECE = 64  # bytes; longer pretokens are not cached and take the heap path
@@ -177,17 +177,7 @@ def encode_spans(buf, starts, classes, keys, ranks, first_id, cache, out, out_st
     out: int32[len(buf)] receives the ids of all spans back to back (a byte makes at
     most one token); out_starts: int64[D+1] gets each span's offset in out. cache is a
     ByteTable mapping pretoken bytes to ids, cleared when full. Runs without the GIL.
-    The cache probe is written out here: a call per pretoken with the table's arrays
-    as arguments costs more than the probe itself.
     """
-    slots, hashes, key_start, cached, value, vals = (
-        cache.slots,
-        cache.hashes,
-        cache.key_start,
-        cache.keys,
-        cache.value,
-        cache.vals,
-    )
     work = np.empty(CACHED_PIECE, np.int32)
     k = 0
     out_starts[0] = 0
@@ -200,55 +190,32 @@ def encode_spans(buf, starts, classes, keys, ranks, first_id, cache, out, out_st
             if n == 1:
                 out[k] = buf[i]
                 k += 1
-                i = j
-                continue
-            if n > CACHED_PIECE:
+            elif n > CACHED_PIECE:
                 k += _merge_into(buf, i, j, out, k, keys, ranks, first_id)
-                i = j
-                continue
-            h = np.uint64(0xCBF29CE484222325)  # fnv1a, as in bytetable
-            for t in range(i, j):
-                h = (h ^ np.uint64(buf[t])) * np.uint64(0x100000001B3)
-            h ^= h >> np.uint64(29)
-            mask = slots.size - 1
-            s = np.int64(h & np.uint64(mask))
-            hit = -1
-            while True:
-                e = slots[s]
-                if e < 0:
-                    break
-                a = key_start[e]
-                if hashes[e] == h and key_start[e + 1] - a == n:
-                    t = 0
-                    while t < n and cached[a + t] == buf[i + t]:
-                        t += 1
-                    if t == n:
-                        hit = e
-                        break
-                s = (s + 1) & mask
-            if hit >= 0:
-                a = value[hit]
-                m = value[hit + 1] - a
-                for t in range(m):
-                    out[k + t] = vals[a + t]
-                k += m
             else:
-                for t in range(n):
-                    work[t] = buf[i + t]
-                m = merge_small(work, n, keys, ranks, first_id)
-                out[k : k + m] = work[:m]
+                h = fnv1a(buf, i, j)
+                e, s = table_find(cache, buf, i, j, h)
+                if e >= 0:
+                    a = cache.value[e]
+                    m = cache.value[e + 1] - a
+                    out[k : k + m] = cache.vals[a : a + m]
+                else:
+                    work[:n] = buf[i:j]
+                    m = merge_small(work, n, keys, ranks, first_id)
+                    out[k : k + m] = work[:m]
+                    _cache_add(cache, buf, i, j, h, s, work, m)
                 k += m
-                _cache_add(cache, buf, i, j, h, work, m)
             i = j
         out_starts[d + 1] = k
 
 
 @njit(cache=True)
-def _cache_add(cache, buf, i, j, h, ids, m):
-    """Remember that pretoken buf[i:j] (hash h) encodes to ids[:m]; clear the cache if full."""
+def _cache_add(cache, buf, i, j, h, s, ids, m):
+    """Remember that pretoken buf[i:j] (hash h, free slot s) encodes to ids[:m]; when the
+    cache is full, clear it first."""
     if not table_room(cache, j - i, m):
         table_clear(cache)
-    _, s = table_find(cache, buf, i, j, h)
+        _, s = table_find(cache, buf, i, j, h)
     e = table_add(cache, buf, i, j, h, s)
     v = cache.used[2]
     cache.vals[v : v + m] = ids[:m]

@@ -241,15 +241,10 @@ class Tokenizer:
             if len(doc) == 1 and isinstance(doc[0], bytes):
                 out.append(next(pieces))
             else:
-                out.append(
-                    np.concatenate(
-                        [
-                            next(pieces) if isinstance(p, bytes) else np.array([p], np.int32)
-                            for p in doc
-                        ]
-                        + [np.zeros(0, np.int32)]
-                    )
-                )
+                arrays = [
+                    next(pieces) if isinstance(p, bytes) else np.array([p], np.int32) for p in doc
+                ]
+                out.append(np.concatenate(arrays) if arrays else np.zeros(0, np.int32))
         return out
 
     def _encode_spans(self, buf: np.ndarray, worker: int, bounds: np.ndarray):

@@ -39,6 +39,9 @@ from .pretokenize import char_classes, piece_end, safe_cuts
 BLOCK_BYTES = 4 << 20  # files are read in blocks of about this size
 SEARCH_BYTES = 1 << 16  # a block's cut is looked for in its last SEARCH_BYTES
 BANNED, TOUCHED = 1, 2  # pair flags
+# Starting capacities; every structure grows by doubling (tests shrink these to force it).
+COUNTER_ENTRIES, COUNTER_KEY_BYTES = 1 << 16, 1 << 20
+EXTRA_PAIRS = 1024  # pair slots beyond the number of positions
 
 
 # ---------------------------------------------------------------- counting pretokens
@@ -83,7 +86,7 @@ def _blocks(path: Path):
 def count_pretokens(files: list[Path], on_bytes: Callable[[int], None]) -> ByteTable:
     """Pretoken counts over all files, read block by block (the corpus is never held whole)."""
     classes = char_classes()
-    t = new_table(1 << 16, 1 << 20)
+    t = new_table(COUNTER_ENTRIES, COUNTER_KEY_BYTES)
     for path in files:
         for buf in _blocks(path):
             i = 0
@@ -152,7 +155,7 @@ def init_state(words: ByteTable) -> TrainState:
     prv = idx - 1
     prv[starts[:-1]] = -1
     weight = np.repeat(words.value[:n_words], lengths)
-    p, s = _pair_room(n + 1024)
+    p, s = _pair_room(n + EXTRA_PAIRS)
     st = TrainState(
         sym=sym,
         nxt=nxt,
@@ -169,8 +172,8 @@ def init_state(words: ByteTable) -> TrainState:
         flag=np.zeros(p, np.uint8),
         slot_key=np.full(s, -1, np.int64),
         slot_pair=np.zeros(s, np.int32),
-        heap=np.zeros(2 * p, np.int32),
-        heap_count=np.zeros(2 * p, np.int64),
+        heap=np.zeros(p, np.int32),
+        heap_count=np.zeros(p, np.int64),
         touched=np.zeros(p, np.int32),
         used=np.zeros(2, np.int64),
     )
