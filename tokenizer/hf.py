@@ -84,7 +84,8 @@ def hf_tokenizer_json(vocab: list[bytes], merges: list[tuple[int, int]], special
             "byte_fallback": False,
             "ignore_merges": False,
             "vocab": {n: i for i, n in enumerate(name)},
-            "merges": [[name[a], name[b]] for a, b in merges],
+            # "left right": byte names never contain a space (it is named "Ġ").
+            "merges": [f"{name[a]} {name[b]}" for a, b in merges],
         },
     }
     return json.dumps(doc, ensure_ascii=False, indent=1)
