@@ -127,7 +127,11 @@ def lr_at(step: int, tc: TrainConfig, total: int) -> float:
 
 
 class Batches:
-    """Training and validation batches of one run: (tokens (B, T) int32, targets (K, B, T))."""
+    """Training and validation batches of one run: (tokens (B, T) int32, targets (K, B, T)).
+
+    The tokenizer comes from the data folder (for the embedded corpus, one of cfg.vocab_size
+    tokens is trained); the model's vocabulary is sized to it.
+    """
 
     def __init__(self, tc: TrainConfig, cfg: ModelConfig, log=print):
         from euler.data import SFTDataset, TokenLoader, default_corpus_dir
@@ -145,18 +149,14 @@ class Batches:
             raise EulerError(f"data folder not found: {folder}")
         manifest = read_manifest(folder, kind=tc.kind)
         self.tokenizer = Tokenizer.load(folder / manifest["tokenizer"]["file"])
-        if self.tokenizer.vocab_size != cfg.vocab_size:
-            raise EulerError(
-                f"{folder} was tokenized with a {self.tokenizer.vocab_size}-token vocabulary, "
-                f"but the model has vocab_size {cfg.vocab_size}"
-            )
         self.folder = folder
+        V = self.tokenizer.vocab_size
         if tc.kind == "pretrain":
-            self.train = TokenLoader(folder, "train", vocab_size=cfg.vocab_size)
-            self.val = TokenLoader(folder, "val", vocab_size=cfg.vocab_size)
+            self.train = TokenLoader(folder, "train", vocab_size=V)
+            self.val = TokenLoader(folder, "val", vocab_size=V)
         else:
-            self.train = SFTDataset(folder, "train", vocab_size=cfg.vocab_size)
-            self.val = SFTDataset(folder, "val", vocab_size=cfg.vocab_size)
+            self.train = SFTDataset(folder, "train", vocab_size=V)
+            self.val = SFTDataset(folder, "val", vocab_size=V)
             if len(self.val) == 0:
                 raise EulerError(f"{folder}: no held-out records (prepare with --val-fraction > 0)")
 
@@ -301,6 +301,7 @@ def text_sample(params: np.ndarray, cfg: ModelConfig, data: Batches, n: int, see
     from euler.sampling import SamplingConfig
 
     prompt = data.sample_prompt()
+    prompt = prompt[-(cfg.context // 2) :]  # leave room for the sample in a short context
     n = min(n, cfg.context - len(prompt))
     dec = Decoder(cfg, params)
     res = generate(dec, prompt, n, SamplingConfig(0.8, 40, 1.0), np.random.default_rng(seed),
@@ -355,7 +356,13 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     else:
         cfg = get_preset(tc.preset)
     data = Batches(tc, cfg, log=log)
-    T = data.T
+    T, V = data.T, data.tokenizer.vocab_size
+    if init is None and V != cfg.vocab_size:  # the embedding and heads follow the tokenizer
+        log(
+            f"vocab_size {V}, from the tokenizer of {data.folder} "
+            f"(preset {tc.preset} has {cfg.vocab_size})"
+        )
+        cfg = dataclasses.replace(cfg, vocab_size=V)
     if init is not None and init.tokenizer_sha256 != data.tokenizer.sha256:
         raise EulerError(
             f"{data.folder} was tokenized by tokenizer {data.tokenizer.sha256[:12]}, but "

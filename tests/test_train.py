@@ -1,0 +1,180 @@
+"""The training loop: exact resume, Ctrl-C, schedule, accumulation, SFT mask, bad input."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import numpy as np
+import pytest
+
+from euler import checkpoint
+from euler import train as train_mod
+from euler.errors import EulerError
+from euler.model import Model
+from euler.train import Batches, TrainConfig, lr_at, train
+from tests.train_helpers import build_data, read_metrics, tiny_config
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return build_data(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
+
+
+def _losses(run) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r]
+
+
+def test_interrupt_and_resume_repeat_the_losses_bit_for_bit(data_root, tmp_path, monkeypatch):
+    """llm.c's property: stop at step s (Ctrl-C), resume to N, same losses as N in one go."""
+    whole = train(tiny_config(tmp_path / "whole", data_root / "pre", steps=10))
+    assert whole["steps"] == 10 and not whole["interrupted"]
+
+    real_lr_at = train_mod.lr_at
+
+    def ctrl_c_at_step_6(step, tc, total):  # SIGINT arrives during optimizer step 6 (0-based 5)
+        if step == 5:
+            signal.raise_signal(signal.SIGINT)
+        return real_lr_at(step, tc, total)
+
+    monkeypatch.setattr(train_mod, "lr_at", ctrl_c_at_step_6)
+    cut = tmp_path / "cut"
+    first = train(tiny_config(cut, data_root / "pre", steps=10))
+    assert first["interrupted"] and first["steps"] == 6  # finished step 6, saved, stopped
+    assert checkpoint.load(cut).step == 6
+    monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
+
+    tc, _ = train_mod.read_run(cut)
+    second = train(tc, resume=True)
+    assert second["steps"] == 10
+    assert _losses(cut) == _losses(tmp_path / "whole")  # exact float equality, every step
+    a, b = checkpoint.load(tmp_path / "whole"), checkpoint.load(cut)
+    assert a.params.tobytes() == b.params.tobytes()
+    assert a.moments["v"].tobytes() == b.moments["v"].tobytes()
+    vals = [r["val_loss"] for r in read_metrics(cut) if "val_loss" in r]
+    assert len(vals) == 4 and all(math.isfinite(v) for v in vals)  # steps 0, 4, 8, 10
+
+
+def test_resume_after_a_crash_drops_the_unsaved_steps(data_root, tmp_path, monkeypatch):
+    """A crash after the step-4 checkpoint: metrics of steps 5-6 are trimmed and redone."""
+    run = tmp_path / "crash"
+    real_lr_at = train_mod.lr_at
+
+    def crash(step, tc, total):
+        if step == 6:
+            raise RuntimeError("power cut")
+        return real_lr_at(step, tc, total)
+
+    monkeypatch.setattr(train_mod, "lr_at", crash)
+    with pytest.raises(RuntimeError):
+        train(tiny_config(run, data_root / "pre"))
+    assert max(s for s, _ in _losses(run)) == 6
+    monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
+    train(train_mod.read_run(run)[0], resume=True)
+    steps = [s for s, _ in _losses(run)]
+    assert steps == list(range(1, 9))
+
+
+def test_lr_schedule_warmup_then_cosine():
+    tc = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=4, steps=14)
+    lrs = [lr_at(s, tc, 14) for s in range(14)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] == 1.0 and all(a > b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    assert lr_at(14, tc, 14) == pytest.approx(0.1)
+    assert lrs[9] == pytest.approx(0.55)  # half way: the mean of lr and min_lr
+
+
+def test_grad_accumulation_matches_one_big_batch(data_root, tmp_path):
+    """2 micro-batches of 2, averaged, give the gradient of the batch of 4 they make up."""
+    cfg = _cfg(data_root)
+    tc = tiny_config(tmp_path, data_root / "pre", batch_size=4)
+    tokens, targets = Batches(tc, cfg, print).get("train", 0, 0)
+    grads = {}
+    for name in ("big", "accum"):
+        model = Model(cfg, seed=0)
+        if name == "big":
+            model.forward(tokens, targets, need_grad=True)
+            model.backward()
+        else:
+            for a in range(2):
+                rows = slice(2 * a, 2 * a + 2)
+                model.forward(tokens[rows], targets[:, rows], need_grad=True, accumulate=a > 0)
+                model.backward()
+            train_mod._scale_grads(model, 0.5)
+        grads[name] = model.grads.copy()
+    np.testing.assert_allclose(grads["accum"], grads["big"], rtol=1e-4, atol=1e-7)
+
+
+def _cfg(_root):
+    import dataclasses
+
+    from euler.config import get_preset
+
+    return dataclasses.replace(get_preset("tiny"), vocab_size=300)
+
+
+def test_sft_targets_are_the_response_tokens_only(data_root, tmp_path):
+    tc = tiny_config(tmp_path / "sft", data_root / "sft", kind="sft", batch_size=4)
+    data = Batches(tc, _cfg(data_root), print)
+    window, mask = data.train.batch(3, 0, 4, 24, 4)
+    tokens, targets = data.get("train", 3, 0)
+    assert (tokens == window[:, :24]).all()
+    for k in range(4):
+        want = np.where(mask[:, 1 + k : 25 + k] == 1, window[:, 1 + k : 25 + k], -1)
+        assert (targets[k] == want).all()
+    tok = data.tokenizer
+    # prompt positions never have a head-0 target; the response and its <|end|> do
+    for b in range(4):
+        row = list(window[b])
+        a = row.index(tok.assistant_id)
+        assert (targets[0, b, :a] == -1).all()
+        assert targets[0, b, a] == row[a + 1] != -1
+        if tok.end_id in row[a:25]:
+            e = a + row[a:].index(tok.end_id)
+            assert targets[0, b, e - 1] == tok.end_id
+
+
+def test_sft_run_starts_from_the_checkpoint(data_root, tmp_path):
+    pre = tmp_path / "pre"
+    train(tiny_config(pre, data_root / "pre", steps=4))
+    tc = tiny_config(tmp_path / "sft", data_root / "sft", kind="sft", init_from=str(pre),
+                     steps=4, preset="ignored")  # fmt: skip
+    summary = train(tc)
+    assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
+    first_val = read_metrics(tmp_path / "sft")[0]
+    assert first_val["step"] == 0 and "<|assistant|>" in first_val["sample"]
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_path, monkeypatch):
+    run = tmp_path / "nan"
+    real_forward = Model.forward
+    calls = {"n": 0}
+
+    def forward(self, tokens, targets=None, need_grad=False, accumulate=False):
+        loss = real_forward(self, tokens, targets, need_grad, accumulate)
+        if need_grad:
+            calls["n"] += 1
+            if calls["n"] == 6:  # optimizer step 6
+                return float("nan")
+        return loss
+
+    monkeypatch.setattr(Model, "forward", forward)
+    with pytest.raises(EulerError, match=r"loss is nan at step 6.*checkpoint \(step 4\)"):
+        train(tiny_config(run, data_root / "pre"))
+    assert checkpoint.load(run).step == 4
+
+
+def test_bad_settings_are_refused(data_root, tmp_path):
+    with pytest.raises(EulerError, match="--batch-size"):
+        tiny_config(tmp_path, data_root / "pre", batch_size=0)
+    with pytest.raises(EulerError, match="--device"):
+        tiny_config(tmp_path, data_root / "pre", device="tpu")
+    with pytest.raises(EulerError, match="context"):
+        train(tiny_config(tmp_path / "r", data_root / "pre", seq_len=25))
+    with pytest.raises(EulerError, match="not found"):
+        train(tiny_config(tmp_path / "r", tmp_path / "nowhere"))
