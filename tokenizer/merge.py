@@ -32,8 +32,9 @@ def pair_table(merges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, inline="always")
-def _slot(key, mask):
-    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+def pair_slot(key, mask):
+    """Home slot of pair key (a << 32 | b) in a table of mask + 1 slots (Fibonacci hash)."""
+    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)) & mask
 
 
 @njit(cache=True)
@@ -41,7 +42,7 @@ def _fill_pairs(keys, ranks, merges):
     mask = keys.size - 1
     for r in range(merges.shape[0]):
         key = (merges[r, 0] << 32) | merges[r, 1]
-        s = _slot(key, mask)
+        s = pair_slot(key, mask)
         while keys[s] != -1:
             s = (s + 1) & mask
         keys[s] = key
@@ -53,7 +54,7 @@ def rank_of(keys, ranks, a, b):
     """Merge rank of pair (a, b), or -1 when the pair is not a merge."""
     key = (np.int64(a) << 32) | np.int64(b)
     mask = keys.size - 1
-    s = _slot(key, mask)
+    s = pair_slot(key, mask)
     while True:
         k = keys[s]
         if k == key:

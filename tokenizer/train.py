@@ -34,6 +34,7 @@ from .bytetable import (
     table_find,
     table_room,
 )
+from .merge import pair_slot
 from .pretokenize import char_classes, piece_end, safe_cuts
 
 BLOCK_BYTES = 4 << 20  # files are read in blocks of about this size
@@ -214,17 +215,12 @@ def ensure_room(st: TrainState, pair: int) -> TrainState:
     return st
 
 
-@njit(cache=True, inline="always")
-def _slot(key, mask):
-    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
-
-
 @njit(cache=True)
 def _reslot_pairs(st):
     mask = st.slot_key.size - 1
     for pid in range(st.used[0]):
         key = (np.int64(st.left[pid]) << 32) | np.int64(st.right[pid])
-        s = _slot(key, mask)
+        s = pair_slot(key, mask)
         while st.slot_key[s] != -1:
             s = (s + 1) & mask
         st.slot_key[s] = key
@@ -236,7 +232,7 @@ def _pair_id(st, a, b):
     """Id of pair (a, b), added with count 0 if new (the caller ensured room)."""
     key = (np.int64(a) << 32) | np.int64(b)
     mask = st.slot_key.size - 1
-    s = _slot(key, mask)
+    s = pair_slot(key, mask)
     while True:
         k = st.slot_key[s]
         if k == key:
