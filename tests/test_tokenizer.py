@@ -183,6 +183,8 @@ def test_train_rejects_bad_inputs(files, tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(EulerError, match="empty"):
         Tokenizer.train([files[0], empty], 300)
+    with pytest.raises(EulerError, match="not a file"):
+        Tokenizer.train([tmp_path], 300)
     with pytest.raises(EulerError, match="no input"):
         Tokenizer.train([], 300)
 

@@ -105,8 +105,10 @@ def check_inputs(files: list[str | Path]) -> list[Path]:
         raise EulerError("no input files given")
     paths = [Path(f) for f in files]
     for p in paths:
-        if not p.is_file():
+        if not p.exists():
             raise EulerError(f"input file not found: {p}")
+        if not p.is_file():
+            raise EulerError(f"input is not a file: {p}")
         if p.stat().st_size == 0:
             raise EulerError(f"input file is empty: {p}")
     return paths
