@@ -1,0 +1,68 @@
+"""`euler chat`: one-shot and REPL, speculative report, and bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from euler.train import train
+from tests.train_helpers import build_data, run_cli, tiny_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny pretrained-then-fine-tuned run folder."""
+    root = build_data(tmp_path_factory)
+    out = tmp_path_factory.mktemp("chat")
+    train(tiny_config(out / "pre", root / "pre", steps=4, sample_tokens=0))
+    train(tiny_config(out / "sft", root / "sft", kind="sft", init_from=str(out / "pre"),
+                      steps=4, sample_tokens=0))  # fmt: skip
+    return out / "sft"
+
+
+def test_one_prompt_streams_an_answer(run, monkeypatch, capsys):
+    args = ["--prompt", "Say dog twice.", "--max-tokens", "5", "--temperature", "0"]
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("euler> ") and "tok/s" in lines[-1]
+
+
+def test_speculative_reports_acceptance_and_speed_up(run, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), "--prompt",
+                             "Say sun twice.", "--max-tokens", "12", "--speculative")  # fmt: skip
+    assert code == 0, err
+    assert "drafts accepted" in out and "speed of plain greedy" in out
+    assert "output identical" in out
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("", "--prompt is empty"),
+        ("  ", "--prompt is empty"),
+        ("caf\udce9", "--prompt is not valid UTF-8"),
+    ],  # fmt: skip
+)
+def test_bad_prompt_is_one_line(run, monkeypatch, capsys, prompt, message):
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), "--prompt",
+                             prompt)  # fmt: skip
+    assert code == 2 and err == f"error: {message}\n"
+
+
+def test_repl_survives_bad_input_and_resets(run, monkeypatch, capsys):
+    stdin = b"Say red twice.\n\xff\xfe oops\n\n   \n/reset\n/help\nSay sky twice.\n"
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run),
+                             "--max-tokens", "4", stdin=stdin)  # fmt: skip
+    assert code == 0, err  # end of input (Ctrl-D) ends the REPL cleanly
+    assert out.count("euler> ") == 2  # two answers; the empty lines were skipped
+    assert "error: that input is not UTF-8 (byte 0); type it again" in out
+    assert "(conversation cleared)" in out and "commands: /reset" in out
+
+
+def test_bad_checkpoints_are_one_line(run, monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(tmp_path))
+    assert code == 2 and err.startswith("error: checkpoint not found") and err.count("\n") == 1
+    bad = tmp_path / "checkpoint.safetensors"
+    bad.write_bytes((run / "checkpoint.safetensors").read_bytes()[:5000])
+    code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(bad), "--prompt", "x")
+    assert code == 2 and "truncated" in err and err.count("\n") == 1

@@ -1,0 +1,114 @@
+"""`euler train`, `euler sft`, `euler plot` from the command line, and their one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from euler import checkpoint
+from euler.config import get_preset
+from euler.params import ParamLayout
+from tests.train_helpers import build_data, read_metrics, run_cli
+
+TINY = ["--preset", "tiny", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1",
+        "--sample-tokens", "3", "--ckpt-every", "2", "--warmup", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return build_data(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
+
+
+def _one_line_error(code, err, *words):
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for w in words:
+        assert w in err, err
+
+
+def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run)]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--steps", "2")
+    assert code == 0, err
+    assert "val loss" in out and "tokens/s" in out
+    assert json.loads((run / "run.json").read_text())["train"]["steps"] == 2
+
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--steps", "4")
+    _one_line_error(code, err, "already holds a pretrain run (tiny preset)", "--overwrite")
+
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--steps", "4", "--overwrite")
+    assert code == 0, err
+    assert checkpoint.load(run).step == 4
+    assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3, 4]
+
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run))
+    assert code == 0 and f"resuming {run} at step 4" in out
+
+
+def test_resume_refuses_a_checkpoint_of_another_architecture(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "2"]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    other = dataclasses.replace(get_preset("tiny"), vocab_size=300, n_layer=3)
+    params = np.zeros(ParamLayout(other).size, np.float32)
+    mom = {"m": params, "v": params}
+    checkpoint.save(run / "checkpoint.safetensors", other, params, mom, {"step": 2}, {}, "{}")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run))
+    _one_line_error(code, err, "checkpoint has n_layer=3", "needs n_layer=2")
+
+
+def test_sft_refuses_a_checkpoint_with_another_tokenizer(data_root, tmp_path, monkeypatch, capsys):
+    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=300)
+    params = np.zeros(ParamLayout(cfg).size, np.float32)
+    ck = tmp_path / "other.safetensors"
+    checkpoint.save(ck, cfg, params, None, {"step": 5}, {}, '{"another": "tokenizer"}')
+    code, _, err = run_cli(monkeypatch, capsys, "sft", "--from", str(ck), "--data",
+                           str(data_root / "sft"), "--out", str(tmp_path / "sft"))  # fmt: skip
+    _one_line_error(code, err, "was tokenized by tokenizer", "uses tokenizer")
+
+
+def test_sft_needs_its_inputs(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "sft", "--out", str(tmp_path / "s"))
+    _one_line_error(code, err, "--from CHECKPOINT and --data")
+
+
+def test_cuda_without_a_gpu_is_one_line(data_root, tmp_path, monkeypatch, capsys):
+    try:
+        from numba import cuda
+
+        if cuda.is_available():
+            pytest.skip("a GPU is present: --device cuda would train")
+    except ImportError:
+        pass
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(tmp_path / "g")]
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--device", "cuda")
+    _one_line_error(code, err, "GPU")
+
+
+def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "3"]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    code, out, err = run_cli(monkeypatch, capsys, "plot", str(run))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        _one_line_error(code, err, "pip install -e '.[plot]'")
+        return
+    assert code == 0, err
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, _, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "nowhere"))
+    _one_line_error(code, err, "no metrics to plot")
