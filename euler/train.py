@@ -286,13 +286,23 @@ class Display:
 # ---------------------------------------------------------------------------- training
 
 
-def evaluate(model: Model, data: Batches, n_batches: int) -> float:
-    """Mean validation loss over the fixed evaluation batches."""
-    losses = []
+def evaluate(model: Model, data: Batches, n_batches: int) -> tuple[float, list[float]]:
+    """Validation loss over the fixed evaluation batches: (the training objective, the mean
+    over the heads that have targets; per head k, its mean cross-entropy in nats).
+
+    Head 0's loss is the language-model loss proper (next token); head k > 0 predicts the
+    token k + 1 places ahead, a harder task, so the mean lies above head 0's.
+    """
+    K = model.cfg.n_mtp
+    losses, head_sum, head_count = [], np.zeros(K), np.zeros(K)
     for i in range(n_batches):
         tokens, targets = data.get("val", i, EVAL_SEED)
         losses.append(model.forward(tokens, targets, need_grad=False))
-    return float(np.mean(losses))
+        per_row = model.be.to_host(model.acts.losses).astype(np.float64)  # (K, B T)
+        head_sum += per_row.sum(axis=1)
+        head_count += (targets >= 0).reshape(K, -1).sum(axis=1)
+    heads = [float(s / c) if c else float("nan") for s, c in zip(head_sum, head_count, strict=True)]
+    return float(np.mean(losses)), heads
 
 
 def text_sample(params: np.ndarray, cfg: ModelConfig, data: Batches, n: int, seed: int) -> str:
@@ -355,6 +365,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         cfg = init.cfg
     else:
         cfg = get_preset(tc.preset)
+    backend = _make_backend(tc.device)  # first: a missing GPU fails before any data work
     data = Batches(tc, cfg, log=log)
     T, V = data.T, data.tokenizer.vocab_size
     if init is None and V != cfg.vocab_size:  # the embedding and heads follow the tokenizer
@@ -372,7 +383,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     tokenizer_json = data.tokenizer.to_json()
 
     # -- the run folder: a fresh run claims it; a resumed run reads its checkpoint
-    model = Model(cfg, _make_backend(tc.device), seed=tc.seed)
+    model = Model(cfg, backend, seed=tc.seed)
     opt = AdamW(model, AdamWConfig(tc.beta1, tc.beta2, 1e-8, tc.weight_decay, tc.grad_clip))
     start, saved_step = 0, None  # saved_step: the step of the checkpoint on disk
     if resume and (run / checkpoint.CHECKPOINT_NAME).exists():
@@ -425,13 +436,13 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         metrics.flush()
 
     def run_eval(step: int) -> float:
-        val = evaluate(model, data, tc.eval_batches)
+        val, heads = evaluate(model, data, tc.eval_batches)
         sample = ""
         if tc.sample_tokens:
             params = model.be.to_host(model.params)
             sample = text_sample(params, cfg, data, tc.sample_tokens, seed=tc.seed + step)
-        record({"step": step, "val_loss": val, "sample": sample})
-        display.print(f"step {step}: val loss {val:.4f} | {sample!r}")
+        record({"step": step, "val_loss": val, "val_loss_heads": heads, "sample": sample})
+        display.print(f"step {step}: val loss {val:.4f} (head 0: {heads[0]:.4f}) | {sample!r}")
         return val
 
     log(
