@@ -24,9 +24,12 @@ def _read(path: Path) -> str:
     """A file's text; undecodable bytes ride along as surrogate escapes (encoded back)."""
     if str(path) == "-":
         return sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
-    if not path.is_file():
-        raise EulerError(f"input file not found: {path}")
-    return path.read_bytes().decode("utf-8", "surrogateescape")
+    try:
+        return path.read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        raise EulerError(f"input file not found: {path}") from None
+    except OSError as e:
+        raise EulerError(f"cannot read {path}: {e.strerror}") from None
 
 
 @tokenizer_app.command()
@@ -44,6 +47,9 @@ def train(
     """Learn a tokenizer from text files (streamed) and save it."""
     from euler.tokenizer import Tokenizer
 
+    for target in (out, hf):  # fail before training, not after
+        if target is not None and not target.parent.is_dir():
+            raise EulerError(f"output folder does not exist: {target.parent}")
     t = time.perf_counter()
     tok = Tokenizer.train(inputs, vocab_size, progress=progress)
     elapsed = time.perf_counter() - t

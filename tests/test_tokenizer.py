@@ -155,6 +155,10 @@ def test_load_rejects_hf_export_and_bad_merges(tok, tmp_path):
         Tokenizer.load(path)
     with pytest.raises(EulerError, match="not found"):
         Tokenizer.load(tmp_path / "missing.json")
+    with pytest.raises(EulerError, match="cannot read"):
+        Tokenizer.load(tmp_path)
+    with pytest.raises(EulerError, match="cannot write"):
+        tok.save(tmp_path / "no" / "such" / "dir.json")
     cases = [
         (lambda d: d["merges"].append([256, 97]), "special"),
         (lambda d: d["merges"].append([97, 10**6]), "unknown"),

@@ -57,6 +57,7 @@ def test_errors_are_one_line(tmp_path):
         (["train", "--vocab-size", "100", "--out", str(tmp_path / "t"), str(good)], "too small"),
         (["train", "--vocab-size", "300", "--out", str(tmp_path / "t"), str(empty)], "empty"),
         (["train", "--vocab-size", "300", "--out", str(tmp_path / "t"), "nope.txt"], "not found"),
+        (["train", "--vocab-size", "300", "--out", str(tmp_path / "no/t"), str(good)], "folder"),
         (["encode", "-t", str(foreign), str(good)], "not a NanoEuler tokenizer"),
         (["decode", "-t", str(tmp_path / "missing.json"), "1"], "not found"),
     ]

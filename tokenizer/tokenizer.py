@@ -146,7 +146,7 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write the canonical JSON (sha256sum of the file equals self.sha256)."""
-        Path(path).write_text(self.to_json(), encoding="ascii")
+        _write(Path(path), self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -156,6 +156,8 @@ class Tokenizer:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise EulerError(f"tokenizer file not found: {path}") from None
+        except OSError as e:
+            raise EulerError(f"cannot read tokenizer file {path}: {e.strerror}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise EulerError(f"tokenizer file {path} is not valid JSON: {e}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -185,7 +187,7 @@ class Tokenizer:
 
     def export_hf(self, path: str | Path) -> None:
         """Write to_hf_json() to path."""
-        Path(path).write_text(self.to_hf_json(), encoding="utf-8")
+        _write(Path(path), self.to_hf_json())
 
     # ------------------------------------------------------------ encoding
 
@@ -279,6 +281,13 @@ class Tokenizer:
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """The text of a sequence of ids; invalid UTF-8 becomes U+FFFD."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise EulerError(f"cannot write {path}: {e.strerror}") from None
 
 
 def _is_pair(m: object) -> bool:

@@ -89,13 +89,16 @@ def count_pretokens(files: list[Path], on_bytes: Callable[[int], None]) -> ByteT
     classes = char_classes()
     t = new_table(COUNTER_ENTRIES, COUNTER_KEY_BYTES)
     for path in files:
-        for buf in _blocks(path):
-            i = 0
-            while i < buf.size:
-                i = count_pieces(buf, i, classes, t)
-                if i < buf.size:
-                    t = grown(t)
-            on_bytes(buf.size)
+        try:
+            for buf in _blocks(path):
+                i = 0
+                while i < buf.size:
+                    i = count_pieces(buf, i, classes, t)
+                    if i < buf.size:
+                        t = grown(t)
+                on_bytes(buf.size)
+        except OSError as e:
+            raise EulerError(f"cannot read {path}: {e.strerror}") from None
     return t
 
 
