@@ -288,20 +288,22 @@ def plot_run(run: Path, out: Path) -> Path:
             train.append((r["step"], r["loss"]))
             per_step = r["tokens"] / r["step"]
         elif "val_loss" in r:
-            val.append((r["step"], r["val_loss"]))
+            val.append((r["step"], r["val_loss"], r.get("val_loss_heads", [None])[0]))
     if not train:
         raise EulerError(f"{path} holds no training steps yet")
     steps, losses = map(list, zip(*train, strict=True))
-    smooth, ema = [], losses[0]
-    for x in losses:
+    smooth, ema = [], 0.0
+    for i, x in enumerate(losses, 1):
         ema = 0.95 * ema + 0.05 * x
-        smooth.append(ema)
+        smooth.append(ema / (1.0 - 0.95**i))  # debiased, as Adam's moments, so it starts at x
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
     ax.plot(steps, smooth, color="tab:blue", lw=1.5, label="train (EMA 0.95)")
     if val:
-        vs, vl = zip(*val, strict=True)
+        vs, vl, v0 = zip(*val, strict=True)
         ax.plot(vs, vl, "o-", color="tab:orange", ms=3, label="validation")
+        if None not in v0:
+            ax.plot(vs, v0, "s--", color="tab:green", ms=3, label="validation, head 0 (next token)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (mean over the MTP heads, nats)")
     ax.set_title(f"{Path(run).name}: {per_step:,.0f} tokens per step")
