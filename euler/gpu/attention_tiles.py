@@ -36,11 +36,13 @@ TILE = 64
 LD = 65  # padded row of a staged tile, in floats
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
 UNROLL = 8  # product steps written out per loop iteration
+LOAD_CHUNK = 8  # staging loads in flight per tile before their stores
+MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
 def supports(E: int) -> bool:
-    """Head sizes these kernels are generated for."""
-    return E % 8 == 0 and 8 <= E <= 64
+    """Head sizes these kernels are generated for (E must divide the 128 threads)."""
+    return E in (8, 16, 32, 64)
 
 
 class _Src:
@@ -65,18 +67,23 @@ def _prologue(w: _Src) -> None:
     w(*(f"c{j} = tx + {8 * j}" for j in range(8)))
 
 
-def _load_t(w: _Src, off: str, row0: str, col: str, E: int, src: str, scale: str = "") -> None:
-    """Stage rows row0..row0+63, columns col..col+E-1 of src (B, T, C) as X^T at sm[off].
+def _stage(w: _Src, E: int, tiles: list[tuple]) -> None:
+    """Stage 64-row tiles (off, row0, col, src, scale) of src (B, T, C) as X^T at sm[off].
 
-    Rows past the sequence are staged as zeros, so padded rows compute finite garbage.
+    Thread tid takes column tid % E of rows tid // E + 128 / E * it: all of a chunk's loads
+    are issued before its stores, so their memory latencies overlap (a plain loop would
+    wait for each load in turn). Rows past the sequence are staged as zeros.
     """
-    w(f"for idx in range(tid, {64 * E}, {THREADS}):")
-    w.level += 1
-    w(f"rr = idx // {E}", f"ee = idx - rr * {E}", "val = T(0.0)")
-    w(f"if {row0} + rr < Tn:")
-    w(f"    val = {src}[b, {row0} + rr, {col} + ee]{scale}")
-    w(f"sm[{off} + ee * {LD} + rr] = val")
-    w.level -= 1
+    step, n = 128 // E, E // 2  # rows per pass of the block, passes per tile
+    w(f"ee = tid % {E}", f"rb = tid // {E}")
+    for it0 in range(0, n, LOAD_CHUNK):
+        its = range(it0, min(n, it0 + LOAD_CHUNK))
+        for t, (_, row0, col, src, scale) in enumerate(tiles):
+            for it in its:
+                row = f"{row0} + rb + {it * step}"
+                w(f"v{t}_{it} = {src}[b, {row}, {col} + ee]{scale} if {row} < Tn else T(0.0)")
+        for t, tile in enumerate(tiles):
+            w(*(f"sm[{tile[0]} + ee * {LD} + rb + {it * step}] = v{t}_{it}" for it in its))
 
 
 def _product(w, acc, a_off, b_off, b_mode, K, ncols) -> None:
@@ -152,13 +159,12 @@ def _forward_source(E: int) -> str:
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
-    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
+    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale")])
     w(*(f"m{i} = T(-math.inf)" for i in range(4)), *(f"l{i} = T(0.0)" for i in range(4)))
     _zero(w, "o", NJ)
     w("for j0 in range(0, i0 + 64, 64):")
     w.level += 1
-    _load_t(w, str(KP), "j0", "ko", E, "qkv")
-    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    _stage(w, E, [(KP, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
     w("cuda.syncthreads()")
     _zero(w, "s", 8)
     _product(w, "s", Q, KP, "kmajor", E, 8)
@@ -205,8 +211,7 @@ def _dq_source(E: int) -> str:
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
-    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
-    _load_t(w, str(DO), "i0", "qo", E, "dout")
+    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale"), (DO, "i0", "qo", "dout", "")])
     for i in range(4):
         w(f"d{i} = T(0.0)", f"ls{i} = T(0.0)", f"if i0 + r{i} < Tn:")
         w.level += 1
@@ -224,8 +229,7 @@ def _dq_source(E: int) -> str:
     _zero(w, "q", NJ)
     w("for j0 in range(0, i0 + 64, 64):")
     w.level += 1
-    _load_t(w, str(K), "j0", "ko", E, "qkv")
-    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    _stage(w, E, [(K, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
     w("cuda.syncthreads()")
     _zero(w, "s", 8)
     _product(w, "s", Q, K, "kmajor", E, 8)
@@ -262,8 +266,7 @@ def _dkv_source(E: int) -> str:
     w("rep = H // G", "b = cuda.blockIdx.y // G", "g = cuda.blockIdx.y % G")
     w(f"ko = H * {E} + g * {E}", f"vo = ko + G * {E}")
     w("j0 = cuda.blockIdx.x * 64")
-    _load_t(w, str(K), "j0", "ko", E, "qkv")
-    _load_t(w, str(V), "j0", "vo", E, "qkv")
+    _stage(w, E, [(K, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
     _zero(w, "dk", NJ)
     _zero(w, "dv", NJ)
     w("for hh in range(rep):")
@@ -271,8 +274,7 @@ def _dkv_source(E: int) -> str:
     w(f"qo = (g * rep + hh) * {E}", "h = g * rep + hh")
     w("for i0 in range(j0, Tn, 64):")
     w.level += 1
-    _load_t(w, str(Q), "i0", "qo", E, "qkv", " * scale")
-    _load_t(w, str(DO), "i0", "qo", E, "dout")
+    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale"), (DO, "i0", "qo", "dout", "")])
     w("if tid < 64:")
     w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
     w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
@@ -313,10 +315,10 @@ def shared_bytes(E: int) -> dict[str, int]:
     }
 
 
-_BUILT: dict[int, tuple] = {}
+_BUILT: dict[tuple, tuple] = {}
 
 
-def _compile(name: str, src: str):
+def _compile(name: str, src: str, min_blocks: int):
     scope = {
         "cuda": cuda,
         "float32": float32,
@@ -326,17 +328,21 @@ def _compile(name: str, src: str):
         "online_softmax_rescale": online_softmax_rescale,
     }
     exec(compile(src, f"<generated {name}>", "exec"), scope)  # noqa: S102 - our own source
+    if min_blocks:
+        return cuda.jit(launch_bounds=(THREADS, min_blocks))(scope[name])
     return cuda.jit(scope[name])
 
 
 def kernels(E: int):
-    """(forward, dq, dkv) dispatchers for head size E, generated and compiled once."""
-    if E not in _BUILT:
+    """(forward, dq, dkv) dispatchers for head size E (and the current UNROLL, LOAD_CHUNK,
+    MIN_BLOCKS, which the kernel lab varies), generated and compiled once."""
+    key = (E, UNROLL, LOAD_CHUNK, MIN_BLOCKS)
+    if key not in _BUILT:
         assert supports(E)
         srcs = {
             "forward_tiled_kernel": _forward_source(E),
             "backward_dq_tiled_kernel": _dq_source(E),
             "backward_dkv_tiled_kernel": _dkv_source(E),
         }
-        _BUILT[E] = tuple(_compile(n, s) for n, s in srcs.items())
-    return _BUILT[E]
+        _BUILT[key] = tuple(_compile(n, s, MIN_BLOCKS) for n, s in srcs.items())
+    return _BUILT[key]
