@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import regex
 from euler.tokenizer import Tokenizer
-from euler.tokenizer.pretokenize import GPT2_PATTERN, char_classes, piece_bounds
+from euler.tokenizer import tokenizer as tokenizer_module
+from euler.tokenizer.pretokenize import GPT2_PATTERN, char_classes, piece_bounds, safe_cuts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +121,34 @@ def test_runs_equal_rank_order_merge(tok):
         for n in range(1, 160):
             text = unit * n
             assert tok.encode(text).tolist() == reference_encode(tok.merges, text.encode()), text
+
+
+# Texts built from the fragments the pattern cares about: runs of blanks, words, marks.
+fragments = st.lists(
+    st.sampled_from(["a", "Bc", " ", "  ", "\n", "\r\n", "\t", "'s", "'", "7", "é", "!", " x"]),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fragments | st.text(alphabet=SAMPLE + "xyzXYZ  ", max_size=120))
+def test_safe_cuts_split_pretokens_exactly(text):
+    data = text.encode()
+    buf = np.frombuffer(data, np.uint8)
+    whole = reference_pieces(data)
+    for c in safe_cuts(buf, 1, len(data) - 1).tolist():
+        assert reference_pieces(data[:c]) + reference_pieces(data[c:]) == whole
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(texts | fragments, max_size=6), st.booleans())
+def test_threads_split_anywhere_safe_and_agree(tok, batch, allow_special):
+    # Let two threads split even tiny inputs, at the first safe cut they find.
+    saved = tokenizer_module._PARALLEL_MIN_BYTES
+    tokenizer_module._PARALLEL_MIN_BYTES = 1
+    try:
+        got = tok.encode_batch(batch, allow_special=allow_special, threads=2)
+    finally:
+        tokenizer_module._PARALLEL_MIN_BYTES = saved
+    want = [tok.encode(t, allow_special=allow_special) for t in batch]
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
