@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -214,29 +215,16 @@ class Tokenizer:
         """For each document, a list of byte strings and special ids -> one int32 array."""
         chunks = [p for doc in parts for p in doc if isinstance(p, bytes)]
         buf = np.frombuffer(b"".join(chunks), np.uint8)
-        ends = np.cumsum([0] + [len(c) for c in chunks], dtype=np.int64)
+        ends = np.array([0, *accumulate(map(len, chunks))], np.int64)
         threads = max(1, min(threads, buf.size // _PARALLEL_MIN_BYTES))
-        cuts = _thread_cuts(buf, ends, threads)
-        bounds = np.union1d(ends, cuts)
         with self._lock:
-            while len(self._caches) < len(cuts) - 1:
+            while len(self._caches) < threads:
                 self._caches.append(new_table(_CACHE_ENTRIES, _CACHE_KEY_BYTES, _CACHE_IDS))
-            jobs = [
-                (w, bounds[np.searchsorted(bounds, lo) : np.searchsorted(bounds, hi) + 1])
-                for w, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
-            ]
-            if len(jobs) == 1:
-                results = [self._encode_spans(buf, *jobs[0])]
+            if threads == 1:
+                ids, at = self._encode_spans(buf, 0, ends)
             else:
-                with ThreadPoolExecutor(len(jobs)) as pool:
-                    results = list(pool.map(lambda job: self._encode_spans(buf, *job), jobs))
-        ids = results[0][0] if len(results) == 1 else np.concatenate([r[0] for r in results])
-        # Token offset of every bound: each worker's own offsets, shifted past the workers before.
-        shift = np.cumsum([0] + [r[0].size for r in results])
-        tok_at = np.concatenate(
-            [[0]] + [r[1][1:] + s for r, s in zip(results, shift[:-1], strict=True)]
-        )
-        at = tok_at[np.searchsorted(bounds, ends)].tolist()
+                ids, at = self._encode_threads(buf, ends, threads)
+        at = at.tolist()  # token offset of each chunk end
         pieces = iter([ids[a:b] for a, b in zip(at[:-1], at[1:], strict=True)])
         out = []
         for doc in parts:  # each document's arrays are views of `ids` unless specials join in
@@ -248,6 +236,25 @@ class Tokenizer:
                 ]
                 out.append(np.concatenate(arrays) if arrays else np.zeros(0, np.int32))
         return out
+
+    def _encode_threads(self, buf: np.ndarray, ends: np.ndarray, threads: int):
+        """_encode_spans over the spans between `ends`, cut further into one part per thread
+        (at a span end or a context-free pretoken boundary); the same (ids, offsets)."""
+        cuts = _thread_cuts(buf, ends, threads)
+        bounds = np.union1d(ends, cuts)
+        jobs = [
+            (w, bounds[np.searchsorted(bounds, lo) : np.searchsorted(bounds, hi) + 1])
+            for w, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
+        ]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            results = list(pool.map(lambda job: self._encode_spans(buf, *job), jobs))
+        ids = np.concatenate([r[0] for r in results])
+        # Token offset of every bound: each worker's own offsets, shifted past the workers before.
+        shift = np.cumsum([0] + [r[0].size for r in results])
+        tok_at = np.concatenate(
+            [[0]] + [r[1][1:] + s for r, s in zip(results, shift[:-1], strict=True)]
+        )
+        return ids, tok_at[np.searchsorted(bounds, ends)]
 
     def _encode_spans(self, buf: np.ndarray, worker: int, bounds: np.ndarray):
         """(ids int32[T], offsets int64[S+1]) of the spans between consecutive bounds."""
