@@ -15,6 +15,8 @@ from numba import njit
 
 
 class ByteTable(NamedTuple):
+    """Entries E (keys appended in order) behind S hash slots; passed whole to njit code."""
+
     slots: np.ndarray  # int32[S], S a power of two: entry index, -1 when empty
     hashes: np.ndarray  # uint64[E]: hash of each entry's key
     key_start: np.ndarray  # int64[E+1]: entry e's key is keys[key_start[e]:key_start[e+1]]
@@ -27,7 +29,7 @@ class ByteTable(NamedTuple):
 def new_table(entries: int, key_bytes: int, vals: int = 1) -> ByteTable:
     """An empty table for `entries` keys totalling `key_bytes` bytes (and `vals` token ids)."""
     slots = 1 << max(4, int(2 * entries - 1).bit_length())  # load factor at most 1/2
-    t = ByteTable(
+    return ByteTable(
         slots=np.full(slots, -1, np.int32),
         hashes=np.zeros(entries, np.uint64),
         key_start=np.zeros(entries + 1, np.int64),
@@ -36,7 +38,6 @@ def new_table(entries: int, key_bytes: int, vals: int = 1) -> ByteTable:
         vals=np.zeros(vals, np.int32),
         used=np.zeros(3, np.int64),
     )
-    return t
 
 
 def grown(t: ByteTable) -> ByteTable:

@@ -136,7 +136,7 @@ def piece_end(buf, i, n, classes):
 
 @njit(cache=True)
 def piece_bounds(buf, classes):
-    """int64[P+1]: byte offsets of the P pretokens of buf (for tests and statistics)."""
+    """int64[P+1]: byte offsets of the P pretokens of buf (the split itself, for tests)."""
     n = buf.size
     out = np.empty(n + 1, np.int64)
     out[0] = 0
