@@ -297,7 +297,7 @@ def evaluate(model: Model, data: Batches, n_batches: int) -> tuple[float, list[f
     losses, head_sum, head_count = [], np.zeros(K), np.zeros(K)
     for i in range(n_batches):
         tokens, targets = data.get("val", i, EVAL_SEED)
-        losses.append(model.forward(tokens, targets, need_grad=False))
+        losses.append(float(model.forward(tokens, targets, need_grad=False)))
         per_row = model.be.to_host(model.acts.losses).astype(np.float64)  # (K, B T)
         head_sum += per_row.sum(axis=1)
         head_count += (targets >= 0).reshape(K, -1).sum(axis=1)
@@ -464,15 +464,16 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                 loss = 0.0
                 for micro in range(tc.grad_accum):
                     tokens, targets = data.get("train", step * tc.grad_accum + micro, tc.seed)
-                    micro_loss = model.forward(tokens, targets, need_grad=True,
-                                               accumulate=micro > 0)  # fmt: skip
+                    # float(): a GPU backend returns the loss lazily, in a buffer it reuses
+                    micro_loss = float(model.forward(tokens, targets, need_grad=True,
+                                                     accumulate=micro > 0))  # fmt: skip
                     if not math.isfinite(micro_loss):
                         _stop_nonfinite("loss", micro_loss, step + 1, saved_step, run)
                     model.backward()
                     loss += micro_loss / tc.grad_accum
                 if tc.grad_accum > 1:  # the heads' loss scale is per micro-batch: average
                     _scale_grads(model, 1.0 / tc.grad_accum)
-                norm = opt.step(lr)
+                norm = float(opt.step(lr))
                 if not math.isfinite(norm):
                     _stop_nonfinite("gradient norm", norm, step + 1, saved_step, run)
                 model.be.synchronize()
