@@ -207,7 +207,10 @@ def register(app: typer.Typer) -> None:
                 else:
                     print("commands: /reset, and Ctrl-D to quit", flush=True)
                 continue
-            _answer(session, text, max_tokens, sampling, rng, speculative, ck)
+            try:
+                _answer(session, text, max_tokens, sampling, rng, speculative, ck)
+            except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat
+                print("\n(stopped)", flush=True)
 
     @app.command("plot")
     def plot_command(

@@ -300,6 +300,7 @@ class ChatSession:
                 break
             same += 1
         self.dec.truncate(same)
+        self._fed = self._fed[:same]  # true even if this answer is interrupted (Ctrl-C)
         stop = (self.tok.end_id, self.tok.eot_id)
         if speculative:
             res = generate_speculative(self.dec, seq[same:], max_tokens, stop, on_token)

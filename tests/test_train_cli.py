@@ -80,6 +80,20 @@ def test_sft_refuses_a_checkpoint_with_another_tokenizer(data_root, tmp_path, mo
     _one_line_error(code, err, "was tokenized by tokenizer", "uses tokenizer")
 
 
+def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeypatch, capsys):
+    pre = tmp_path / "pre"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(pre), "--steps", "2"]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    sft = tmp_path / "sft"
+    args = ["sft", "--from", str(pre), "--data", str(data_root / "sft"), "--out", str(sft),
+            "--batch-size", "2", "--steps", "3", "--eval-every", "3", "--eval-batches", "1"]  # fmt: skip
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert "<|assistant|>" in out and checkpoint.load(sft).step == 3
+    code, out, err = run_cli(monkeypatch, capsys, "sft", "--resume", str(sft))
+    assert code == 0 and f"resuming {sft} at step 3" in out
+
+
 def test_sft_needs_its_inputs(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "sft", "--out", str(tmp_path / "s"))
     _one_line_error(code, err, "--from CHECKPOINT and --data")
