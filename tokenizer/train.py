@@ -16,7 +16,10 @@ and updates the counts of the pairs around them. The best pair comes from a lazy
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -84,22 +87,65 @@ def _blocks(path: Path):
         yield np.frombuffer(carry, np.uint8)
 
 
-def count_pretokens(files: list[Path], on_bytes: Callable[[int], None]) -> ByteTable:
-    """Pretoken counts over all files, read block by block (the corpus is never held whole)."""
-    classes = char_classes()
-    t = new_table(COUNTER_ENTRIES, COUNTER_KEY_BYTES)
+@njit(cache=True, nogil=True)
+def add_counts(a, b, start):
+    """Add counter b's entries from `start` on into counter a; returns where it stopped
+    (a full) or b's entry count when done."""
+    for e in range(start, b.used[0]):
+        i, j, h = b.key_start[e], b.key_start[e + 1], b.hashes[e]
+        f, s = table_find(a, b.keys, i, j, h)
+        if f < 0:
+            if not table_room(a, j - i, 0):
+                return e
+            f = table_add(a, b.keys, i, j, h, s)
+        a.value[f] += b.value[e]
+    return b.used[0]
+
+
+def _all_blocks(files: list[Path]):
     for path in files:
         try:
-            for buf in _blocks(path):
-                i = 0
-                while i < buf.size:
-                    i = count_pieces(buf, i, classes, t)
-                    if i < buf.size:
-                        t = grown(t)
-                on_bytes(buf.size)
+            yield from _blocks(path)
         except OSError as e:
             raise EulerError(f"cannot read {path}: {e.strerror}") from None
-    return t
+
+
+def count_pretokens(
+    files: list[Path], on_bytes: Callable[[int], None], threads: int | None = None
+) -> ByteTable:
+    """Pretoken counts over all files, read block by block (the corpus is never held
+    whole). `threads` threads (default: every core) each count blocks into their own
+    table; the tables are summed at the end (which thread saw which block cannot change
+    the counts)."""
+    threads = threads or os.cpu_count() or 1
+    classes = char_classes()
+    blocks = _all_blocks(files)
+    lock = threading.Lock()
+
+    def work(_: int) -> ByteTable:
+        t = new_table(COUNTER_ENTRIES, COUNTER_KEY_BYTES)
+        while True:
+            with lock:  # reading stays in order; counting runs without the GIL
+                buf = next(blocks, None)
+            if buf is None:
+                return t
+            i = 0
+            while i < buf.size:
+                i = count_pieces(buf, i, classes, t)
+                if i < buf.size:
+                    t = grown(t)
+            on_bytes(buf.size)
+
+    with ThreadPoolExecutor(threads) as pool:
+        tables = list(pool.map(work, range(threads)))
+    total = tables[0]
+    for t in tables[1:]:
+        e = 0
+        while e < t.used[0]:
+            e = add_counts(total, t, e)
+            if e < t.used[0]:
+                total = grown(total)
+    return total
 
 
 def check_inputs(files: list[str | Path]) -> list[Path]:
