@@ -86,7 +86,7 @@ def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeyp
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
     sft = tmp_path / "sft"
     args = ["sft", "--from", str(pre), "--data", str(data_root / "sft"), "--out", str(sft),
-            "--batch-size", "2", "--steps", "3", "--eval-every", "3", "--eval-batches", "1"]  # fmt: skip
+            "--batch-size", "2", "--steps", "3", "--eval-every", "3"]  # fmt: skip
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     assert "<|assistant|>" in out and checkpoint.load(sft).step == 3
