@@ -358,7 +358,9 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
 
     # -- the model config: a preset, or the architecture of the checkpoint SFT starts from
     init = None
-    if tc.kind == "sft":
+    if tc.kind == "sft" and resume:  # the checkpoint it started from may be gone by now
+        cfg = read_run(run)[1]
+    elif tc.kind == "sft":
         if not tc.init_from:
             raise EulerError("sft needs --from CHECKPOINT (a pretraining run or its checkpoint)")
         init = checkpoint.load(tc.init_from)

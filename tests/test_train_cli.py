@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -90,6 +91,7 @@ def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeyp
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     assert "<|assistant|>" in out and checkpoint.load(sft).step == 3
+    shutil.rmtree(pre)  # resuming needs only the SFT run's own folder
     code, out, err = run_cli(monkeypatch, capsys, "sft", "--resume", str(sft))
     assert code == 0 and f"resuming {sft} at step 3" in out
 
