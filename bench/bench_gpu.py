@@ -295,7 +295,15 @@ def main() -> None:
     ap.add_argument("--peak", type=float, default=495.0, help="dense TF32 TFLOP/s")
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--tiles", default="", help="attention_tiles UNROLL,LOAD_CHUNK,MIN_BLOCKS (lab winner)"
+    )
     args = ap.parse_args()
+    if args.tiles:
+        from euler.gpu import attention_tiles
+
+        knobs = [int(x) for x in args.tiles.split(",")]
+        attention_tiles.UNROLL, attention_tiles.LOAD_CHUNK, attention_tiles.MIN_BLOCKS = knobs
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device_name().strip(),
