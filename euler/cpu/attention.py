@@ -9,11 +9,12 @@ qkv (B, T, (H + 2G) E) holds q heads, then k heads, then v heads; query head h r
 h // (H / G). Threads split (batch, head) in the forward and (batch, kv head) in the
 backward, so each thread owns every gradient slot it writes.
 
-Speed: each job copies its K and V head into contiguous scratch (K also transposed), and
-every inner loop is a unit-stride axpy that feeds four query rows from one load of K or V.
-Measured on this project's 2-core machine, four rows at a time cut the cost per (query,
-key) pair eightfold against one row at a time: a loop that restarts per row spends its time
-in loop set-up, not arithmetic.
+Speed: each job copies its K and V head into contiguous scratch (also transposed where a
+product runs along the other axis), and every product is written as four dot products
+that share each load of K or V: one query row at a time, a short loop's set-up cost more
+than its arithmetic. Measured on this project's 2-core machine (AVX-512), four rows per
+pass cut the score cost per (query, key) pair from about 30 ns to 1.4 ns against one row
+at a time, and the dot form beat a four-row axpy form 2.7x.
 """
 
 from __future__ import annotations
@@ -31,37 +32,51 @@ FAST = {"reassoc", "contract", "nsz", "arcp"}  # lets sums vectorise; keeps inf/
 
 
 @njit(inline="always", fastmath=FAST)
-def _scores4(s, qb, kt, j0, n):
-    """s[r, :n] = qb[r] . K[j0 + j] for the four rows r (kt is K transposed, (E, T))."""
+def _scores4(s, qb, k, j0, n):
+    """s[r, j] = qb[r] . k[j0 + j] for the four rows r and j < n; k (T, E) row-major."""
     E = qb.shape[1]
     T = s.dtype.type
+    q0, q1, q2, q3 = qb[0], qb[1], qb[2], qb[3]
     for j in range(n):
-        s[0, j] = T(0.0)
-        s[1, j] = T(0.0)
-        s[2, j] = T(0.0)
-        s[3, j] = T(0.0)
-    for e in range(E):
-        a0, a1, a2, a3 = qb[0, e], qb[1, e], qb[2, e], qb[3, e]
-        for j in range(n):
-            kk = kt[e, j0 + j]
-            s[0, j] += a0 * kk
-            s[1, j] += a1 * kk
-            s[2, j] += a2 * kk
-            s[3, j] += a3 * kk
+        kr = k[j0 + j]
+        d0 = T(0.0)
+        d1 = T(0.0)
+        d2 = T(0.0)
+        d3 = T(0.0)
+        for e in range(E):
+            kk = kr[e]
+            d0 += q0[e] * kk
+            d1 += q1[e] * kk
+            d2 += q2[e] * kk
+            d3 += q3[e] * kk
+        s[0, j] = d0
+        s[1, j] = d1
+        s[2, j] = d2
+        s[3, j] = d3
 
 
 @njit(inline="always", fastmath=FAST)
-def _accumulate4(acc, p, v, j0, n):
-    """acc[r] += sum_j p[r, j] V[j0 + j] for the four rows r; v (T, E)."""
+def _accumulate4(acc, p, vt, j0, n):
+    """acc[r, e] += sum_{j < n} p[r, j] V[j0 + j, e] for the four rows r; vt is V^T (E, T)."""
     E = acc.shape[1]
-    for j in range(n):
-        p0, p1, p2, p3 = p[0, j], p[1, j], p[2, j], p[3, j]
-        for e in range(E):
-            vv = v[j0 + j, e]
-            acc[0, e] += p0 * vv
-            acc[1, e] += p1 * vv
-            acc[2, e] += p2 * vv
-            acc[3, e] += p3 * vv
+    T = acc.dtype.type
+    p0, p1, p2, p3 = p[0], p[1], p[2], p[3]
+    for e in range(E):
+        vr = vt[e]
+        d0 = T(0.0)
+        d1 = T(0.0)
+        d2 = T(0.0)
+        d3 = T(0.0)
+        for j in range(n):
+            vv = vr[j0 + j]
+            d0 += p0[j] * vv
+            d1 += p1[j] * vv
+            d2 += p2[j] * vv
+            d3 += p3[j] * vv
+        acc[0, e] += d0
+        acc[1, e] += d1
+        acc[2, e] += d2
+        acc[3, e] += d3
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)
@@ -77,12 +92,12 @@ def attention_forward(out, lse, qkv, H, G, E, tile):
         qo = h * E
         ko = H * E + (h // rep) * E
         vo = H * E + G * E + (h // rep) * E
-        kt = np.empty((E, Tn), dtype=qkv.dtype)
-        v = np.empty((Tn, E), dtype=qkv.dtype)
+        k = np.empty((Tn, E), dtype=qkv.dtype)
+        vt = np.empty((E, Tn), dtype=qkv.dtype)
         for j in range(Tn):
             for e in range(E):
-                kt[e, j] = qkv[b, j, ko + e]
-                v[j, e] = qkv[b, j, vo + e]
+                k[j, e] = qkv[b, j, ko + e]
+                vt[e, j] = qkv[b, j, vo + e]
         s = np.empty((ROWS, tile), dtype=qkv.dtype)
         qb = np.empty((ROWS, E), dtype=qkv.dtype)
         acc = np.empty((ROWS, E), dtype=qkv.dtype)
@@ -99,7 +114,7 @@ def attention_forward(out, lse, qkv, H, G, E, tile):
                 l[r] = T(0.0)
             for j0 in range(0, last + 1, tile):
                 n = min(tile, last + 1 - j0)
-                _scores4(s, qb, kt, j0, n)
+                _scores4(s, qb, k, j0, n)
                 for r in range(ROWS):
                     valid = min(n, min(i0 + r, last) - j0 + 1)  # causal: keys <= row
                     mt = T(-np.inf)
@@ -118,7 +133,7 @@ def attention_forward(out, lse, qkv, H, G, E, tile):
                         s[r, j] = T(0.0)
                     l[r] = l[r] * alpha + total
                     m[r] = m_new
-                _accumulate4(acc, s, v, j0, n)
+                _accumulate4(acc, s, vt, j0, n)
             for r in range(min(ROWS, Tn - i0)):
                 inv = T(1.0) / l[r]
                 for e in range(E):
@@ -144,14 +159,14 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
         vo = H * E + G * E + g * E
         k = np.empty((Tn, E), dtype=qkv.dtype)
         kt = np.empty((E, Tn), dtype=qkv.dtype)
-        vt = np.empty((E, Tn), dtype=qkv.dtype)
+        v = np.empty((Tn, E), dtype=qkv.dtype)
         dk = np.zeros((Tn, E), dtype=qkv.dtype)
         dv = np.zeros((Tn, E), dtype=qkv.dtype)
         for j in range(Tn):
             for e in range(E):
                 k[j, e] = qkv[b, j, ko + e]
                 kt[e, j] = k[j, e]
-                vt[e, j] = qkv[b, j, vo + e]
+                v[j, e] = qkv[b, j, vo + e]
         qb = np.empty((ROWS, E), dtype=qkv.dtype)
         dob = np.empty((ROWS, E), dtype=qkv.dtype)
         dq = np.empty((ROWS, E), dtype=qkv.dtype)
@@ -176,8 +191,8 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
                     li[r] = lse[b, h, i]
                 for j0 in range(0, last + 1, tile):
                     n = min(tile, last + 1 - j0)
-                    _scores4(s, qb, kt, j0, n)
-                    _scores4(dp, dob, vt, j0, n)
+                    _scores4(s, qb, k, j0, n)
+                    _scores4(dp, dob, v, j0, n)
                     for r in range(ROWS):
                         # rows past the end are repeats: they must add nothing
                         valid = min(n, i0 + r - j0 + 1) if i0 + r <= last else 0
@@ -188,7 +203,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
                         for j in range(max(valid, 0), n):
                             dp[r, j] = T(0.0)
                             s[r, j] = T(0.0)
-                    _accumulate4(dq, dp, k, j0, n)
+                    _accumulate4(dq, dp, kt, j0, n)
                     for j in range(n):
                         a0, a1, a2, a3 = dp[0, j], dp[1, j], dp[2, j], dp[3, j]
                         p0, p1, p2, p3 = s[0, j], s[1, j], s[2, j], s[3, j]
