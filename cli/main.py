@@ -50,6 +50,9 @@ def _register_families() -> None:
     from euler.cli import commands_train
 
     commands_train.register(app)
+    from euler.cli import commands_interop
+
+    commands_interop.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,74 @@
+"""Interop commands: `euler export` and `euler import` (Hugging Face Llama folders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+FORMATS = ("hf",)
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="Foreign format: hf (Hugging Face LlamaForCausalLM).")
+]
+OverwriteOpt = Annotated[bool, typer.Option(help="Replace what --out already holds.")]
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise EulerError(f"--format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `export` and `import` to the top-level app."""
+
+    @app.command("export")
+    def export_command(
+        checkpoint: Annotated[
+            Path, typer.Option(help="Checkpoint file, or a run folder holding one.")
+        ],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write.")],
+        fmt: FormatOpt = "hf",
+        overwrite: OverwriteOpt = False,
+    ) -> None:
+        """Write a checkpoint as a Hugging Face Llama folder.
+
+        lm_head is MTP head 0; heads 1..K-1 go to mtp_heads.safetensors, so nothing is lost.
+        """
+        from euler.hf_export import export_hf
+
+        _check_format(fmt)
+        path = export_hf(checkpoint, out, overwrite)
+        print(f"wrote {path}: config.json, model.safetensors, mtp_heads.safetensors, "
+              "tokenizer.json, tokenizer_config.json, generation_config.json")  # fmt: skip
+
+    @app.command("import")
+    def import_command(
+        src: Annotated[Path, typer.Argument(help="Hugging Face Llama folder.")],
+        out: Annotated[
+            Path, typer.Option("--out", "-o", help="Checkpoint file to write (or a folder).")
+        ],
+        fmt: FormatOpt = "hf",
+        tokenizer: Annotated[
+            Path | None,
+            typer.Option(help="Our tokenizer JSON, when SRC/tokenizer.json is not one of ours."),
+        ] = None,
+        n_mtp: Annotated[
+            int | None,
+            typer.Option(help="K heads when SRC has no mtp_heads.safetensors (default 1)."),
+        ] = None,
+        seed: Annotated[int, typer.Option(help="Seed of freshly initialised heads.")] = 0,
+        overwrite: OverwriteOpt = False,
+    ) -> None:
+        """Make a checkpoint from a Hugging Face Llama folder our config can express."""
+        from euler.hf_import import import_hf
+
+        _check_format(fmt)
+        if n_mtp is not None and n_mtp < 1:
+            raise EulerError("--n-mtp must be at least 1")
+        path, cfg, notes = import_hf(src, out, tokenizer, n_mtp, seed, overwrite)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"wrote {path}: {cfg.n_params():,} parameters, {cfg.n_mtp} MTP heads")

@@ -1,0 +1,247 @@
+"""Hugging Face Llama export and import: logits in `transformers`, tokenizer ids, round trips,
+and refusals.
+
+The fixture is a tiny model with large random weights (std 0.2, norm weights away from 1, a
+non-default RoPE base), so that a wrong tensor name, transposition or rotary convention
+moves the logits far more than the 1e-4 tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+from euler.tokenizer import Tokenizer
+
+from euler import checkpoint as ckpt
+from euler.config import get_preset
+from euler.errors import EulerError
+from euler.hf_export import SIDE_FILE, WEIGHTS, export_hf
+from euler.hf_import import import_hf
+from euler.model import Model
+from euler.params import ParamLayout, init_params
+
+TEXT = "The cat sat on the mat. The dog sat on the log; café 東京 42.\n"
+SAMPLES = [
+    "The cat sat.",
+    "  def f(x):\n\treturn x ** 2  # café\n",
+    "<|user|>Hi<|end|><|assistant|>東京 ünïcödé 1234567",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(checkpoint path, tokenizer) of a tiny model with K=4 heads."""
+    d = tmp_path_factory.mktemp("interop")
+    (d / "src.txt").write_text(TEXT * 50, encoding="utf-8")
+    tok = Tokenizer.train([d / "src.txt"], 300)
+    cfg = dataclasses.replace(
+        get_preset("tiny"), vocab_size=tok.vocab_size, rope_base=500.0, norm_eps=1e-6,
+        init_std=0.2,
+    )  # fmt: skip
+    layout = ParamLayout(cfg)
+    params = init_params(layout, seed=1)
+    rng = np.random.default_rng(2)
+    for name, (off, shape) in layout.offsets.items():
+        if name.endswith("norm"):
+            params[off : off + shape[0]] = 1.0 + 0.3 * rng.standard_normal(shape[0])
+    path = d / "ck.safetensors"
+    ckpt.save(path, cfg, params, None, {"step": 7}, {}, tok.to_json())
+    return path, tok
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf") / "export"
+    export_hf(model[0], out)
+    return out
+
+
+def _worst(ours: np.ndarray, theirs: np.ndarray, what: str) -> str:
+    i = np.unravel_index(np.argmax(np.abs(ours - theirs)), ours.shape)
+    return f"{what}: worst at {i}: ours {ours[i]:.7f}, transformers {theirs[i]:.7f}"
+
+
+def test_logits_equal_transformers(model, exported, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ck = ckpt.load(model[0])
+    hf = transformers.LlamaForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    tokens = np.random.default_rng(3).integers(0, ck.cfg.vocab_size, (2, ck.cfg.context))
+    ours = Model(ck.cfg, flat_params=ck.params)
+    ours.forward(tokens)
+    with torch.no_grad():
+        out = hf(torch.tensor(tokens), output_hidden_states=True)
+    theirs = out.logits.numpy()
+    head0 = ours.head_logits(0)
+    assert np.abs(head0).max() > 1.0  # the comparison below is not between near-zeros
+    assert np.allclose(head0, theirs, rtol=0, atol=1e-4), _worst(head0, theirs, "head 0")
+    # heads 1..K-1 from the side file, applied to transformers' final (normed) hidden states
+    side = transformers.modeling_utils.load_state_dict(str(exported / SIDE_FILE))
+    xf = out.hidden_states[-1]
+    for k in range(1, ck.cfg.n_mtp):
+        theirs = (xf @ side[f"mtp_heads.{k}"].T).numpy()
+        mine = ours.head_logits(k)
+        assert np.allclose(mine, theirs, rtol=0, atol=1e-4), _worst(mine, theirs, f"head {k}")
+
+    # a folder re-saved by transformers itself (its own config.json spelling) imports too,
+    # with head 0 only
+    resaved = tmp_path / "resaved"
+    hf.save_pretrained(resaved)
+    shutil.copy(exported / "tokenizer.json", resaved / "tokenizer.json")
+    path, cfg, _ = import_hf(resaved, tmp_path / "back.safetensors")
+    assert cfg == dataclasses.replace(ck.cfg, n_mtp=1)
+    back = ParamLayout(cfg).views(ckpt.load(path).params)
+    views = ParamLayout(ck.cfg).views(ck.params)
+    for name, _, _ in ParamLayout(cfg).table:
+        want = views[name][:1] if name == "mtp_heads" else views[name]
+        assert np.array_equal(back[name], want), name
+
+    # bfloat16 weights widen exactly
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    shutil.copy(exported / "tokenizer.json", tmp_path / "bf16" / "tokenizer.json")
+    path, _, _ = import_hf(tmp_path / "bf16", tmp_path / "bf16.safetensors")
+    emb = torch.tensor(views["tok_emb"]).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(ParamLayout(cfg).views(ckpt.load(path).params)["tok_emb"], emb)
+
+
+def test_tokenizer_gives_our_ids(model, exported):
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(exported / "tokenizer.json"))
+    tok = model[1]
+    for text in SAMPLES:
+        assert hf.encode(text).ids == tok.encode(text, allow_special=True).tolist(), text
+
+
+def test_export_import_round_trips_bit_for_bit(model, exported, tmp_path):
+    path, cfg, notes = import_hf(exported, tmp_path / "ck.safetensors")
+    a, b = ckpt.load(model[0]), ckpt.load(path)
+    assert notes == [] and cfg == a.cfg == b.cfg
+    assert a.params.view(np.uint32).tolist() == b.params.view(np.uint32).tolist()
+    assert b.tokenizer_json == a.tokenizer_json
+    export_hf(path, tmp_path / "again")
+    for name in ("config.json", WEIGHTS, SIDE_FILE, "tokenizer.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (exported / name).read_bytes(), name
+
+
+def test_without_side_file_heads_are_one_or_initialised(model, exported, tmp_path):
+    src = tmp_path / "noside"
+    shutil.copytree(exported, src)
+    (src / SIDE_FILE).unlink()
+    _, cfg, notes = import_hf(src, tmp_path / "k1.safetensors")
+    assert cfg.n_mtp == 1 and notes == []
+    path, cfg, notes = import_hf(src, tmp_path / "k4.safetensors", n_mtp=4)
+    assert cfg.n_mtp == 4 and "heads 1..3 are freshly initialised" in notes[0]
+    heads = ParamLayout(cfg).views(ckpt.load(path).params)["mtp_heads"]
+    want = ParamLayout(cfg).views(ckpt.load(model[0]).params)["mtp_heads"]
+    assert np.array_equal(heads[0], want[0]) and not np.array_equal(heads[1], want[1])
+
+
+def _edit_config(src, **fields):
+    c = json.loads((src / "config.json").read_text())
+    c.update(fields)
+    (src / "config.json").write_text(json.dumps(c))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"attention_bias": True}, "attention_bias is True"),
+        ({"mlp_bias": True}, "mlp_bias is True"),
+        ({"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling is set"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope_type is 'llama3'"),
+        ({"sliding_window": 8}, "sliding_window is set"),
+        ({"head_dim": 16}, "head_dim 16"),
+        ({"num_attention_heads": 32, "head_dim": None}, "odd head size (1)"),
+        ({"model_type": "mistral"}, "model_type is 'mistral'"),
+        ({"hidden_size": None}, "missing field hidden_size"),
+    ],
+)
+def test_configs_we_cannot_express_are_refused(exported, tmp_path, fields, message):
+    src = tmp_path / "src"
+    shutil.copytree(exported, src)
+    _edit_config(src, **fields)
+    with pytest.raises(EulerError, match="^config.json: ") as e:
+        import_hf(src, tmp_path / "out.safetensors")
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_bad_tensors_tokenizers_and_outputs_are_refused(model, exported, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(exported, src)
+    tensors = load_file(src / WEIGHTS)
+    save_file({**tensors, "model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)},
+              src / WEIGHTS, metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(EulerError, match="unexpected tensor model.layers.0.self_attn.q_proj.bias"):
+        import_hf(src, tmp_path / "out.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, src / WEIGHTS, metadata={"format": "pt"})
+    with pytest.raises(EulerError, match="tensor model.norm.weight is missing"):
+        import_hf(src, tmp_path / "out.safetensors")
+
+    src = tmp_path / "tok"
+    shutil.copytree(exported, src)
+    doc = json.loads((src / "tokenizer.json").read_text())
+    doc["pre_tokenizer"] = {"type": "Metaspace"}
+    (src / "tokenizer.json").write_text(json.dumps(doc))
+    with pytest.raises(EulerError, match=r"not a NanoEuler .* \(pre_tokenizer differs\)"):
+        import_hf(src, tmp_path / "out.safetensors")
+    model[1].save(tmp_path / "ours.json")  # our own tokenizer file is the way out
+    import_hf(src, tmp_path / "out.safetensors", tokenizer=tmp_path / "ours.json")
+
+    with pytest.raises(EulerError, match="already exists"):
+        import_hf(exported, tmp_path / "out.safetensors")
+    with pytest.raises(EulerError, match="already exists"):
+        export_hf(model[0], exported)
+
+
+def test_failed_export_keeps_the_previous_folder(model, exported, tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    (out / "marker").write_text("old")
+    import euler.hf_export as hf_export
+
+    real = hf_export.os.replace
+
+    def fail_on_the_new_folder(a, b):
+        if str(a).endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        real(a, b)
+
+    monkeypatch.setattr(hf_export.os, "replace", fail_on_the_new_folder)
+    with pytest.raises(EulerError, match="No space left on device; the previous folder is kept"):
+        export_hf(model[0], out, overwrite=True)
+    assert (out / "marker").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_cli_export_import_and_one_line_error(model, tmp_path, monkeypatch, capsys):
+    from euler.cli.main import main
+
+    def euler(*args):
+        monkeypatch.setattr("sys.argv", ["euler", *map(str, args)])
+        try:
+            main()
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    assert (
+        euler("export", "--format", "hf", "--checkpoint", model[0], "--out", tmp_path / "hf") == 0
+    )
+    (tmp_path / "hf" / SIDE_FILE).unlink()
+    out = tmp_path / "back.safetensors"
+    assert euler("import", "--format", "hf", tmp_path / "hf", "--out", out, "--n-mtp", "2") == 0
+    printed = capsys.readouterr().out
+    assert "note: no mtp_heads.safetensors: MTP heads 1..1 are freshly initialised" in printed
+    assert ckpt.load(out).cfg.n_mtp == 2
+    assert euler("export", "--format", "gguf", "--checkpoint", model[0], "--out", tmp_path) == 2
+    assert capsys.readouterr().err == "error: --format: unknown format 'gguf' (known: hf)\n"
