@@ -68,20 +68,28 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     stats, partial = np.zeros(2), np.zeros(4)
     adamw.grad_norm(stats, partial, f32(P), 1.0)
     adamw.adamw_update(f32(P), f32(P), f32(P), f32(P), stats, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 50)
-    for E in (64, 32):  # the `gpu` and `small` presets' head sizes
-        H, G = 4, 2
-        qkv = f32(B, T, (H + 2 * G) * E)
-        rope.rope_forward(qkv, f32(T, E // 2), f32(T, E // 2), H, G, E)
-        attention.attention_forward(f32(B, T, H * E), f32(B, H, T), qkv, H, G, E)
-        attention.attention_backward(
-            f32(*qkv.shape), f32(B, T, H * E), qkv, f32(B, T, H * E), f32(B, H, T), H, G, E,
-            f32(B, H, T),
-        )  # fmt: skip
+    for E, tile in ((64, 64), (32, 64), (8, 0)):
+        # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
+        # sizes; the generated register-tiled ones (tile 0) at a small head size, since
+        # compiling their E = 64 build takes minutes (test_tiled_attention_gpu_preset)
+        _attention_launches(E, tile, B, T)
     return calls
 
 
-def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
-    calls = _launches(monkeypatch)
+def _attention_launches(E: int, tile: int, B: int, T: int) -> None:
+    f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    H, G = 4, 2
+    qkv = f32(B, T, (H + 2 * G) * E)
+    rope.rope_forward(qkv, f32(T, E // 2), f32(T, E // 2), H, G, E)
+    attention.attention_forward(f32(B, T, H * E), f32(B, H, T), qkv, H, G, E, 0, tile)
+    attention.attention_backward(
+        f32(*qkv.shape), f32(B, T, H * E), qkv, f32(B, T, H * E), f32(B, H, T), H, G, E,
+        f32(B, H, T), 0, tile,
+    )  # fmt: skip
+
+
+def _compile_all(monkeypatch, calls) -> None:
+    """Compile every recorded launch's kernel to sm_90 PTX; no float64 where none is meant."""
     monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
         compute_capability=(9, 0)
     ))  # fmt: skip
@@ -97,11 +105,30 @@ def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
         if name not in F64_ALLOWED:
             bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
             assert not bad, f"{name}{sig}: float64 in PTX: {bad[:3]}"
+
+
+def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
+    calls = _launches(monkeypatch)
+    _compile_all(monkeypatch, calls)
     launched = {k.py_func.__name__ for k, _ in calls}
     defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
-    defined |= {k.py_func.__name__ for k in attention_tiles.kernels(64)}
+    defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
     for module in (adamw, cross_entropy, embedding, memory, residual, rmsnorm, rope, swiglu):
         for name, obj in vars(module).items():
             if isinstance(obj, dispatcher.CUDADispatcher) and not obj.targetoptions["device"]:
                 defined.add(name)
     assert defined <= launched, f"kernels never compiled here: {sorted(defined - launched)}"
+
+
+@pytest.mark.slow
+def test_tiled_attention_gpu_preset(monkeypatch) -> None:
+    """The generated kernels at the `gpu` preset's head size 64 (minutes of NVVM time)."""
+    calls: list[tuple[object, tuple]] = []
+    monkeypatch.setattr(
+        dispatcher.CUDADispatcher,
+        "__getitem__",
+        lambda self, cfg: lambda *args: calls.append((self, args)),
+    )
+    monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)
+    _attention_launches(64, 0, 2, 3)
+    _compile_all(monkeypatch, [c for c in calls if "tiled" in c[0].py_func.__name__])
