@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,7 +30,10 @@ from euler.errors import EulerError
 from euler.hf_export import HEAD, SIDE_FILE, SIDE_FORMAT, WEIGHTS, hf_name
 from euler.params import ParamLayout, init_params
 
-_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
+if TYPE_CHECKING:
+    from euler.tokenizer import Tokenizer
+
+_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # all widen to float32 exactly
 
 
 def _field(c: dict, name: str, default=None, required: bool = False):
@@ -105,7 +109,10 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         begin, end = (8 + n + o for o in info["data_offsets"])
         if end > data.size:
             raise EulerError(f"{path}: truncated (tensor {name} runs past the end)")
-        a = np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
+        try:
+            a = np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
+        except ValueError:
+            raise EulerError(f"{path}: tensor {name}'s bytes do not fit its shape") from None
         if info["dtype"] == "BF16":  # bfloat16 is the top half of a float32
             a = (a.astype(np.uint32) << 16).view(np.float32)
         out[name] = a.astype(np.float32)
@@ -125,7 +132,7 @@ def read_weights(src: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def tokenizer_from_hf(doc: dict, where: Path):
+def tokenizer_from_hf(doc: dict, where: Path) -> Tokenizer:
     """Our Tokenizer for a Hugging Face tokenizer.json dict that is one of ours."""
     from euler.tokenizer import SPECIAL_TOKENS, Tokenizer
 
@@ -150,12 +157,22 @@ def tokenizer_from_hf(doc: dict, where: Path):
         "model.merges": (names, [m.split(" ") for m in ours["model"]["merges"]]),
         "added_tokens": (added(doc), added(ours)),
     }
-    for section in ("normalizer", "pre_tokenizer", "post_processor"):
+    for section in ("normalizer", "pre_tokenizer"):
         checks[section] = (doc.get(section), ours[section])
+    checks["post_processor"] = (_adds_nothing(doc.get("post_processor")), True)
     for section, (theirs, want) in checks.items():
         if theirs != want:
             raise EulerError(f"{foreign} ({section} differs); give --tokenizer")
     return tok
+
+
+def _adds_nothing(post: dict | None) -> bool:
+    """Whether a post_processor leaves a single text's ids as they are (transformers 5 saves
+    one that only passes the sequence through)."""
+    if post is None:
+        return True
+    passthrough = [{"Sequence": {"id": "A", "type_id": 0}}]
+    return post.get("type") == "TemplateProcessing" and post.get("single") == passthrough
 
 
 def import_hf(
@@ -232,7 +249,7 @@ def import_hf(
     return out, cfg, notes
 
 
-def _tokenizer(src: Path, path: str | Path | None):
+def _tokenizer(src: Path, path: str | Path | None) -> Tokenizer:
     """The Tokenizer of our file `path`, else of src/tokenizer.json if that is one of ours."""
     from euler.tokenizer import Tokenizer
 

@@ -87,11 +87,21 @@ def test_logits_equal_transformers(model, exported, tmp_path):
         mine = ours.head_logits(k)
         assert np.allclose(mine, theirs, rtol=0, atol=1e-4), _worst(mine, theirs, f"head {k}")
 
-    # a folder re-saved by transformers itself (its own config.json spelling) imports too,
-    # with head 0 only
+    # transformers' own tokenizer class gives our ids, and its chat template our prompt
+    from euler.data import encode_prompt
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(exported)
+    for text in SAMPLES:
+        assert hf_tok(text)["input_ids"] == model[1].encode(text, allow_special=True).tolist()
+    turn = [{"role": "user", "content": SAMPLES[1]}]
+    chat = hf_tok.apply_chat_template(turn, return_dict=True)["input_ids"]
+    assert chat == encode_prompt(model[1], SAMPLES[1]).tolist()
+
+    # a folder re-saved by transformers itself (its own config.json and tokenizer.json
+    # spellings) imports too, with head 0 only
     resaved = tmp_path / "resaved"
     hf.save_pretrained(resaved)
-    shutil.copy(exported / "tokenizer.json", resaved / "tokenizer.json")
+    hf_tok.save_pretrained(resaved)
     path, cfg, _ = import_hf(resaved, tmp_path / "back.safetensors")
     assert cfg == dataclasses.replace(ck.cfg, n_mtp=1)
     back = ParamLayout(cfg).views(ckpt.load(path).params)
