@@ -125,7 +125,7 @@ class Cublas:
             if not x.is_c_contiguous():
                 raise ValueError(f"gemm: {name} must be C-contiguous")
             if x.dtype.itemsize != 4 or x.dtype.kind != "f":
-                raise ValueError(f"gemm: {name} must be float32, got {x.dtype}")
+                raise EulerError(f"GPU engine: computes in float32, got {name} in {x.dtype}")
         return M, N, K
 
     def gemm(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
