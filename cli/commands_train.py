@@ -237,7 +237,7 @@ def _check_text(text: str, what: str) -> str:
 
 def _answer(session, text, max_tokens, sampling, rng, speculative, ck) -> None:
     """Stream one answer to stdout, then a line of statistics."""
-    from euler.generate import Decoder, TextStream, generate
+    from euler.generate import Decoder, TextStream, generate, generate_speculative
 
     stream = TextStream(session.tok)
     sys.stdout.write("euler> ")
@@ -253,16 +253,24 @@ def _answer(session, text, max_tokens, sampling, rng, speculative, ck) -> None:
     why = {"end": "", "max": " (--max-tokens reached)", "context": " (context full)"}[res.stop]
     line = f"[{len(res.tokens)} tokens, {res.tokens_per_second:.1f} tok/s{why}]"
     if speculative:
-        # the same answer by plain greedy decoding, timed, for the speed-up
-        base = generate(Decoder(ck.cfg, ck.params), session.last_context, max_tokens, sampling, rng,
-                        (session.tok.end_id, session.tok.eot_id))  # fmt: skip
-        same = "identical" if base.tokens == res.tokens else "DIFFERENT"
-        speed = base.seconds / res.seconds if res.seconds > 0 else float("nan")
+        # plain greedy and speculative decoding of the same context again, silently, each
+        # timed best of three: the streamed answer's time includes the terminal, and a
+        # shared machine's load comes and goes
+        stop, ctx = (session.tok.end_id, session.tok.eot_id), session.last_context
+
+        def best(decode):
+            return min((decode(Decoder(ck.cfg, ck.params)) for _ in range(3)),
+                       key=lambda r: r.seconds)  # fmt: skip
+
+        base = best(lambda d: generate(d, ctx, max_tokens, sampling, rng, stop))
+        spec = best(lambda d: generate_speculative(d, ctx, max_tokens, stop))
+        same = "identical" if base.tokens == res.tokens == spec.tokens else "DIFFERENT"
+        speed = base.seconds / spec.seconds if spec.seconds > 0 else float("nan")
         line += (
             f" speculative: {res.accepted}/{res.drafted} drafts accepted "
-            f"({100 * res.acceptance:.0f}%), {len(res.tokens) / max(res.forward_calls + 1, 1):.2f}"
-            f" tokens per forward, {speed:.2f}x the speed of plain greedy "
-            f"({base.tokens_per_second:.1f} tok/s; output {same})"
+            f"({100 * res.acceptance:.0f}%), {len(res.tokens) / max(res.forward_calls, 1):.2f}"
+            f" tokens per forward; {spec.tokens_per_second:.0f} vs {base.tokens_per_second:.0f}"
+            f" tok/s plain greedy (best of 3): {speed:.2f}x; output {same}"
         )
     print(line, flush=True)
 

@@ -31,7 +31,7 @@ def test_speculative_reports_acceptance_and_speed_up(run, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), "--prompt",
                              "Say sun twice.", "--max-tokens", "12", "--speculative")  # fmt: skip
     assert code == 0, err
-    assert "drafts accepted" in out and "speed of plain greedy" in out
+    assert "drafts accepted" in out and "tok/s plain greedy (best of 3)" in out
     assert "output identical" in out
 
 
