@@ -196,6 +196,8 @@ def import_hf(
     out = out / ckpt.CHECKPOINT_NAME if out.is_dir() else out
     if out.exists() and not overwrite:
         raise EulerError(f"{out} already exists (use --overwrite to replace it)")
+    if not out.parent.is_dir():
+        raise EulerError(f"output folder does not exist: {out.parent}")
     try:
         c = json.loads((src / "config.json").read_text())
     except (OSError, ValueError) as e:
