@@ -296,14 +296,17 @@ def main() -> None:
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
-        "--tiles", default="", help="attention_tiles UNROLL,LOAD_CHUNK,MIN_BLOCKS (lab winner)"
+        "--tiles",
+        default="",
+        help="attention_tiles UNROLL,LOAD_CHUNK,MIN_BLOCKS,UNSIGNED_OFFSETS (the lab's winner)",
     )
     args = ap.parse_args()
     if args.tiles:
         from euler.gpu import attention_tiles
 
-        knobs = [int(x) for x in args.tiles.split(",")]
-        attention_tiles.UNROLL, attention_tiles.LOAD_CHUNK, attention_tiles.MIN_BLOCKS = knobs
+        unroll, chunk, min_blocks, unsigned = (int(x) for x in args.tiles.split(","))
+        attention_tiles.UNROLL, attention_tiles.LOAD_CHUNK = unroll, chunk
+        attention_tiles.MIN_BLOCKS, attention_tiles.UNSIGNED_OFFSETS = min_blocks, bool(unsigned)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device_name().strip(),

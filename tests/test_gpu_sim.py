@@ -57,9 +57,13 @@ else:
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
 
-    def test_attention_register_tiled() -> None:
+    @pytest.mark.parametrize("unsigned", [False, True])
+    def test_attention_register_tiled(unsigned, monkeypatch) -> None:
         """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal."""
+        from euler.gpu import attention_tiles
         from euler.gpu.backend import GpuBackend
+
+        monkeypatch.setattr(attention_tiles, "UNSIGNED_OFFSETS", unsigned)
 
         gpu = GpuBackend(tf32=False, threads=32, blas=NumpyBlas())
         sizes = SimpleNamespace(B=1, T=70, H=2, G=1, E=8)

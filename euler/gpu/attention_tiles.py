@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from euler.gpu.reduce import FULL_MASK, SIMULATOR
 from euler.layer_math import online_softmax_rescale
@@ -38,6 +38,15 @@ RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
 UNROLL = 8  # product steps written out per loop iteration
 LOAD_CHUNK = 8  # staging loads in flight per tile before their stores
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
+# Shared-memory offsets as uint64: numba then emits no negative-index wraparound test
+# (a compare and a select per load; PTX of the E = 64 forward: 349 of each for 192 loads).
+# Not yet timed on the GPU, so off by default: the kernel lab's "unsigned" variants.
+UNSIGNED_OFFSETS = False
+
+
+def _ix(n) -> str:
+    """A shared-memory offset term, uint64 when UNSIGNED_OFFSETS."""
+    return f"uint64({n})" if UNSIGNED_OFFSETS else str(n)
 
 
 def supports(E: int) -> bool:
@@ -94,14 +103,15 @@ def _product(w, acc, a_off, b_off, b_mode, K, ncols) -> None:
     """
     w(f"for k0 in range(0, {K}, {UNROLL}):")
     w.level += 1
-    w(f"ab = {a_off} + k0 * {LD} + ty4")
-    w(f"bb = {b_off} + k0 * {LD} + tx" if b_mode == "kmajor" else f"bb = {b_off} + tx * {LD} + k0")
+    w(f"ab = {_ix(f'{a_off} + k0 * {LD} + ty4')}")
+    b_base = f"{b_off} + k0 * {LD} + tx" if b_mode == "kmajor" else f"{b_off} + tx * {LD} + k0"
+    w(f"bb = {_ix(b_base)}")
     for u in range(UNROLL):
-        w(*(f"a{i} = sm[ab + {u * LD + i}]" for i in range(4)))
+        w(*(f"a{i} = sm[ab + {_ix(u * LD + i)}]" for i in range(4)))
         if b_mode == "kmajor":
-            w(*(f"b{j} = sm[bb + {u * LD + 8 * j}]" for j in range(ncols)))
+            w(*(f"b{j} = sm[bb + {_ix(u * LD + 8 * j)}]" for j in range(ncols)))
         else:
-            w(*(f"b{j} = sm[bb + {8 * j * LD + u}]" for j in range(ncols)))
+            w(*(f"b{j} = sm[bb + {_ix(8 * j * LD + u)}]" for j in range(ncols)))
         w(*(f"{acc}{i}_{j} += a{i} * b{j}" for i in range(4) for j in range(ncols)))
     w.level -= 1
 
@@ -143,8 +153,8 @@ def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
 
 def _write_tile_t(w, off: str, acc: str) -> None:
     """Store register tile M[r_i][c_j] as M^T[c][r] at sm[off]."""
-    w(f"tb = {off} + tx * {LD} + ty4")
-    w(*(f"sm[tb + {8 * j * LD + i}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
+    w(f"tb = {_ix(f'{off} + tx * {LD} + ty4')}")
+    w(*(f"sm[tb + {_ix(8 * j * LD + i)}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
 
 
 def _forward_source(E: int) -> str:
@@ -322,6 +332,7 @@ def _compile(name: str, src: str, min_blocks: int):
     scope = {
         "cuda": cuda,
         "float32": float32,
+        "uint64": uint64,
         "math": math,
         "SIMULATOR": SIMULATOR,
         "FULL_MASK": FULL_MASK,
@@ -335,8 +346,8 @@ def _compile(name: str, src: str, min_blocks: int):
 
 def kernels(E: int):
     """(forward, dq, dkv) dispatchers for head size E (and the current UNROLL, LOAD_CHUNK,
-    MIN_BLOCKS, which the kernel lab varies), generated and compiled once."""
-    key = (E, UNROLL, LOAD_CHUNK, MIN_BLOCKS)
+    MIN_BLOCKS, UNSIGNED_OFFSETS, which the kernel lab varies), generated and compiled once."""
+    key = (E, UNROLL, LOAD_CHUNK, MIN_BLOCKS, UNSIGNED_OFFSETS)
     if key not in _BUILT:
         assert supports(E)
         srcs = {
