@@ -93,6 +93,13 @@ def test_lr_schedule_warmup_then_cosine():
     assert lrs[9] == pytest.approx(0.55)  # half way: the mean of lr and min_lr
 
 
+def test_token_budget_sets_the_steps():
+    tc = TrainConfig(batch_size=2, grad_accum=3, tokens=1000, steps=99)
+    assert tc.total_steps(24) == 7  # ceil(1000 / (2 * 24 * 3)) = 7 steps, `steps` ignored
+    assert TrainConfig(batch_size=2, tokens=97, steps=1).total_steps(24) == 3
+    assert TrainConfig(steps=5).total_steps(24) == 5
+
+
 def test_grad_accumulation_matches_one_big_batch(data_root, tmp_path):
     """2 micro-batches of 2, averaged, give the gradient of the batch of 4 they make up."""
     cfg = _cfg(data_root)
