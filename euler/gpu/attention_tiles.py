@@ -12,8 +12,8 @@ simulator).
 
 NVVM does not unroll the register-tile loops itself, and register arrays indexed in a
 loop would live in local memory, so the kernel source is generated with those loops
-written out (one scalar per register, k unrolled by 8 so addresses fold to constants)
-and compiled per head size E (a multiple of 8, at most 64).
+written out (one scalar per register, k unrolled by 8 so that each load is a base plus
+a constant) and compiled per head size E (8, 16, 32 or 64).
 
 forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V.
 backward_dq: one block per (64 query rows, b, h): D = rowsum(dO O) (saved), then per key
@@ -32,15 +32,15 @@ from euler.gpu.reduce import FULL_MASK, SIMULATOR
 from euler.layer_math import online_softmax_rescale
 
 THREADS = 128
-TILE = 64
 LD = 65  # padded row of a staged tile, in floats
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
 UNROLL = 8  # product steps written out per loop iteration
 LOAD_CHUNK = 8  # staging loads in flight per tile before their stores
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
-# Shared-memory offsets as uint64: numba then emits no negative-index wraparound test
-# (a compare and a select per load; PTX of the E = 64 forward: 349 of each for 192 loads).
-# Not yet timed on the GPU, so off by default: the kernel lab's "unsigned" variants.
+# Shared-memory offsets as uint64: numba then emits no negative-index wraparound test.
+# PTX of the E = 64 forward's P V loop: 19 integer instructions per 256 FMAs, against 585
+# with signed offsets. Not yet timed on the GPU, so off by default: the kernel lab's
+# first variant measures it.
 UNSIGNED_OFFSETS = False
 
 
