@@ -51,15 +51,14 @@ def test_names_say_what_the_tensors_are(tmp_path):
     assert "adamw.m.mtp_heads" in tensors and "adamw.v.final_norm" in tensors
 
 
-def test_float32_checkpoint_loads_as_float64_and_runs(tmp_path):
+def test_float32_checkpoint_loads_as_float64(tmp_path):
     path = tmp_path / "c.safetensors"
     params, _ = _save(path, moments=False)
     ck = checkpoint.load(path, dtype=np.float64)
     assert ck.params.dtype == np.float64 and ck.moments is None
     assert (ck.params == params.astype(np.float64)).all()
-    model = Model(ck.cfg, dtype=np.float64, flat_params=ck.params)
-    tokens = np.zeros((1, 5), np.int32)
-    model.forward(tokens)
+    model = Model(ck.cfg, dtype=np.float64, flat_params=ck.params)  # e.g. for the gradcheck
+    assert model.p["layers.0.attn.wq"].dtype == np.float64
 
 
 @pytest.mark.parametrize(
