@@ -211,16 +211,13 @@ def generate_speculative(
         res.forward_calls += 1
         res.drafted += len(guesses)
         choice = np.argmax(dec.logits(hidden), axis=1)  # head 0 after g, guess 1, ...
-        j, done = 0, False
-        while j < len(guesses) and choice[j] == guesses[j]:
-            done = emit(guesses[j])
-            if res.stop == "end":
-                break
-            res.accepted += 1
-            j += 1
-            if done:
-                break
-        if done:
+        j, over = 0, False  # j: guesses accepted
+        while not over and j < len(guesses) and choice[j] == guesses[j]:
+            over = emit(guesses[j])
+            if res.stop != "end":  # a stop token ends the answer and is not part of it
+                res.accepted += 1
+                j += 1
+        if over:
             break
         dec.truncate(n + 1 + j)  # keep g and the accepted guesses
         h = hidden[j]
