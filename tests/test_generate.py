@@ -98,6 +98,9 @@ def test_speculative_accepts_drafts_that_head_0_agrees_with():
     assert spec.tokens == base.tokens and len(set(spec.tokens)) == 1
     assert spec.acceptance == 1.0 and spec.forward_calls == 5  # 4 tokens per forward
     assert base.forward_calls == 19
+    for max_new in range(1, 9):  # the budget runs out part way through accepted guesses
+        spec = generate_speculative(Decoder(CFG, params), [1, 2], max_new)
+        assert spec.tokens == base.tokens[:max_new] and spec.stop == "max"
 
 
 def test_sampling_filters():
