@@ -437,7 +437,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         metrics.write(json.dumps(obj) + "\n")
         metrics.flush()
 
-    def run_eval(step: int) -> float:
+    def run_eval(step: int) -> list[float]:
         val, heads = evaluate(model, data, tc.eval_batches)
         sample = ""
         if tc.sample_tokens:
@@ -445,7 +445,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
             sample = text_sample(params, cfg, data, tc.sample_tokens, seed=tc.seed + step)
         record({"step": step, "val_loss": val, "val_loss_heads": heads, "sample": sample})
         display.print(f"step {step}: val loss {val:.4f} (head 0: {heads[0]:.4f}) | {sample!r}")
-        return val
+        return [val, *heads]
 
     log(
         f"{tc.kind} {cfg.n_params():,} parameters on {tc.device}: steps {start}->{total}, "
@@ -453,7 +453,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         f"data {data.folder}"
     )
     display = Display(console, total, start, tc.log_every)
-    train_seconds, train_tokens, loss, val = 0.0, 0, float("nan"), float("nan")
+    train_seconds, train_tokens, loss = 0.0, 0, float("nan")
+    val = [float("nan")] * (1 + cfg.n_mtp)  # last evaluation: mean of heads, then per head
     interrupted = False
     try:
         with _StopRequest() as stop:
@@ -511,7 +512,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         "steps": saved_step,
         "total_steps": total,
         "train_loss": loss,
-        "val_loss": val,
+        "val_loss": val[0],
+        "val_loss_heads": val[1:],
         "train_tokens": train_tokens,
         "train_seconds": train_seconds,
         "tokens_per_second": train_tokens / train_seconds if train_seconds else 0.0,
@@ -519,7 +521,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     }
     if not interrupted:
         log(
-            f"done: step {saved_step}, train loss {loss:.4f}, val loss {val:.4f}, "
+            f"done: step {saved_step}, train loss {loss:.4f}, val loss {val[0]:.4f} "
+            f"(head 0: {val[1]:.4f}), "
             f"{summary['tokens_per_second']:,.0f} tokens/s; checkpoint "
             f"{run / checkpoint.CHECKPOINT_NAME}"
         )
