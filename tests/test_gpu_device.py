@@ -247,3 +247,16 @@ def test_matmul_strided_batched(trans_a, trans_b) -> None:
     gpu.matmul_batched(out, gpu.to_device(a), gpu.to_device(b), trans_a, trans_b)
     want = (a.transpose(0, 2, 1) if trans_a else a) @ (b.transpose(0, 2, 1) if trans_b else b)
     report("matmul_batched", gpu.to_host(out), want)
+
+
+def test_missing_gpu_or_cublas_is_a_one_line_error(monkeypatch) -> None:
+    """Without a GPU (or cuBLAS) the backend says which is missing and how to install."""
+    from euler.errors import EulerError
+    from euler.gpu import backend, cublas
+
+    monkeypatch.setattr(backend.cuda, "is_available", lambda: False)
+    with pytest.raises(EulerError, match=r"no CUDA GPU found.*nanoeuler\[gpu\]"):
+        backend.GpuBackend()
+    monkeypatch.setattr(cublas, "_candidates", lambda: ["/nonexistent/libcublas.so"])
+    with pytest.raises(EulerError, match=r"cuBLAS not found.*nanoeuler\[gpu\]"):
+        cublas.load_library()
