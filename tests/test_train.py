@@ -30,9 +30,12 @@ def _losses(run) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r]
 
 
-def test_interrupt_and_resume_repeat_the_losses_bit_for_bit(data_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("accum", [1, 2])
+def test_interrupt_and_resume_repeat_the_losses_bit_for_bit(
+    data_root, tmp_path, monkeypatch, accum
+):
     """llm.c's property: stop at step s (Ctrl-C), resume to N, same losses as N in one go."""
-    whole = train(tiny_config(tmp_path / "whole", data_root / "pre", steps=10))
+    whole = train(tiny_config(tmp_path / "whole", data_root / "pre", steps=10, grad_accum=accum))
     assert whole["steps"] == 10 and not whole["interrupted"]
 
     real_lr_at = train_mod.lr_at
@@ -44,7 +47,7 @@ def test_interrupt_and_resume_repeat_the_losses_bit_for_bit(data_root, tmp_path,
 
     monkeypatch.setattr(train_mod, "lr_at", ctrl_c_at_step_6)
     cut = tmp_path / "cut"
-    first = train(tiny_config(cut, data_root / "pre", steps=10))
+    first = train(tiny_config(cut, data_root / "pre", steps=10, grad_accum=accum))
     assert first["interrupted"] and first["steps"] == 6  # finished step 6, saved, stopped
     assert checkpoint.load(cut).step == 6
     monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
