@@ -236,6 +236,50 @@ def test_training_steps_match_cpu() -> None:
     train_step_matches(_gpu_backend(), "small", B=4, T=128, steps=3, grad_rtol=1e-5)
 
 
+def markov_batches(V: int, B: int, T: int, K: int, steps: int, seed: int = 0):
+    """(tokens, targets) per step from a fixed sparse Markov chain: a loss that can fall."""
+    rng = np.random.default_rng(seed)
+    nxt = rng.integers(0, V, (V, 4))  # each token has 4 likely successors
+    for _ in range(steps):
+        w = np.empty((B, T + K), np.int64)
+        w[:, 0] = rng.integers(0, V, B)
+        for t in range(1, T + K):
+            w[:, t] = nxt[w[:, t - 1], rng.integers(0, 4, B)]
+        yield w[:, :T], make_targets(w, T, K)
+
+
+def train_losses(backend, preset: str, B: int, T: int, steps: int, lr: float) -> np.ndarray:
+    """Losses of `steps` AdamW steps of `preset` on the Markov stream, float32."""
+    from euler.optim import AdamW
+
+    cfg = PRESETS[preset]
+    model = Model(cfg, backend=backend, dtype=np.float32)
+    opt = AdamW(model)
+    out = []
+    for tokens, targets in markov_batches(cfg.vocab_size, B, T, cfg.n_mtp, steps):
+        out.append(float(model.forward(tokens, targets, need_grad=True)))
+        model.backward()
+        opt.step(lr)
+    return np.array(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_small_preset_200_steps_match_cpu() -> None:
+    """200 steps of the `small` preset: the GPU's loss curve lies on the CPU's.
+
+    fp32 on both, TF32 off; rounding differences grow slowly through AdamW, so the curves
+    are compared to 1% per step, not to rounding.
+    """
+    args = ("small", 8, 128, 200, 3e-3)
+    cpu = train_losses(CpuBackend(), *args)
+    gpu = train_losses(_gpu_backend(), *args)
+    assert cpu[-1] < cpu[0] - 1.0, f"the CPU run did not learn: {cpu[0]:.3f} -> {cpu[-1]:.3f}"
+    rel = np.abs(gpu - cpu) / cpu
+    worst = int(rel.argmax())
+    assert rel.max() < 1e-2, f"step {worst + 1}: gpu {gpu[worst]:.5f} vs cpu {cpu[worst]:.5f}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
 def test_matmul_strided_batched(trans_a, trans_b) -> None:
@@ -251,6 +295,7 @@ def test_matmul_strided_batched(trans_a, trans_b) -> None:
 
 def test_missing_gpu_or_cublas_is_a_one_line_error(monkeypatch) -> None:
     """Without a GPU (or cuBLAS) the backend says which is missing and how to install."""
+    pytest.importorskip("numba.cuda")
     from euler.errors import EulerError
     from euler.gpu import backend, cublas
 
