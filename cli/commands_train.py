@@ -45,7 +45,9 @@ def _run(tc, resume: Path | None, overwrite: bool) -> None:
         tc = type(tc).from_dict({**tc.to_dict(), "out_dir": str(resume)})
     summary = train(tc, resume=resume is not None, overwrite=overwrite)
     if summary["interrupted"]:
-        raise typer.Exit(130)
+        # SystemExit, not typer.Exit: in main()'s non-standalone mode click would turn an Exit
+        # into a return value, and the code would be lost
+        sys.exit(130)
 
 
 def register(app: typer.Typer) -> None:

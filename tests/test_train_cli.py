@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -55,6 +56,24 @@ def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(
 
     code, out, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run))
     assert code == 0 and f"resuming {run} at step 4" in out
+
+
+def test_ctrl_c_saves_and_exits_130(data_root, tmp_path, monkeypatch, capsys):
+    from euler import train as train_mod
+
+    real_lr_at = train_mod.lr_at
+
+    def ctrl_c(step, tc, total):
+        if step == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real_lr_at(step, tc, total)
+
+    monkeypatch.setattr(train_mod, "lr_at", ctrl_c)
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "9"]
+    code, out, _ = run_cli(monkeypatch, capsys, *args)
+    assert code == 130 and f"interrupted: checkpoint at step 3 in {run}" in out
+    assert checkpoint.load(run).step == 3
 
 
 def test_resume_refuses_a_checkpoint_of_another_architecture(
