@@ -59,21 +59,21 @@ def main() -> None:
     """Console-script entry point: run the app, turning EulerError into one line on stderr."""
     _register_families()
     try:
-        app(standalone_mode=False)
+        # outside standalone mode click returns a command's typer.Exit code instead of exiting
+        code = app(standalone_mode=False)
     except EulerError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:
+        # click's usage errors arrive here outside standalone mode; typer may vendor click,
+        # so they are recognised by what they offer, not by class
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if type(e).__name__ == "Abort":
             sys.exit(1)
         raise
+    sys.exit(code if isinstance(code, int) else 0)

@@ -245,3 +245,17 @@ def test_gradcheck_cli_prints_table_and_exits_zero():
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "max rel err" in r.stdout and "0 failed" in r.stdout
+
+
+def test_failing_gradcheck_exits_non_zero(monkeypatch):
+    from euler.cli import main as cli_main
+
+    from euler.gradcheck import Row
+
+    monkeypatch.setattr(
+        "euler.gradcheck.gradcheck_rows", lambda seed, samples: [Row("x", "y", 1, 1.0, 1.0)]
+    )
+    monkeypatch.setattr(sys, "argv", ["euler", "gradcheck"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main()
+    assert exit_info.value.code == 1
