@@ -85,14 +85,16 @@ def _stage(w: _Src, E: int, tiles: list[tuple]) -> None:
     """
     step, n = 128 // E, E // 2  # rows per pass of the block, passes per tile
     w(f"ee = tid % {E}", f"rb = tid // {E}")
+    for t, tile in enumerate(tiles):
+        w(f"sb{t} = {_ix(f'{tile[0]} + ee * {LD} + rb')}")
     for it0 in range(0, n, LOAD_CHUNK):
         its = range(it0, min(n, it0 + LOAD_CHUNK))
         for t, (_, row0, col, src, scale) in enumerate(tiles):
             for it in its:
                 row = f"{row0} + rb + {it * step}"
                 w(f"v{t}_{it} = {src}[b, {row}, {col} + ee]{scale} if {row} < Tn else T(0.0)")
-        for t, tile in enumerate(tiles):
-            w(*(f"sm[{tile[0]} + ee * {LD} + rb + {it * step}] = v{t}_{it}" for it in its))
+        for t in range(len(tiles)):
+            w(*(f"sm[sb{t} + {_ix(it * step)}] = v{t}_{it}" for it in its))
 
 
 def _product(w, acc, a_off, b_off, b_mode, K, ncols) -> None:
