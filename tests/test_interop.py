@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 import pytest
 from euler.tokenizer import Tokenizer
+from safetensors.numpy import load_file, save_file
 
 from euler import checkpoint as ckpt
 from euler.config import get_preset
@@ -80,10 +81,10 @@ def test_logits_equal_transformers(model, exported, tmp_path):
     assert np.abs(head0).max() > 1.0  # the comparison below is not between near-zeros
     assert np.allclose(head0, theirs, rtol=0, atol=1e-4), _worst(head0, theirs, "head 0")
     # heads 1..K-1 from the side file, applied to transformers' final (normed) hidden states
-    side = transformers.modeling_utils.load_state_dict(str(exported / SIDE_FILE))
-    xf = out.hidden_states[-1]
+    side = load_file(exported / SIDE_FILE)
+    xf = out.hidden_states[-1].numpy()
     for k in range(1, ck.cfg.n_mtp):
-        theirs = (xf @ side[f"mtp_heads.{k}"].T).numpy()
+        theirs = xf @ side[f"mtp_heads.{k}"].T
         mine = ours.head_logits(k)
         assert np.allclose(mine, theirs, rtol=0, atol=1e-4), _worst(mine, theirs, f"head {k}")
 
@@ -183,8 +184,6 @@ def test_configs_we_cannot_express_are_refused(exported, tmp_path, fields, messa
 
 
 def test_bad_tensors_tokenizers_and_outputs_are_refused(model, exported, tmp_path):
-    from safetensors.numpy import load_file, save_file
-
     src = tmp_path / "src"
     shutil.copytree(exported, src)
     tensors = load_file(src / WEIGHTS)
