@@ -120,8 +120,8 @@ def hf_files(
         "pad_token_id": special["<|endoftext|>"],
         "do_sample": False,
     }
-    # without tokenizer_class, AutoTokenizer picks LlamaTokenizer from config.json, which
-    # rebuilds the pretokenizer as SentencePiece's and changes the ids
+    # the class keeps AutoTokenizer from guessing a Llama tokenizer from config.json (those
+    # add a BOS token by default); the specials and template make chat prompts ours
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|endoftext|>",
