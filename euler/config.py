@@ -130,7 +130,7 @@ def _prod(shape: tuple[int, ...]) -> int:
 PRESETS: dict[str, ModelConfig] = {
     # for tests: every code path, seconds to run; T=24 is not a multiple of the attention tile
     "tiny": ModelConfig(
-        vocab_size=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2, context=24, n_mtp=4
+        vocab_size=320, d_model=32, n_head=4, n_kv_head=2, n_layer=2, context=24, n_mtp=4
     ),
     "small": ModelConfig(
         vocab_size=512, d_model=128, n_head=4, n_kv_head=2, n_layer=4, context=128, n_mtp=4

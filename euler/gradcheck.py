@@ -27,7 +27,7 @@ import numpy as np
 from euler.config import PRESETS, ModelConfig
 from euler.model import Model, make_targets
 
-H_STEP = 1e-4
+H_STEP = 1e-3
 FLOOR = 1e-4
 THRESHOLD = 1e-6
 CHECK_TILE = 16  # T = 24 and 45 then span 2 and 3 key tiles, the last one partial

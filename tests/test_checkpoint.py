@@ -85,7 +85,7 @@ def test_other_preset_is_refused_naming_the_field(tmp_path):
     _save(path)
     ck = checkpoint.load(path)
     with pytest.raises(
-        EulerError, match="checkpoint has vocab_size=64, but the run needs vocab_size=512"
+        EulerError, match="checkpoint has vocab_size=320, but the run needs vocab_size=512"
     ):
         checkpoint.check_compatible(ck, get_preset("small"))
 
