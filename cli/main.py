@@ -53,6 +53,9 @@ def _register_families() -> None:
     from euler.cli import commands_interop
 
     commands_interop.register(app)
+    from euler.cli import commands_bench
+
+    commands_bench.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,70 @@
+"""`euler bench`: our engine against the PyTorch peer; the measuring lives in euler.bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the bench command to the app."""
+
+    @app.command()
+    def bench(
+        device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+        preset: Annotated[str, typer.Option(help="Model preset: tiny, small or gpu.")] = "small",
+        batch: Annotated[
+            int | None, typer.Option(help="Sequences per step (B); default per preset.")
+        ] = None,
+        seq: Annotated[
+            int | None, typer.Option(help="Tokens per sequence (T); default per preset.")
+        ] = None,
+        steps: Annotated[int, typer.Option(help="Timed training steps per engine.")] = 5,
+        warmup: Annotated[int, typer.Option(help="Untimed steps before them.")] = 1,
+        peer: Annotated[
+            bool, typer.Option(help="Time the PyTorch peer too (when torch is importable).")
+        ] = True,
+        compile: Annotated[
+            bool, typer.Option(help="Also time torch.compile(peer); compiling takes ~1 min.")
+        ] = True,
+        peak: Annotated[
+            float | None,
+            typer.Option(help="Peak TFLOP/s for MFU; default: a matmul measured now."),
+        ] = None,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Also write every figure here as JSON.")
+        ] = None,
+    ) -> None:
+        """Time training steps, layers, attention and the tokenizer against PyTorch."""
+        from rich.console import Console
+
+        from euler.bench import BenchOptions, run_bench
+        from euler.bench_report import print_report
+
+        opts = BenchOptions(
+            device=device,
+            preset=preset,
+            batch=batch,
+            seq=seq,
+            steps=steps,
+            warmup=warmup,
+            peer=peer,
+            compile=compile,
+            peak_tflops=peak,
+        )
+        opts.resolve()  # flag errors before any output
+        if json_out is not None and not json_out.parent.is_dir():
+            raise EulerError(f"--json: folder does not exist: {json_out.parent}")
+        console = Console()
+        if not console.is_terminal:
+            console.width = max(console.width, 110)  # piped output: keep the tables unwrapped
+        result = run_bench(opts, log=lambda line: console.print(f"[dim]{line}[/dim]"))
+        print_report(result, console)
+        if json_out is not None:
+            json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+            console.print(f"wrote {json_out}")

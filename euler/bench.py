@@ -1,0 +1,507 @@
+"""`euler bench`: our engine against the PyTorch peer on the same shapes, in one process.
+
+Measures, on one device (CPU or CUDA):
+- the full training step (forward, backward, clip, AdamW) of our engine and of the PyTorch
+  peer (bench/torch_peer.py: eager, and compiled by torch.compile where that works):
+  tokens/s, ms per step, MFU and peak memory;
+- each layer kernel's forward and backward alone (the cases bench/test_bench_cpu.py times);
+- our FlashAttention against a naive attention that materialises the (T, T) scores;
+- tokenizer encode MB/s, on a tokenizer trained here on the embedded corpus text.
+
+The package never imports torch at module level: the peer is loaded lazily, and only when
+torch is importable and bench/torch_peer.py is found next to the package (a source
+checkout); otherwise the peer is skipped with a note. Times are wall-clock seconds around
+synchronised calls; a step's figure is the median of the timed steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from euler.config import ModelConfig, get_preset
+from euler.errors import EulerError
+from euler.model import Model, make_targets, rope_tables
+from euler.optim import AdamW
+
+# (batch, seq) per preset when --batch / --seq are not given
+DEFAULT_SHAPES = {"tiny": (4, 24), "small": (16, 128), "gpu": (32, 512)}
+MFU_FORMULA = "MFU = 6 * params * tokens/s / peak"
+NAIVE_SCORES_BYTES = 256 * 2**20  # the host memory naive attention's scores may take
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `euler bench` runs. batch/seq None: the preset's DEFAULT_SHAPES."""
+
+    device: str = "cpu"  # "cpu" or "cuda"
+    preset: str = "small"
+    batch: int | None = None
+    seq: int | None = None
+    steps: int = 5  # timed training steps per engine, after `warmup` untimed ones
+    warmup: int = 1
+    peer: bool = True  # also time the PyTorch peer when torch is importable
+    compile: bool = True  # also time torch.compile(peer) (slow to compile on CPU)
+    peak_tflops: float | None = None  # None: measure a large matmul on the spot
+    reps: int = 5  # repetitions per layer / attention timing (the minimum is kept)
+
+    def resolve(self) -> tuple[ModelConfig, int, int]:
+        """(config, B, T), or EulerError naming the bad flag."""
+        if self.device not in ("cpu", "cuda"):
+            raise EulerError(f"--device: expected cpu or cuda, got {self.device!r}")
+        cfg = get_preset(self.preset)
+        B0, T0 = DEFAULT_SHAPES.get(self.preset, (8, cfg.context))
+        B = B0 if self.batch is None else self.batch
+        T = T0 if self.seq is None else self.seq
+        for flag, value in (("--batch", B), ("--seq", T), ("--steps", self.steps)):
+            if value < 1:
+                raise EulerError(f"{flag} must be at least 1, got {value}")
+        if self.warmup < 0 or self.reps < 1:
+            raise EulerError("--warmup must be >= 0 and reps >= 1")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise EulerError(f"--peak must be positive (TFLOP/s), got {self.peak_tflops}")
+        if T > cfg.context:
+            raise EulerError(
+                f"--seq {T} exceeds the {self.preset} preset's context ({cfg.context})"
+            )
+        return cfg, B, T
+
+
+@dataclass
+class BenchResult:
+    """Everything one run measured; `to_dict()` is the JSON written by --json."""
+
+    meta: dict
+    peak: dict
+    step: dict  # engine name -> stats, or {"skipped": why}
+    layers: dict  # kernel case -> ms
+    attention: list
+    tokenizer: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ devices and timing
+
+
+def make_backend(device: str):
+    """Our backend for `device`; GpuBackend raises EulerError where there is no GPU."""
+    if device == "cuda":
+        from euler.gpu.backend import GpuBackend
+
+        return GpuBackend(tf32=True)
+    from euler.cpu.backend import CpuBackend
+
+    return CpuBackend()
+
+
+def best_ms(fn: Callable[[], object], sync: Callable[[], None], reps: int) -> float:
+    """Fastest of `reps` synchronised calls of fn, in ms, after one untimed call."""
+    fn()
+    sync()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS counter (VmHWM) for this process; False where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB: VmHWM since the last reset, or, where
+    /proc is missing, the lifetime maximum."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def measure_peak(be, device: str) -> dict:
+    """Dense float32 matmul GFLOP/s measured now: the MFU denominator unless --peak is given.
+
+    CPU: NumPy's sgemm at 2048^3 on every BLAS thread; CUDA: our cuBLAS matmul (TF32, as
+    training runs) at 8192^3.
+    """
+    n = 2048 if device == "cpu" else 8192
+    rng = np.random.default_rng(0)
+    a = be.to_device(rng.standard_normal((n, n), dtype=np.float32))
+    c = be.zeros((n, n), np.float32)
+    ms = best_ms(lambda: be.matmul(c, a, a), be.synchronize, 3)
+    what = "numpy float32 matmul" if device == "cpu" else "cuBLAS TF32 matmul (our backend)"
+    return {
+        "gflop_per_s": 2 * n**3 / ms / 1e6,
+        "source": f"measured now: {what} {n}^3, best of 3",
+    }
+
+
+# ------------------------------------------------------------------ our training step
+
+
+def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
+    """tokens (B, T) and targets (K, B, T) from one fixed random window (no data loading)."""
+    window = np.random.default_rng(seed).integers(0, cfg.vocab_size, (B, T + cfg.n_mtp))
+    return window[:, :T], make_targets(window, T, cfg.n_mtp)
+
+
+def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, warmup: int):
+    """Our float32 training step (forward, backward, clip, AdamW): timing and memory stats."""
+    tokens, targets = synthetic_batch(cfg, B, T)
+    if device == "cpu":
+        reset_peak_rss()
+    model = Model(cfg, backend=be, dtype=np.float32, seed=0)
+    opt = AdamW(model)
+
+    def step() -> float:
+        loss = model.forward(tokens, targets, need_grad=True)
+        model.backward()
+        opt.step(3e-4)
+        return loss
+
+    t0 = time.perf_counter()
+    step()  # compiles (or loads from the cache) every kernel
+    be.synchronize()
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        step()
+    times, loss = [], 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step()
+        be.synchronize()
+        times.append(time.perf_counter() - t0)
+    stats = step_stats(times, B * T)
+    stats["first_step_s"] = first_s
+    stats["loss_last"] = float(loss)
+    if device == "cpu":
+        stats["peak_memory_mib"] = peak_rss_mib()
+        stats["memory_kind"] = "peak RSS of the process during this engine's run"
+    else:
+        stats["peak_memory_mib"] = be.peak_memory()[0] / 2**20
+        stats["memory_kind"] = "device memory in use after the steps (driver)"
+    return stats
+
+
+def step_stats(times: list[float], tokens_per_step: int) -> dict:
+    """ms per step (median, min, mean) and tokens/s at the median step; times in seconds."""
+    med = float(np.median(times))
+    return {
+        "steps_timed": len(times),
+        "ms_per_step": 1e3 * med,
+        "ms_per_step_min": 1e3 * min(times),
+        "ms_per_step_mean": 1e3 * float(np.mean(times)),
+        "tokens_per_s": tokens_per_step / med,
+    }
+
+
+# ------------------------------------------------------------------ the PyTorch peer
+
+
+def load_torch_peer():
+    """(bench/torch_peer.py as a module, None) or (None, why it is skipped). Imports torch."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed (pip install -e .[bench])"
+    path = REPO_ROOT / "bench" / "torch_peer.py"
+    if not path.is_file():
+        return None, f"{path} not found (the peer lives in a source checkout's bench/)"
+    if "torch_peer" in sys.modules:
+        return sys.modules["torch_peer"], None
+    spec = importlib.util.spec_from_file_location("torch_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["torch_peer"] = module  # before exec: dataclasses and pickling look it up
+    spec.loader.exec_module(module)
+    return module, None
+
+
+def time_peer(peer, cfg, device: str, B: int, T: int, steps: int, warmup: int, compiled: bool):
+    """The peer's float32 training step, eager or torch.compile'd: timing and memory stats."""
+    import numba
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": f"torch {torch.__version__} has no CUDA device here"}
+    threads = numba.get_num_threads()  # the same thread count as our prange kernels
+    if device == "cpu":
+        reset_peak_rss()
+    else:
+        torch.cuda.reset_peak_memory_stats()
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
+    try:
+        # one more warmup step than ours gets: the peer's first step is its compile step
+        s = peer.time_training(
+            cfg, B, T, steps, warmup + 1, threads, compile=compiled, device=device
+        )
+    except Exception as e:  # torch.compile fails in many ways (no compiler, backend errors)
+        if not compiled:
+            raise
+        return {"skipped": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"}
+    out = {
+        "steps_timed": steps,
+        "ms_per_step": s["ms_per_step_median"],
+        "ms_per_step_min": s["ms_per_step_min"],
+        "ms_per_step_mean": s["ms_per_step_mean"],
+        "tokens_per_s": B * T / (s["ms_per_step_median"] / 1e3),
+        "first_step_s": s["first_step_s"],
+        "loss_last": s["loss_last"],
+        "threads": threads,
+    }
+    if device == "cpu":
+        out["peak_memory_mib"] = peak_rss_mib()
+        out["memory_kind"] = "peak RSS of the process during this engine's run"
+    else:
+        out["peak_memory_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        out["memory_kind"] = "torch.cuda.max_memory_reserved"
+    return out
+
+
+# ------------------------------------------------------------------ layers
+
+
+def layer_cases(be, cfg: ModelConfig, B: int, T: int) -> dict[str, Callable[[], None]]:
+    """name -> a call of one backend layer method at (B, T) of `cfg`, on random float32 inputs.
+
+    Shared with bench/test_bench_cpu.py, whose test ids are these names.
+    """
+    rng = np.random.default_rng(0)
+    N = B * T
+    D, F, V = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size
+    H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
+    r = lambda *s: be.to_device(rng.standard_normal(s, dtype=np.float32))  # noqa: E731
+    x, w, y, rstd = r(N, D), r(D), r(N, D), r(N)
+    dx, dw = r(N, D), r(D)
+    qkv, att, lse, dqkv = r(B, T, cfg.qkv_dim), r(B, T, H * E), r(B, H, T), r(B, T, cfg.qkv_dim)
+    gu, h, dgu = r(N, 2 * F), r(N, F), r(N, 2 * F)
+    logits, losses = r(N, V), r(N)
+    targets = be.to_device(rng.integers(0, V, N).astype(np.int32))
+    tokens = be.to_device(rng.integers(0, V, N).astype(np.int32))
+    wte, dwte, wqkv = r(V, D), r(V, D), r(cfg.qkv_dim, D)
+    cos, sin = (be.to_device(a) for a in rope_tables(cfg, np.float32))
+    # consistent rstd and lse, so that the backward kernels see real statistics
+    be.rmsnorm_forward(y, rstd, x, w, 1e-5)
+    be.attention_forward(att, lse, qkv, H, G, E)
+    return {
+        "embedding_forward": lambda: be.embedding_forward(x, tokens, wte),
+        "embedding_backward": lambda: be.embedding_backward(dwte, dx, tokens, False),
+        "rmsnorm_forward": lambda: be.rmsnorm_forward(y, rstd, x, w, 1e-5),
+        "rmsnorm_backward": lambda: be.rmsnorm_backward(dx, dw, y, dx, x, w, rstd, False),
+        "rope_forward": lambda: be.rope_forward(qkv, cos, sin, H, G, E),
+        "rope_backward": lambda: be.rope_backward(dqkv, cos, sin, H, G, E),
+        "attention_forward": lambda: be.attention_forward(att, lse, qkv, H, G, E),
+        "attention_backward": lambda: be.attention_backward(dqkv, att, qkv, att, lse, H, G, E),
+        "swiglu_forward": lambda: be.swiglu_forward(h, gu),
+        "swiglu_backward": lambda: be.swiglu_backward(dgu, h, gu),
+        "residual_forward": lambda: be.residual_forward(y, x, dx),
+        "cross_entropy_forward_backward": lambda: be.cross_entropy_forward_backward(
+            losses, logits, targets, 1.0 / N
+        ),
+        "matmul_qkv_forward": lambda: be.matmul(qkv.reshape(N, -1), x, wqkv, trans_b=True),
+    }
+
+
+def time_layers(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict[str, float]:
+    """Best-of-reps ms of each layer case at (B, T)."""
+    return {
+        name: best_ms(fn, be.synchronize, reps) for name, fn in layer_cases(be, cfg, B, T).items()
+    }
+
+
+# ------------------------------------------------------------------ attention
+
+
+def naive_attention_forward(q, k, v):
+    """q (B, H, T, E), k v (B, H, T, E) (kv heads repeated) -> out (B, H, T, E), probs (B, H, T, T).
+
+    Causal softmax attention with the scores materialised: the baseline FlashAttention avoids.
+    """
+    T, E = q.shape[2], q.shape[3]
+    s = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1 / math.sqrt(E))
+    rows, cols = np.triu_indices(T, 1)  # key after query: masked
+    s[..., rows, cols] = -np.inf
+    s -= s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p @ v, p
+
+
+def naive_attention_backward(dout, q, k, v, p):
+    """dout (B, H, T, E) and the forward's tensors -> dq, dk, dv (B, H, T, E), kv per query head."""
+    E = q.shape[3]
+    dp = dout @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * np.float32(1 / math.sqrt(E))
+    return ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ dout
+
+
+def attention_batch(cfg: ModelConfig, B: int, T: int) -> int:
+    """B, lowered so that the naive scores (B, H, T, T) float32 stay within 256 MiB."""
+    return max(1, min(B, NAIVE_SCORES_BYTES // (4 * cfg.n_head * T * T)))
+
+
+def compare_attention(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict:
+    """Our FlashAttention (forward, backward) against naive NumPy attention at length T."""
+    H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
+    rng = np.random.default_rng(T)
+    qkv_h = rng.standard_normal((B, T, cfg.qkv_dim), dtype=np.float32)
+    dout_h = rng.standard_normal((B, T, H * E), dtype=np.float32)
+    qkv, dout = be.to_device(qkv_h), be.to_device(dout_h)
+    out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
+    dqkv = be.zeros(qkv_h.shape, np.float32)
+    flash_f = best_ms(lambda: be.attention_forward(out, lse, qkv, H, G, E), be.synchronize, reps)
+    flash_b = best_ms(
+        lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), be.synchronize, reps
+    )
+    # naive operands: (B, heads, T, E), kv heads repeated to match query heads (untimed)
+    heads = lambda a, n: a.reshape(B, T, n, E).transpose(0, 2, 1, 3).copy()  # noqa: E731
+    q = heads(qkv_h[:, :, : H * E], H)
+    k = np.repeat(heads(qkv_h[:, :, H * E : (H + G) * E], G), H // G, axis=1)
+    v = np.repeat(heads(qkv_h[:, :, (H + G) * E :], G), H // G, axis=1)
+    do = heads(dout_h, H)
+    res = {}
+    naive_f = best_ms(lambda: res.update(fwd=naive_attention_forward(q, k, v)), lambda: None, reps)
+    o, p = res["fwd"]
+    naive_b = best_ms(lambda: naive_attention_backward(do, q, k, v, p), lambda: None, reps)
+    flash_out = be.to_host(out).reshape(B, T, H, E).transpose(0, 2, 1, 3)
+    return {
+        "B": B,
+        "T": T,
+        "H": H,
+        "G": G,
+        "E": E,
+        "flash_fwd_ms": flash_f,
+        "flash_bwd_ms": flash_b,
+        "naive_fwd_ms": naive_f,
+        "naive_bwd_ms": naive_b,
+        "naive_over_flash": (naive_f + naive_b) / (flash_f + flash_b),
+        "naive_scores_mib": p.nbytes / 2**20,
+        "max_abs_diff_out": float(np.abs(flash_out - o).max()),
+    }
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+def tokenizer_speed(vocab_size: int = 512, reps: int = 3) -> dict:
+    """Train a tokenizer on the embedded corpus's help pages, then time encoding them (MB/s)."""
+    from euler.data.default_corpus import pydoc_topics
+    from euler.tokenizer import Tokenizer
+
+    text = "\n\n".join(pydoc_topics())
+    if not text:
+        return {"skipped": "this Python build lacks pydoc_data.topics"}
+    mb = len(text.encode()) / 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pydoc_topics.txt"
+        path.write_text(text, encoding="utf-8")
+        t0 = time.perf_counter()
+        tok = Tokenizer.train([path], vocab_size)
+        train_s = time.perf_counter() - t0
+    out = {"text": "pydoc_data.topics", "mb": mb, "vocab_size": vocab_size, "train_s": train_s}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        ms = best_ms(lambda t=threads: tok.encode_batch([text], threads=t), lambda: None, reps)
+        out[f"encode_mb_per_s_{threads}_threads"] = mb / ms * 1e3
+    out["bytes_per_token"] = len(text.encode()) / len(tok.encode(text))
+    return out
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchResult:
+    """Run every measurement of `opts`; `log` hears one line per phase (progress)."""
+    cfg, B, T = opts.resolve()
+    be = make_backend(opts.device)
+    notes: list[str] = []
+    import numba
+
+    load_before = os.getloadavg()
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["euler", *sys.argv[1:]]),
+        "options": asdict(opts),
+        "preset": opts.preset,
+        "config": cfg.to_dict(),
+        "params": cfg.n_params(),
+        "batch": B,
+        "seq": T,
+        "tokens_per_step": B * T,
+        "device": opts.device,
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+    log("peak: measuring a large matmul")
+    if opts.peak_tflops is None:
+        peak = measure_peak(be, opts.device)
+    else:
+        peak = {"gflop_per_s": opts.peak_tflops * 1e3, "source": "given by --peak"}
+    peak["mfu_formula"] = MFU_FORMULA
+
+    step: dict[str, dict] = {}
+    log(f"ours: {opts.warmup + 1} untimed + {opts.steps} timed steps at B={B} T={T}")
+    step["ours"] = time_engine(cfg, be, opts.device, B, T, opts.steps, opts.warmup)
+    peer, why = load_torch_peer() if opts.peer else (None, "--no-peer")
+    if peer is None:
+        notes.append(f"PyTorch peer skipped: {why}")
+    else:
+        import torch
+
+        meta["torch"] = torch.__version__
+        log("torch eager: timing the peer")
+        step["torch_eager"] = time_peer(
+            peer, cfg, opts.device, B, T, opts.steps, opts.warmup, compiled=False
+        )
+        if opts.compile:
+            log("torch compiled: torch.compile(peer) (the first step compiles)")
+            step["torch_compiled"] = time_peer(
+                peer, cfg, opts.device, B, T, opts.steps, opts.warmup, compiled=True
+            )
+        else:
+            step["torch_compiled"] = {"skipped": "--no-compile"}
+    for name, s in step.items():
+        if "tokens_per_s" in s:
+            s["mfu"] = 6 * cfg.n_params() * s["tokens_per_s"] / (peak["gflop_per_s"] * 1e9)
+        else:
+            notes.append(f"{name}: {s['skipped']}")
+
+    log("layers: each kernel alone")
+    layers = time_layers(be, cfg, B, T, opts.reps)
+    log("attention: FlashAttention against naive NumPy attention")
+    attention = [
+        compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps) for t in (T, 4 * T)
+    ]
+    if opts.device == "cuda":
+        notes.append("naive attention runs in NumPy on the host; ours on the GPU")
+    log("tokenizer: training on pydoc_data.topics, then encoding it")
+    tokenizer = tokenizer_speed()
+    meta["loadavg_before"] = list(load_before)
+    meta["loadavg_after"] = list(os.getloadavg())
+    return BenchResult(meta, peak, step, layers, attention, tokenizer, notes)

@@ -1,0 +1,111 @@
+"""`euler bench`'s rich tables: a BenchResult (euler.bench) rendered for people.
+
+Ratios compare each engine's tokens/s with the PyTorch peer's eager figure (above 1: faster
+than eager PyTorch). Times are milliseconds; memory is MiB.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from euler.bench import BenchResult
+
+PEER = "torch_eager"  # the engine every ratio divides by
+
+
+def step_table(res: BenchResult) -> Table:
+    """One row per engine: tokens/s, ms/step, MFU, peak memory and the ratio to the peer."""
+    m = res.meta
+    title = (
+        f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
+        f"{m['device']}, float32"
+    )
+    t = Table(title=title)
+    for col in ("engine", "tokens/s", "ms/step", "MFU", "peak MiB", "vs torch eager", "1st step s"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    base = res.step.get(PEER, {}).get("tokens_per_s")
+    for name, s in res.step.items():
+        if "skipped" in s:
+            t.add_row(name, "skipped", "", "", "", "", "")
+            continue
+        ratio = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
+        t.add_row(
+            name,
+            f"{s['tokens_per_s']:,.0f}",
+            f"{s['ms_per_step']:.1f}",
+            f"{100 * s['mfu']:.1f}%",
+            f"{s['peak_memory_mib']:.0f}",
+            ratio,
+            f"{s['first_step_s']:.1f}",
+        )
+    return t
+
+
+def layer_table(res: BenchResult) -> Table:
+    """Forward and backward ms of each layer kernel alone, at the step's shapes."""
+    t = Table(title=f"layer kernels alone, best of {res.meta['options']['reps']} (ms)")
+    for col in ("layer", "forward", "backward"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    rows: dict[str, list[str]] = {}
+    for name, ms in res.layers.items():
+        if name.endswith("_forward_backward"):
+            rows[name.removesuffix("_forward_backward") + " (fused)"] = ["", f"{ms:.3f}"]
+            continue
+        base, _, pass_ = name.rpartition("_")
+        rows.setdefault(base, ["", ""])[pass_ == "backward"] = f"{ms:.3f}"
+    for base, (fwd, bwd) in rows.items():
+        t.add_row(base, fwd, bwd)
+    return t
+
+
+def attention_table(res: BenchResult) -> Table:
+    """FlashAttention against naive attention (materialised scores) at each length."""
+    t = Table(title="attention: our FlashAttention vs naive NumPy (scores materialised), ms")
+    cols = ("B x T", "flash fwd", "flash bwd", "naive fwd", "naive bwd", "naive/flash", "max|diff|")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for a in res.attention:
+        t.add_row(
+            f"{a['B']} x {a['T']}",
+            f"{a['flash_fwd_ms']:.2f}",
+            f"{a['flash_bwd_ms']:.2f}",
+            f"{a['naive_fwd_ms']:.2f}",
+            f"{a['naive_bwd_ms']:.2f}",
+            f"{a['naive_over_flash']:.2f}x",
+            f"{a['max_abs_diff_out']:.1e}",
+        )
+    return t
+
+
+def print_report(res: BenchResult, console: Console | None = None) -> None:
+    """The three tables, the MFU formula with its peak, the tokenizer line and the notes."""
+    console = console or Console()
+    console.print(step_table(res))
+    p = res.peak
+    console.print(
+        f"{p['mfu_formula']}; params = {res.meta['params']:,}, "
+        f"peak = {p['gflop_per_s']:,.1f} GFLOP/s ({p['source']})"
+    )
+    load = res.meta["loadavg_before"][0], res.meta["loadavg_after"][0]
+    console.print(
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after, on {res.meta['cpu_count']} "
+        "cores (above the core count: other processes shared them)"
+    )
+    console.print(layer_table(res))
+    console.print(attention_table(res))
+    tok = res.tokenizer
+    if "skipped" in tok:
+        console.print(f"tokenizer: skipped ({tok['skipped']})")
+    else:
+        speeds = ", ".join(
+            f"{v:.1f} MB/s on {k.split('_')[4]} thread(s)"
+            for k, v in tok.items()
+            if k.startswith("encode_mb_per_s")
+        )
+        console.print(
+            f"tokenizer encode ({tok['text']}, {tok['mb']:.2f} MB, vocab {tok['vocab_size']} "
+            f"trained here in {tok['train_s']:.1f} s): {speeds}"
+        )
+    for note in res.notes:
+        console.print(f"note: {note}")
