@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler.bench import layer_cases
+from euler.bench_kernels import layer_cases
 from euler.config import get_preset
 from euler.model import Model, make_targets
 from euler.optim import AdamW

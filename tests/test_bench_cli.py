@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from euler.bench import layer_cases
+from euler.bench_kernels import layer_cases
 from euler.config import get_preset
 from euler.cpu.backend import CpuBackend
 from tests.train_helpers import run_cli
