@@ -113,24 +113,34 @@ def make_backend(device: str):
     return CpuBackend()
 
 
-def reset_peak_rss() -> bool:
-    """Restart the kernel's peak-RSS counter (VmHWM) for this process; False where unsupported."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB: VmHWM since the last reset, or, where
-    /proc is missing, the lifetime maximum."""
+def _status_mib(key: str) -> float | None:
+    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in MiB; None without /proc."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
+    return None
+
+
+def reset_peak_rss() -> float | None:
+    """Restart this process's peak-RSS counter (VmHWM); return the RSS now, in MiB.
+
+    The RSS now is the baseline a phase's peak includes: libraries, earlier arrays.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_rss_mib falls back to the lifetime peak
+    return _status_mib("VmRSS")
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB since reset_peak_rss (where supported)."""
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
@@ -165,8 +175,7 @@ def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
 def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, warmup: int):
     """Our float32 training step (forward, backward, clip, AdamW): timing and memory stats."""
     tokens, targets = synthetic_batch(cfg, B, T)
-    if device == "cpu":
-        reset_peak_rss()
+    rss0 = reset_peak_rss() if device == "cpu" else None
     model = Model(cfg, backend=be, dtype=np.float32, seed=0)
     opt = AdamW(model)
 
@@ -193,6 +202,7 @@ def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, w
     stats["loss_last"] = float(loss)
     if device == "cpu":
         stats["peak_memory_mib"] = peak_rss_mib()
+        stats["rss_at_start_mib"] = rss0
         stats["memory_kind"] = "peak RSS of the process during this engine's run"
     else:
         stats["peak_memory_mib"] = be.peak_memory()[0] / 2**20
@@ -239,9 +249,8 @@ def time_peer(peer, cfg, device: str, B: int, T: int, steps: int, warmup: int, c
     if device == "cuda" and not torch.cuda.is_available():
         return {"skipped": f"torch {torch.__version__} has no CUDA device here"}
     threads = numba.get_num_threads()  # the same thread count as our prange kernels
-    if device == "cpu":
-        reset_peak_rss()
-    else:
+    rss0 = reset_peak_rss() if device == "cpu" else None
+    if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
     try:
@@ -265,6 +274,7 @@ def time_peer(peer, cfg, device: str, B: int, T: int, steps: int, warmup: int, c
     }
     if device == "cpu":
         out["peak_memory_mib"] = peak_rss_mib()
+        out["rss_at_start_mib"] = rss0
         out["memory_kind"] = "peak RSS of the process during this engine's run"
     else:
         out["peak_memory_mib"] = torch.cuda.max_memory_reserved() / 2**20

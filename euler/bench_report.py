@@ -15,14 +15,17 @@ PEER = "torch_eager"  # the engine every ratio divides by
 
 
 def step_table(res: BenchResult) -> Table:
-    """One row per engine: tokens/s, ms/step, MFU, peak memory and the ratio to the peer."""
+    """One row per engine: tokens/s, ms/step, MFU, peak memory (and the process's memory as
+    the engine started, which that peak includes), the ratio to the peer and the first
+    step's seconds (compilation)."""
     m = res.meta
     title = (
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
         f"{m['device']}, float32"
     )
     t = Table(title=title)
-    for col in ("engine", "tokens/s", "ms/step", "MFU", "peak MiB", "vs torch eager", "1st step s"):
+    cols = ("engine", "tokens/s", "ms/step", "MFU", "peak MiB (start)", "vs torch eager", "1st s")
+    for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right")
     base = res.step.get(PEER, {}).get("tokens_per_s")
     for name, s in res.step.items():
@@ -35,7 +38,8 @@ def step_table(res: BenchResult) -> Table:
             f"{s['tokens_per_s']:,.0f}",
             f"{s['ms_per_step']:.1f}",
             f"{100 * s['mfu']:.1f}%",
-            f"{s['peak_memory_mib']:.0f}",
+            f"{s['peak_memory_mib']:.0f}"
+            + (f" ({s['rss_at_start_mib']:.0f})" if s.get("rss_at_start_mib") else ""),
             ratio,
             f"{s['first_step_s']:.1f}",
         )
