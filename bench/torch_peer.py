@@ -261,21 +261,26 @@ def time_training(
     for _ in range(warmup):
         step()
     times = []
+    cpu0 = time.process_time()
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
     total = sum(times)
+    # near `threads` when the cores were ours; lower means another process took them
+    cpu_per_wall = (time.process_time() - cpu0) / total
     tok_per_s = steps * batch * seq / total
     fpt = flops_per_token(cfg, seq)
     return {
         "tokens_per_s": tok_per_s,
+        "tokens_per_s_median_step": batch * seq / float(np.median(times)),
         "ms_per_step_mean": 1e3 * total / steps,
         "ms_per_step_median": 1e3 * float(np.median(times)),
         "ms_per_step_min": 1e3 * min(times),
         "gflop_per_s": tok_per_s * fpt / 1e9,
         "flop_per_token": fpt,
         "flop_formula": "6 * (linear + head weights) + 6 * n_layer * T * n_head * head_size",
+        "cpu_seconds_per_wall_second": cpu_per_wall,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
