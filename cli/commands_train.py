@@ -34,6 +34,9 @@ Resume = Annotated[
     typer.Option(help="Continue this run folder from its checkpoint (its saved settings)."),
 ]
 Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already holds.")]
+Tf32 = Annotated[
+    bool, typer.Option(help="cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32).")
+]
 
 
 def _run(tc, resume: Path | None, overwrite: bool) -> None:
@@ -62,6 +65,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         out: Out = Path("runs/pretrain"),
         device: Device = "cpu",
+        tf32: Tf32 = True,
         batch_size: BatchSize = 8,
         seq_len: SeqLen = 0,
         grad_accum: GradAccum = 1,
@@ -86,7 +90,8 @@ def register(app: typer.Typer) -> None:
 
         tc = TrainConfig(
             out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
-            device=device, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
+            device=device, tf32=tf32, batch_size=batch_size, seq_len=seq_len,
+            grad_accum=grad_accum,
             steps=steps, tokens=tokens, lr=lr, min_lr=min_lr, warmup_steps=warmup,
             weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
             eval_batches=eval_batches, sample_tokens=sample_tokens, ckpt_every=ckpt_every,
@@ -105,6 +110,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         out: Out = Path("runs/sft"),
         device: Device = "cpu",
+        tf32: Tf32 = True,
         batch_size: BatchSize = 8,
         grad_accum: GradAccum = 1,
         steps: Steps = 300,
@@ -130,7 +136,8 @@ def register(app: typer.Typer) -> None:
             raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
         tc = TrainConfig(
             out_dir=str(out), kind="sft", data=str(data) if data else None,
-            init_from=str(from_) if from_ else None, device=device, batch_size=batch_size,
+            init_from=str(from_) if from_ else None, device=device, tf32=tf32,
+            batch_size=batch_size,
             grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
             warmup_steps=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
             eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,

@@ -55,6 +55,7 @@ class TrainConfig:
     data: str | None = None  # prepared data folder; pretrain: None = the embedded corpus
     init_from: str | None = None  # sft: checkpoint whose weights the run starts from
     device: str = "cpu"  # "cpu" or "cuda"
+    tf32: bool = True  # cuda: TF32 tensor cores for matrix products; False = exact fp32
     batch_size: int = 8  # B: sequences per micro-batch
     seq_len: int = 0  # T: tokens per sequence; 0 = the model's context
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -182,7 +183,7 @@ class Batches:
 # ---------------------------------------------------------------------------- run folder
 
 
-def _make_backend(device: str):
+def _make_backend(device: str, tf32: bool = True):
     if device == "cpu":
         from euler.cpu.backend import CpuBackend
 
@@ -191,7 +192,7 @@ def _make_backend(device: str):
         from euler.gpu.backend import GpuBackend
     except ImportError as e:
         raise EulerError(f"--device cuda: the GPU backend cannot be imported ({e})") from None
-    return GpuBackend()
+    return GpuBackend(tf32=tf32)
 
 
 def claim_run_dir(run: Path, overwrite: bool) -> None:
@@ -367,7 +368,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         cfg = init.cfg
     else:
         cfg = get_preset(tc.preset)
-    backend = _make_backend(tc.device)  # first: a missing GPU fails before any data work
+    backend = _make_backend(tc.device, tc.tf32)  # first: a missing GPU fails before any data work
     data = Batches(tc, cfg, log=log)
     T, V = data.T, data.tokenizer.vocab_size
     if init is None and V != cfg.vocab_size:  # the embedding and heads follow the tokenizer

@@ -191,3 +191,19 @@ def test_bad_settings_are_refused(data_root, tmp_path):
         train(tiny_config(tmp_path / "r", data_root / "pre", seq_len=25))
     with pytest.raises(EulerError, match="not found"):
         train(tiny_config(tmp_path / "r", tmp_path / "nowhere"))
+
+
+def test_no_tf32_reaches_the_gpu_backend(monkeypatch):
+    import euler.gpu.backend as gpu_backend
+    from euler.train import TrainConfig, _make_backend
+
+    seen = {}
+
+    class FakeGpu:
+        def __init__(self, tf32=True):
+            seen["tf32"] = tf32
+
+    monkeypatch.setattr(gpu_backend, "GpuBackend", FakeGpu)
+    _make_backend("cuda", TrainConfig(device="cuda", tf32=False).tf32)
+    assert seen == {"tf32": False}
+    assert TrainConfig().tf32 is True
