@@ -165,11 +165,15 @@ class Model:
         targets: np.ndarray | None = None,
         need_grad: bool = False,
         accumulate: bool = False,
+        head_scale: np.ndarray | None = None,
     ) -> float | None:
         """Run the model on tokens (B, T); with targets (K, B, T) (-1 = none) return the loss.
 
         need_grad also computes the heads' gradients (fused) so that backward() can follow;
         accumulate adds this micro-batch's gradients to the ones already in the buffer.
+        head_scale (K,) weighs each head's summed cross-entropy; default head_scales(targets).
+        A data-parallel rank passes weights from the whole batch's target counts (see
+        euler.distributed.shard_batch), so the mean over ranks is the whole batch's loss.
         """
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         self._check_inputs(tokens, targets)
@@ -207,12 +211,14 @@ class Model:
         )
         if targets is None:
             return None
-        return self._heads(targets, need_grad, accumulate)
+        return self._heads(targets, need_grad, accumulate, head_scale)
 
-    def _heads(self, targets: np.ndarray, need_grad: bool, accumulate: bool) -> float:
+    def _heads(
+        self, targets: np.ndarray, need_grad: bool, accumulate: bool, head_scale=None
+    ) -> float:
         """Loss over the K heads; with need_grad, also dW_heads and dxf (fused backward)."""
         be, a = self.be, self.acts
-        scales = head_scales(targets)
+        scales = head_scales(targets) if head_scale is None else head_scale
         xf = _2d(a.xf)
         K = self.cfg.n_mtp
         be.copy_(a.targets, np.ascontiguousarray(targets, dtype=np.int32).reshape(K, -1))
