@@ -37,15 +37,35 @@ Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already 
 Tf32 = Annotated[
     bool, typer.Option(help="cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32).")
 ]
+Nproc = Annotated[
+    int,
+    typer.Option(
+        help="Data-parallel ranks: re-run this command under mpiexec with N processes, each "
+        "on its own rows of every batch (needs the dist extra; under mpiexec, leave it out)."
+    ),
+]
 
 
-def _run(tc, resume: Path | None, overwrite: bool) -> None:
-    """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved)."""
+def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
+    """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved).
+
+    nproc > 1 outside mpiexec starts this same command line as nproc MPI ranks and exits
+    with their exit code; under mpiexec it must match the ranks mpiexec started.
+    """
+    from euler import distributed
     from euler.train import read_run, train
 
     if resume is not None:
         tc, _ = read_run(resume)
         tc = type(tc).from_dict({**tc.to_dict(), "out_dir": str(resume)})
+    if nproc < 1:
+        raise EulerError("--nproc must be at least 1")
+    launched = distributed.launched_size()
+    if nproc > 1 and launched == 1:
+        distributed.check_batch(tc.batch_size, nproc)  # before starting any rank
+        sys.exit(distributed.relaunch(nproc, sys.argv[1:]))
+    if nproc > 1 and launched != nproc:
+        raise EulerError(f"--nproc {nproc}, but mpiexec started {launched} ranks")
     summary = train(tc, resume=resume is not None, overwrite=overwrite)
     if summary["interrupted"]:
         # SystemExit, not typer.Exit: in main()'s non-standalone mode click would turn an Exit
@@ -84,6 +104,7 @@ def register(app: typer.Typer) -> None:
         seed: Seed = 0,
         resume: Resume = None,
         overwrite: Overwrite = False,
+        nproc: Nproc = 1,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
         from euler.train import TrainConfig
@@ -97,7 +118,7 @@ def register(app: typer.Typer) -> None:
             eval_batches=eval_batches, sample_tokens=sample_tokens, ckpt_every=ckpt_every,
             log_every=log_every, seed=seed,
         )  # fmt: skip
-        _run(tc, resume, overwrite)
+        _run(tc, resume, overwrite, nproc)
 
     @app.command("sft")
     def sft_command(
@@ -128,6 +149,7 @@ def register(app: typer.Typer) -> None:
         seed: Seed = 0,
         resume: Resume = None,
         overwrite: Overwrite = False,
+        nproc: Nproc = 1,
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
         from euler.train import TrainConfig
@@ -143,7 +165,7 @@ def register(app: typer.Typer) -> None:
             eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,
             ckpt_every=ckpt_every, log_every=log_every, seed=seed,
         ) if resume is None else None  # fmt: skip
-        _run(tc, resume, overwrite)
+        _run(tc, resume, overwrite, nproc)
 
     @app.command("chat")
     def chat_command(

@@ -16,6 +16,12 @@ repeats, bit for bit, the losses of the run that was never interrupted.
 Ctrl-C finishes the current step, saves a checkpoint and stops (a second Ctrl-C stops at
 once, keeping the last checkpoint). A loss or gradient norm that is not finite stops the
 run without saving, so the last good checkpoint stays on disk.
+
+Data parallel (started under mpiexec; euler.distributed): every rank draws the global batch
+and trains on its block of rows; one all-reduce averages the flat gradient buffer, so every
+rank takes the same optimizer step. Rank 0 owns the run folder (logs, metrics,
+checkpoints); all ranks start from rank 0's parameters and moments. The batches, losses
+and checkpoints do not depend on the number of ranks, so a run may resume on another.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -30,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from euler import checkpoint
+from euler import checkpoint, distributed
 from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
 from euler.model import Model, make_targets
@@ -353,7 +360,9 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     """
     from rich.console import Console
 
-    console = console or Console(soft_wrap=True)
+    comm = distributed.connect(tc.device)  # one rank unless under mpiexec; before the backend
+    distributed.check_batch(tc.batch_size, comm.size)
+    console = console or Console(soft_wrap=True, quiet=comm.rank > 0)  # rank 0 speaks
     run = Path(tc.out_dir)
     log = lambda s: console.print(s, markup=False, highlight=False)  # noqa: E731
 
@@ -369,7 +378,9 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     else:
         cfg = get_preset(tc.preset)
     backend = _make_backend(tc.device, tc.tf32)  # first: a missing GPU fails before any data work
-    data = Batches(tc, cfg, log=log)
+    comm.bind(backend)
+    with distributed.rank0_first(comm):  # rank 0 alone builds a missing default corpus
+        data = Batches(tc, cfg, log=log)
     T, V = data.T, data.tokenizer.vocab_size
     if init is None and V != cfg.vocab_size:  # the embedding and heads follow the tokenizer
         log(
@@ -401,23 +412,28 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         model.be.copy_(opt.v, ck.moments["v"])
         opt.step_count = int(ck.state["adam_step"])
         start = saved_step = ck.step
-        _trim_metrics(run / METRICS_FILE, start)
+        if comm.rank == 0:
+            _trim_metrics(run / METRICS_FILE, start)
         log(f"resuming {run} at step {start}")
     elif resume:
         log(f"{run} has no checkpoint yet: starting it from step 0")
-        _trim_metrics(run / METRICS_FILE, -1)
+        if comm.rank == 0:
+            _trim_metrics(run / METRICS_FILE, -1)
     else:
-        claim_run_dir(run, overwrite)
+        if comm.rank == 0:  # the other ranks never write to the run folder
+            claim_run_dir(run, overwrite)
+            (run / RUN_FILE).write_text(
+                json.dumps({"train": tc.to_dict(), "model": cfg.to_dict()}, indent=2) + "\n"
+            )
+            (run / TOKENIZER_FILE).write_text(tokenizer_json, encoding="ascii")
         if init is not None:
             model.be.copy_(model.params, init.params.astype(model.dtype))
-        (run / RUN_FILE).write_text(
-            json.dumps({"train": tc.to_dict(), "model": cfg.to_dict()}, indent=2) + "\n"
-        )
-        (run / TOKENIZER_FILE).write_text(tokenizer_json, encoding="ascii")
+    for buf in (model.params, opt.m, opt.v):  # every rank starts from rank 0's state
+        comm.broadcast(buf)
 
     total = tc.total_steps(T)
     tokens_per_step = tc.batch_size * T * tc.grad_accum
-    metrics = (run / METRICS_FILE).open("a")
+    metrics = (run / METRICS_FILE).open("a") if comm.rank == 0 else open(os.devnull, "w")
 
     def save(step: int) -> None:
         nonlocal saved_step
@@ -429,9 +445,10 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
             "rng": {"sample_seed": [tc.seed, step], "eval_seed": EVAL_SEED},
         }
         be = model.be
-        moments = {"m": be.to_host(opt.m), "v": be.to_host(opt.v)}
-        checkpoint.save(run / checkpoint.CHECKPOINT_NAME, cfg, be.to_host(model.params),
-                        moments, state, tc.to_dict(), tokenizer_json)  # fmt: skip
+        if comm.rank == 0:  # the ranks hold the same state: one of them writes it
+            moments = {"m": be.to_host(opt.m), "v": be.to_host(opt.v)}
+            checkpoint.save(run / checkpoint.CHECKPOINT_NAME, cfg, be.to_host(model.params),
+                            moments, state, tc.to_dict(), tokenizer_json)  # fmt: skip
         saved_step = step
 
     def record(obj: dict) -> None:
@@ -468,15 +485,19 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                 loss = 0.0
                 for micro in range(tc.grad_accum):
                     tokens, targets = data.get("train", step * tc.grad_accum + micro, tc.seed)
+                    tokens, targets, scale = distributed.shard_batch(tokens, targets, comm)
                     # float(): a GPU backend returns the loss lazily, in a buffer it reuses
                     micro_loss = float(model.forward(tokens, targets, need_grad=True,
-                                                     accumulate=micro > 0))  # fmt: skip
+                                                     accumulate=micro > 0,
+                                                     head_scale=scale))  # fmt: skip
                     if not math.isfinite(micro_loss):
                         _stop_nonfinite("loss", micro_loss, step + 1, saved_step, run)
                     model.backward()
                     loss += micro_loss / tc.grad_accum
                 if tc.grad_accum > 1:  # the heads' loss scale is per micro-batch: average
                     _scale_grads(model, 1.0 / tc.grad_accum)
+                comm.allreduce_mean(model.grads)  # the global batch's gradient, on every rank
+                loss = distributed.global_mean(comm, loss)
                 norm = float(opt.step(lr))
                 if not math.isfinite(norm):
                     _stop_nonfinite("gradient norm", norm, step + 1, saved_step, run)
@@ -496,7 +517,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                     val = run_eval(done)
                 if done % tc.ckpt_every == 0 or done == total:
                     save(done)
-                if stop.requested and done < total:
+                stopping = distributed.any_rank(comm, stop.requested)  # all stop at one step
+                if stopping and done < total:
                     if saved_step != done:
                         save(done)
                     interrupted = True

@@ -168,8 +168,8 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_
     real_forward = Model.forward
     calls = {"n": 0}
 
-    def forward(self, tokens, targets=None, need_grad=False, accumulate=False):
-        loss = real_forward(self, tokens, targets, need_grad, accumulate)
+    def forward(self, tokens, targets=None, need_grad=False, accumulate=False, **kw):
+        loss = real_forward(self, tokens, targets, need_grad, accumulate, **kw)
         if need_grad:
             calls["n"] += 1
             if calls["n"] == 6:  # optimizer step 6
