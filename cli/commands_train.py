@@ -66,7 +66,8 @@ def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
         sys.exit(distributed.relaunch(nproc, sys.argv[1:]))
     if nproc > 1 and launched != nproc:
         raise EulerError(f"--nproc {nproc}, but mpiexec started {launched} ranks")
-    summary = train(tc, resume=resume is not None, overwrite=overwrite)
+    with distributed.abort_on_error():  # under mpiexec: one rank's error stops every rank
+        summary = train(tc, resume=resume is not None, overwrite=overwrite)
     if summary["interrupted"]:
         # SystemExit, not typer.Exit: in main()'s non-standalone mode click would turn an Exit
         # into a return value, and the code would be lost

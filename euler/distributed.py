@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Protocol
 
@@ -174,6 +175,32 @@ def rank0_first(comm: Comm):
     yield
     if comm.rank == 0:
         comm.barrier()
+
+
+@contextlib.contextmanager
+def abort_on_error():
+    """Under mpiexec, a rank that fails takes all ranks down (MPI_Abort) with its message.
+
+    Otherwise the others would wait forever in their next collective, and the failing rank
+    itself in MPI_Finalize at exit. A single process is left alone.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, Exception) as e:
+        if launched_size() == 1:
+            raise
+        from mpi4py import MPI
+
+        if isinstance(e, EulerError):
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            code = 2
+        elif isinstance(e, KeyboardInterrupt):
+            print("interrupted", file=sys.stderr, flush=True)
+            code = 130
+        else:
+            traceback.print_exc()
+            code = 1
+        MPI.COMM_WORLD.Abort(code)
 
 
 # ---------------------------------------------------------------------------- launching

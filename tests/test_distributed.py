@@ -211,6 +211,18 @@ def test_nproc_must_match_the_ranks_mpiexec_started(data_root, tmp_path):
     assert res.returncode != 0 and "--nproc 4, but mpiexec started 2 ranks" in res.stderr
 
 
+@needs_mpi
+def test_an_error_on_rank_0_stops_every_rank(data_root, tmp_path):
+    """Rank 0 alone refuses a held run folder; the other rank must not wait forever."""
+    held = tmp_path / "held"
+    train(tiny_config(held, data_root / "pre", steps=1))
+    cmd = [sys.executable, "-m", "euler.cli", "train", "--preset", "tiny", "--out", str(held),
+           "--data", str(data_root / "pre"), "--batch-size", "4", "--nproc", "2"]  # fmt: skip
+    res = subprocess.run(cmd, env=_rank_env(tmp_path), capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.returncode == 2 and "already holds a pretrain run" in res.stderr
+
+
 # ---------------------------------------------------------------------------- NCCL
 
 
