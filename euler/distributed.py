@@ -222,10 +222,12 @@ def mpiexec_path() -> str:
 def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -> int:
     """Run `euler ARGV` as nproc MPI ranks and wait; returns mpiexec's exit code.
 
-    Each rank gets NUMBA_NUM_THREADS = threads_per_rank (default: the cores / nproc, so the
-    ranks do not oversubscribe the CPU) unless the environment already sets it. This
-    process ignores Ctrl-C while it waits: the ranks get it from the terminal themselves,
-    finish their step and save.
+    Each rank's Numba and BLAS thread pools get threads_per_rank threads (default: the
+    environment's NUMBA_NUM_THREADS, else the cores / nproc), unless the environment sets a
+    pool's own variable: ranks whose pools each take every core oversubscribe the CPU, and
+    OpenBLAS's spinning threads then make 2 ranks 3x slower than 1. This process ignores
+    Ctrl-C while it waits: the ranks get it from the terminal themselves, finish their step
+    and save.
     """
     import signal
 
@@ -234,8 +236,10 @@ def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -
     except ImportError:
         raise EulerError(f"--nproc needs mpi4py; {INSTALL_HINT}") from None
     env = dict(os.environ)
-    if "NUMBA_NUM_THREADS" not in env:
-        env["NUMBA_NUM_THREADS"] = str(threads_per_rank or max(1, (os.cpu_count() or 1) // nproc))
+    threads = threads_per_rank or int(env.get("NUMBA_NUM_THREADS") or 0)
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    for pool in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(pool, str(threads))
     cmd = [mpiexec_path(), "-n", str(nproc), sys.executable, "-m", "euler.cli", *argv]
     proc = subprocess.Popen(cmd, env=env)
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -6,7 +6,7 @@ mpi4py and mpiexec): 2 CPU ranks against single-process training, for `euler tra
 for a run resumed on 2 ranks from a 1-process checkpoint, and for SFT started under mpiexec
 directly; losses equal to 1e-6. NCCL: a missing library is one EulerError; with the wheel,
 the CPU-side calls (version, unique id), the header's constants and the file rendezvous;
-the GPU collectives are marked `gpu`. Each rank runs with NUMBA_NUM_THREADS=1.
+the GPU collectives are marked `gpu`. Each rank runs 1 Numba and 1 BLAS thread.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _assert_same_run(got: Path, want: Path) -> None:
 
 
 def _rank_env(tmp_path: Path) -> dict:
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", EULER_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", EULER_CACHE=str(tmp_path / "cache"))  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return env
 
