@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from euler.cpu import adamw, attention, cross_entropy, embedding, residual, rmsnorm, rope, swiglu
+from euler.cpu.blas import SplitMatmul
 
 
 class CpuBackend:
@@ -22,6 +23,7 @@ class CpuBackend:
         # keys per FlashAttention tile; the gradient check uses small tiles so that its
         # short sequences still cross several tile boundaries
         self.attention_tile = attention_tile
+        self._matmul = SplitMatmul()
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:
@@ -43,12 +45,7 @@ class CpuBackend:
     # ------------------------------------------------------------ matrix products
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
-        a2 = a.T if trans_a else a
-        b2 = b.T if trans_b else b
-        if accumulate:
-            out += a2 @ b2
-        else:
-            np.matmul(a2, b2, out=out)
+        self._matmul(out, a, b, trans_a, trans_b, accumulate)
 
     # ------------------------------------------------------------ layers
     def embedding_forward(self, x, tokens, wte) -> None:
