@@ -12,10 +12,10 @@ BLAS) whose idle workers sleep instead of spinning.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 # below this many multiply-adds a product runs whole on the calling thread: the hand-off
@@ -47,7 +47,9 @@ class SplitMatmul:
     """out = op(a) @ op(b), cut by output rows across `workers` threads."""
 
     def __init__(self, workers: int | None = None):
-        self.workers = workers or len(os.sched_getaffinity(0))
+        # as many pieces as Numba has threads (NUMBA_NUM_THREADS, else the cores), so that a
+        # data-parallel rank given one thread also runs its products on one
+        self.workers = workers or numba.config.NUMBA_NUM_THREADS
         # one BLAS thread per call only if we can say so; otherwise BLAS keeps its own pool
         # and splitting would oversubscribe the cores
         self.split = self.workers > 1 and limit_blas_threads(1)
