@@ -224,8 +224,8 @@ def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -
 
     Each rank's Numba and BLAS thread pools get threads_per_rank threads (default: the
     environment's NUMBA_NUM_THREADS, else the cores / nproc), unless the environment sets a
-    pool's own variable: ranks whose pools each take every core oversubscribe the CPU, and
-    OpenBLAS's spinning threads then make 2 ranks 3x slower than 1. This process ignores
+    pool's own variable: ranks whose pools each take every core oversubscribe the CPU (2
+    ranks with OpenBLAS's own 2-thread pools once ran 3x slower than 1). This process ignores
     Ctrl-C while it waits: the ranks get it from the terminal themselves, finish their step
     and save.
     """
