@@ -20,8 +20,9 @@ run without saving, so the last good checkpoint stays on disk.
 Data parallel (started under mpiexec; euler.distributed): every rank draws the global batch
 and trains on its block of rows; one all-reduce averages the flat gradient buffer, so every
 rank takes the same optimizer step. Rank 0 owns the run folder (logs, metrics,
-checkpoints); all ranks start from rank 0's parameters and moments. The batches, losses
-and checkpoints do not depend on the number of ranks, so a run may resume on another.
+checkpoints); all ranks start from rank 0's parameters and moments, and each evaluates the
+whole validation batches itself. The batches, losses and checkpoints do not depend on the
+number of ranks, so a run may resume on another.
 """
 
 from __future__ import annotations
