@@ -8,33 +8,29 @@ Measures, on one device (CPU or CUDA):
   FlashAttention against a naive attention that materialises the (T, T) scores; tokenizer
   encode MB/s, on a tokenizer trained here on the embedded corpus text.
 
-The package never imports torch at module level: the peer is loaded lazily, and only when
-torch is importable and bench/torch_peer.py is found next to the package (a source
-checkout); otherwise the peer is skipped with a note. Times are wall-clock seconds around
-synchronised calls; a step's figure is the median of the timed steps.
+The package never imports torch at module level: euler.bench_peer loads the peer lazily,
+and only when torch is importable and bench/torch_peer.py is found next to the package (a
+source checkout); otherwise the peer is skipped with a note. Both engines start from the
+same weights and run the same steps on the same batch, so their last losses agree. Times
+are wall-clock seconds around synchronised calls; a step's figure is the median of the
+timed steps.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
-import resource
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
+import numba
 import numpy as np
 
-from euler.bench_kernels import (
-    attention_batch,
-    best_ms,
-    compare_attention,
-    time_layers,
-    tokenizer_speed,
-)
+from euler.bench_kernels import attention_batch, compare_attention, time_layers, tokenizer_speed
+from euler.bench_peer import LR, load_torch_peer, time_peer
+from euler.bench_timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
 from euler.model import Model, make_targets
@@ -43,7 +39,6 @@ from euler.optim import AdamW
 # (batch, seq) per preset when --batch / --seq are not given
 DEFAULT_SHAPES = {"tiny": (4, 24), "small": (16, 128), "gpu": (32, 512)}
 MFU_FORMULA = "MFU = 6 * params * tokens/s / peak"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -113,38 +108,6 @@ def make_backend(device: str):
     return CpuBackend()
 
 
-def _status_mib(key: str) -> float | None:
-    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in MiB; None without /proc."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> float | None:
-    """Restart this process's peak-RSS counter (VmHWM); return the RSS now, in MiB.
-
-    The RSS now is the baseline a phase's peak includes: libraries, earlier arrays.
-    """
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass  # not Linux, or not allowed: peak_rss_mib falls back to the lifetime peak
-    return _status_mib("VmRSS")
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB since reset_peak_rss (where supported)."""
-    peak = _status_mib("VmHWM")
-    if peak is not None:
-        return peak
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-
-
 def measure_peak(be, device: str) -> dict:
     """Dense float32 matmul GFLOP/s measured now: the MFU denominator unless --peak is given.
 
@@ -172,9 +135,9 @@ def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
     return window[:, :T], make_targets(window, T, cfg.n_mtp)
 
 
-def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, warmup: int):
-    """Our float32 training step (forward, backward, clip, AdamW): timing and memory stats."""
-    tokens, targets = synthetic_batch(cfg, B, T)
+def time_engine(cfg: ModelConfig, be, device: str, tokens, targets, steps: int, warmup: int):
+    """Our float32 training step (forward, backward, clip, AdamW) on tokens (B, T), targets
+    (K, B, T): time_steps' statistics plus memory."""
     rss0 = reset_peak_rss() if device == "cpu" else None
     model = Model(cfg, backend=be, dtype=np.float32, seed=0)
     opt = AdamW(model)
@@ -182,24 +145,10 @@ def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, w
     def step() -> float:
         loss = model.forward(tokens, targets, need_grad=True)
         model.backward()
-        opt.step(3e-4)
+        opt.step(LR)
         return loss
 
-    t0 = time.perf_counter()
-    step()  # compiles (or loads from the cache) every kernel
-    be.synchronize()
-    first_s = time.perf_counter() - t0
-    for _ in range(warmup):
-        step()
-    times, loss = [], 0.0
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        loss = step()
-        be.synchronize()
-        times.append(time.perf_counter() - t0)
-    stats = step_stats(times, B * T)
-    stats["first_step_s"] = first_s
-    stats["loss_last"] = float(loss)
+    stats = time_steps(step, be.synchronize, steps, warmup)  # the first step compiles
     if device == "cpu":
         stats["peak_memory_mib"] = peak_rss_mib()
         stats["rss_at_start_mib"] = rss0
@@ -210,78 +159,6 @@ def time_engine(cfg: ModelConfig, be, device: str, B: int, T: int, steps: int, w
     return stats
 
 
-def step_stats(times: list[float], tokens_per_step: int) -> dict:
-    """ms per step (median, min, mean) and tokens/s at the median step; times in seconds."""
-    med = float(np.median(times))
-    return {
-        "steps_timed": len(times),
-        "ms_per_step": 1e3 * med,
-        "ms_per_step_min": 1e3 * min(times),
-        "ms_per_step_mean": 1e3 * float(np.mean(times)),
-        "tokens_per_s": tokens_per_step / med,
-    }
-
-
-# ------------------------------------------------------------------ the PyTorch peer
-
-
-def load_torch_peer():
-    """(bench/torch_peer.py as a module, None) or (None, why it is skipped). Imports torch."""
-    if importlib.util.find_spec("torch") is None:
-        return None, "torch is not installed (pip install -e .[bench])"
-    path = REPO_ROOT / "bench" / "torch_peer.py"
-    if not path.is_file():
-        return None, f"{path} not found (the peer lives in a source checkout's bench/)"
-    if "torch_peer" in sys.modules:
-        return sys.modules["torch_peer"], None
-    spec = importlib.util.spec_from_file_location("torch_peer", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["torch_peer"] = module  # before exec: dataclasses and pickling look it up
-    spec.loader.exec_module(module)
-    return module, None
-
-
-def time_peer(peer, cfg, device: str, B: int, T: int, steps: int, warmup: int, compiled: bool):
-    """The peer's float32 training step, eager or torch.compile'd: timing and memory stats."""
-    import numba
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        return {"skipped": f"torch {torch.__version__} has no CUDA device here"}
-    threads = numba.get_num_threads()  # the same thread count as our prange kernels
-    rss0 = reset_peak_rss() if device == "cpu" else None
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
-    try:
-        # one more warmup step than ours gets: the peer's first step is its compile step
-        s = peer.time_training(
-            cfg, B, T, steps, warmup + 1, threads, compile=compiled, device=device
-        )
-    except Exception as e:  # torch.compile fails in many ways (no compiler, backend errors)
-        if not compiled:
-            raise
-        return {"skipped": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"}
-    out = {
-        "steps_timed": steps,
-        "ms_per_step": s["ms_per_step_median"],
-        "ms_per_step_min": s["ms_per_step_min"],
-        "ms_per_step_mean": s["ms_per_step_mean"],
-        "tokens_per_s": B * T / (s["ms_per_step_median"] / 1e3),
-        "first_step_s": s["first_step_s"],
-        "loss_last": s["loss_last"],
-        "threads": threads,
-    }
-    if device == "cpu":
-        out["peak_memory_mib"] = peak_rss_mib()
-        out["rss_at_start_mib"] = rss0
-        out["memory_kind"] = "peak RSS of the process during this engine's run"
-    else:
-        out["peak_memory_mib"] = torch.cuda.max_memory_reserved() / 2**20
-        out["memory_kind"] = "torch.cuda.max_memory_reserved"
-    return out
-
-
 # ------------------------------------------------------------------ the run
 
 
@@ -290,8 +167,6 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     cfg, B, T = opts.resolve()
     be = make_backend(opts.device)
     notes: list[str] = []
-    import numba
-
     load_before = os.getloadavg()
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -318,9 +193,11 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         peak = {"gflop_per_s": opts.peak_tflops * 1e3, "source": "given by --peak"}
     peak["mfu_formula"] = MFU_FORMULA
 
+    tokens, targets = synthetic_batch(cfg, B, T)
+    threads = numba.get_num_threads()  # the peer gets as many threads as our prange kernels
     step: dict[str, dict] = {}
     log(f"ours: {opts.warmup + 1} untimed + {opts.steps} timed steps at B={B} T={T}")
-    step["ours"] = time_engine(cfg, be, opts.device, B, T, opts.steps, opts.warmup)
+    step["ours"] = time_engine(cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup)
     peer, why = load_torch_peer() if opts.peer else (None, "--no-peer")
     if peer is None:
         notes.append(f"PyTorch peer skipped: {why}")
@@ -328,19 +205,17 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         import torch
 
         meta["torch"] = torch.__version__
-        log("torch eager: timing the peer")
-        step["torch_eager"] = time_peer(
-            peer, cfg, opts.device, B, T, opts.steps, opts.warmup, compiled=False
-        )
+        args = (peer, cfg, opts.device, tokens, targets, opts.steps, opts.warmup, threads)
+        log("torch_eager: the same steps")
+        step["torch_eager"] = time_peer(*args, compiled=False)
         if opts.compile:
-            log("torch compiled: torch.compile(peer) (the first step compiles)")
-            step["torch_compiled"] = time_peer(
-                peer, cfg, opts.device, B, T, opts.steps, opts.warmup, compiled=True
-            )
+            log("torch_compiled: the same steps (the first one compiles)")
+            step["torch_compiled"] = time_peer(*args, compiled=True)
         else:
             step["torch_compiled"] = {"skipped": "--no-compile"}
     for name, s in step.items():
-        if "tokens_per_s" in s:
+        if "ms_per_step" in s:
+            s["tokens_per_s"] = B * T / (s["ms_per_step"] / 1e3)
             s["mfu"] = 6 * cfg.n_params() * s["tokens_per_s"] / (peak["gflop_per_s"] * 1e9)
         else:
             notes.append(f"{name}: {s['skipped']}")

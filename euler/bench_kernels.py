@@ -16,23 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from euler.bench_timing import best_ms
 from euler.config import ModelConfig
 from euler.model import rope_tables
 
 NAIVE_SCORES_BYTES = 256 * 2**20  # the host memory naive attention's scores may take
-
-
-def best_ms(fn: Callable[[], object], sync: Callable[[], None], reps: int) -> float:
-    """Fastest of `reps` synchronised calls of fn, in ms, after one untimed call."""
-    fn()
-    sync()
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return 1e3 * best
 
 
 # ------------------------------------------------------------------ layers

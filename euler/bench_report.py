@@ -16,8 +16,9 @@ PEER = "torch_eager"  # the engine every ratio divides by
 
 def step_table(res: BenchResult) -> Table:
     """One row per engine: tokens/s, ms/step, MFU, peak memory (and the process's memory as
-    the engine started, which that peak includes), the ratio to the peer and the first
-    step's seconds (compilation)."""
+    the engine started, which that peak includes), the ratio to the peer, the first
+    step's seconds (compilation) and the last step's loss (equal weights, batch and steps:
+    the engines' losses agree)."""
     m = res.meta
     title = (
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
@@ -25,12 +26,13 @@ def step_table(res: BenchResult) -> Table:
     )
     t = Table(title=title)
     cols = ("engine", "tokens/s", "ms/step", "MFU", "peak MiB (start)", "vs torch eager", "1st s")
+    cols += ("last loss",)
     for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right")
     base = res.step.get(PEER, {}).get("tokens_per_s")
     for name, s in res.step.items():
         if "skipped" in s:
-            t.add_row(name, "skipped", "", "", "", "", "")
+            t.add_row(name, "skipped", *[""] * (len(cols) - 2))
             continue
         ratio = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
         t.add_row(
@@ -42,6 +44,7 @@ def step_table(res: BenchResult) -> Table:
             + (f" ({s['rss_at_start_mib']:.0f})" if s.get("rss_at_start_mib") else ""),
             ratio,
             f"{s['first_step_s']:.1f}",
+            f"{s['loss_last']:.4f}",
         )
     return t
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from euler import bench
+from euler import bench_peer
 from euler.bench_kernels import layer_cases
 from euler.config import get_preset
 from euler.cpu.backend import CpuBackend
@@ -80,13 +80,13 @@ def test_cuda_without_a_gpu_is_one_line(monkeypatch, capsys):
 def test_the_package_never_imports_torch():
     """`euler bench` loads torch only inside run_bench, when it times the peer."""
     code = (
-        "import sys, euler.bench, euler.bench_kernels, euler.bench_report, euler.cli.main; "
+        "import sys, euler.bench, euler.bench_report, euler.cli.main; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_peer_skipped_with_a_note_when_bench_folder_is_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "REPO_ROOT", tmp_path)
-    peer, why = bench.load_torch_peer()
+    monkeypatch.setattr(bench_peer, "REPO_ROOT", tmp_path)
+    peer, why = bench_peer.load_torch_peer()
     assert peer is None and ("not found" in why or "not installed" in why)

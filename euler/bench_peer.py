@@ -1,0 +1,102 @@
+"""The PyTorch peer's training step as `euler bench` times it: eager or torch.compile'd.
+
+The peer model (bench/torch_peer.py) lives in the source checkout, not in the package, so
+it is loaded from there by path, and torch is imported only inside these functions: the
+package never imports torch at module level. The step matches ours: float32, the same
+initial weights and batch, clipping and AdamW with euler.optim's hyper-parameters (decay on
+the weight matrices only), torch's fused AdamW.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from euler.bench_timing import peak_rss_mib, reset_peak_rss, time_steps
+from euler.config import ModelConfig
+from euler.optim import AdamWConfig
+from euler.params import ParamLayout, init_params, param_table
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LR = 3e-4
+
+
+def load_torch_peer():
+    """(bench/torch_peer.py as a module, None) or (None, why it is skipped). Imports torch."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed (pip install -e .[bench])"
+    path = REPO_ROOT / "bench" / "torch_peer.py"
+    if not path.is_file():
+        return None, f"{path} not found (the peer lives in a source checkout's bench/)"
+    if "torch_peer" in sys.modules:  # tests import it by that name too
+        return sys.modules["torch_peer"], None
+    spec = importlib.util.spec_from_file_location("torch_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["torch_peer"] = module
+    spec.loader.exec_module(module)
+    return module, None
+
+
+def time_peer(
+    peer,
+    cfg: ModelConfig,
+    device: str,
+    tokens: np.ndarray,
+    targets: np.ndarray,
+    steps: int,
+    warmup: int,
+    threads: int,
+    compiled: bool,
+) -> dict:
+    """Time the peer's step on tokens (B, T) and targets (K, B, T); stats as time_steps,
+    plus memory, or {"skipped": why} where torch.compile or CUDA is not to be had."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": f"torch {torch.__version__} sees no CUDA device"}
+    torch.set_num_threads(threads)
+    rss0 = reset_peak_rss() if device == "cpu" else None
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
+    layout = ParamLayout(cfg)
+    model = peer.build_peer(cfg, layout.views(init_params(layout, 0)), torch.float32).to(device)
+    named = peer.peer_param_names(model)
+    decay = {name for name, _, d in param_table(cfg) if d}
+    hp = AdamWConfig()
+    groups = [
+        {"params": [p for n, p in named.items() if n in decay], "weight_decay": hp.weight_decay},
+        {"params": [p for n, p in named.items() if n not in decay], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(hp.beta1, hp.beta2), eps=hp.eps, fused=True)
+    forward = torch.compile(model) if compiled else model
+    tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(device)
+    tgt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).to(device)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss, _ = forward(tok, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
+        opt.step()
+        return loss.item()  # waits for the device, so a step's time is all its work
+
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+    try:
+        stats = time_steps(step, sync, steps, warmup)
+    except Exception as e:  # torch.compile fails in many ways (no compiler, backend errors)
+        if not compiled:
+            raise
+        return {"skipped": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"}
+    stats["threads"] = threads
+    if device == "cpu":
+        stats["peak_memory_mib"] = peak_rss_mib()
+        stats["rss_at_start_mib"] = rss0
+        stats["memory_kind"] = "peak RSS of the process during this engine's run"
+    else:
+        stats["peak_memory_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        stats["memory_kind"] = "torch.cuda.max_memory_reserved"
+    return stats

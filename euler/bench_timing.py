@@ -1,0 +1,91 @@
+"""Timing and memory helpers shared by `euler bench`'s measurements.
+
+Times are wall-clock around synchronised calls (`sync` waits for a device; on the CPU it
+does nothing). Memory is this process's resident set, read from /proc on Linux.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+
+def best_ms(fn: Callable[[], object], sync: Callable[[], None], reps: int) -> float:
+    """Fastest of `reps` synchronised calls of fn, in ms, after one untimed call."""
+    fn()
+    sync()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def time_steps(
+    step: Callable[[], float], sync: Callable[[], None], steps: int, warmup: int
+) -> dict:
+    """Run 1 + warmup untimed training steps, then `steps` timed ones; their statistics.
+
+    The first step is timed apart (`first_step_s`): it compiles. tokens/s is left to the
+    caller, which knows the tokens per step; `loss_last` is the last step's loss.
+    """
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        step()
+    times, loss = [], math.nan
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return {
+        "steps_timed": steps,
+        "ms_per_step": 1e3 * float(np.median(times)),
+        "ms_per_step_min": 1e3 * min(times),
+        "ms_per_step_mean": 1e3 * float(np.mean(times)),
+        "first_step_s": first_s,
+        "loss_last": float(loss),
+    }
+
+
+def _status_mib(key: str) -> float | None:
+    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in MiB; None without /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> float | None:
+    """Restart this process's peak-RSS counter (VmHWM); return the RSS now, in MiB.
+
+    The RSS now is the baseline a phase's peak includes: libraries, earlier arrays.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_rss_mib falls back to the lifetime peak
+    return _status_mib("VmRSS")
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB since reset_peak_rss (where supported)."""
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
