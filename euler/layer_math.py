@@ -18,6 +18,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
 
+# Row reductions may be reassociated so that they vectorise (sums in a different order;
+# inf and nan keep their meaning). Only the CPU schedule uses the row helpers.
+ROW_FAST = {"reassoc", "contract", "nsz", "arcp"}
+
 # ---------------------------------------------------------------- exp
 
 
@@ -73,7 +77,7 @@ def rms_rstd(sumsq, n, eps, T):
     return T(1.0) / math.sqrt(sumsq / T(n) + eps)
 
 
-@register_jitable
+@register_jitable(fastmath=ROW_FAST)
 def rmsnorm_forward_row(y, x, w, eps, T):
     """y = x * rstd * w for one row (D,); returns rstd (saved for the backward pass)."""
     n = x.shape[0]
@@ -86,7 +90,7 @@ def rmsnorm_forward_row(y, x, w, eps, T):
     return r
 
 
-@register_jitable
+@register_jitable(fastmath=ROW_FAST)
 def rmsnorm_backward_row(dx, dw, dy, dres, x, w, r, T):
     """One row (D,): dx = dres + d/dx, assigned; dw += dy * x * r, accumulated.
 
@@ -163,7 +167,7 @@ def online_softmax_rescale(m_old, m_new, T):
 # ---------------------------------------------------------------- cross-entropy
 
 
-@register_jitable
+@register_jitable(fastmath=ROW_FAST)
 def cross_entropy_row(logits, target, scale, T):
     """Fused softmax cross-entropy for one row (V,), in place.
 
@@ -193,7 +197,7 @@ def cross_entropy_row(logits, target, scale, T):
     return loss
 
 
-@register_jitable
+@register_jitable(fastmath=ROW_FAST)
 def logsumexp_row(logits, T):
     """log(sum(exp(logits))) of one row, shifted by its max for stability."""
     n = logits.shape[0]

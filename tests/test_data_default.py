@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from euler.cache import cache_root
 from euler.data import default_corpus, default_corpus_dir
 from euler.data.corpus import CorpusSource
-from euler.data.files import cache_root
 from euler.data.loader import TokenLoader
 from euler.errors import EulerError
 

@@ -277,3 +277,17 @@ def test_split_matmul_equals_numpy(trans_a, trans_b, accumulate):
     assert mm.split  # this test must exercise the split path
     mm(out, a, b, trans_a, trans_b, accumulate)
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_kernels_live_in_a_folder_named_by_the_sources(tmp_path):
+    """Numba checks a cached kernel against its own file only; the folder name covers the
+    helpers it inlines from other files. A user's NUMBA_CACHE_DIR wins."""
+    import numba
+
+    from euler.cache import source_digest
+
+    assert numba.config.CACHE_DIR.endswith(source_digest())
+    code = "import euler, numba; print(numba.config.CACHE_DIR)"
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(tmp_path)

@@ -17,8 +17,8 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from euler.cache import cache_root
 from euler.data.corpus import CorpusSource
-from euler.data.files import cache_root
 from euler.data.manifest import MANIFEST_NAME, read_manifest
 from euler.data.prepare import prepare_corpus
 from euler.errors import EulerError

@@ -19,7 +19,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from euler.data.files import CHUNK, cache_root, sha256_file
+from euler.cache import cache_root
+from euler.data.files import CHUNK, sha256_file
 from euler.errors import EulerError
 
 TIMEOUT_S = 60

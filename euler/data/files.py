@@ -22,15 +22,6 @@ from euler.errors import EulerError
 CHUNK = 1 << 20  # bytes read per step when hashing or copying
 
 
-def cache_root() -> Path:
-    """The user cache folder: $EULER_CACHE, $XDG_CACHE_HOME/nanoeuler or ~/.cache/nanoeuler."""
-    if os.environ.get("EULER_CACHE"):
-        return Path(os.environ["EULER_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "nanoeuler"
-
-
 def _default_mode(directory: bool = False) -> int:
     """Permissions a plain open()/mkdir() would give under the current umask."""
     umask = os.umask(0)
