@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -108,6 +110,21 @@ def make_backend(device: str):
     return CpuBackend()
 
 
+def git_commit() -> str | None:
+    """HEAD of the checkout the package runs from (with "+dirty" if files differ), or None."""
+    try:
+        run = lambda *a: subprocess.run(  # noqa: E731
+            ["git", *a], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+        head = run("rev-parse", "HEAD")
+        if head.returncode:
+            return None
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def measure_peak(be, device: str) -> dict:
     """Dense float32 matmul GFLOP/s measured now: the MFU denominator unless --peak is given.
 
@@ -171,6 +188,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(["euler", *sys.argv[1:]]),
+        "git_commit": git_commit(),
         "options": asdict(opts),
         "preset": opts.preset,
         "config": cfg.to_dict(),

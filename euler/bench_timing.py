@@ -44,6 +44,7 @@ def time_steps(
     for _ in range(warmup):
         step()
     times, loss = [], math.nan
+    cpu0 = time.process_time()
     for _ in range(steps):
         t0 = time.perf_counter()
         loss = step()
@@ -56,6 +57,8 @@ def time_steps(
         "ms_per_step_mean": 1e3 * float(np.mean(times)),
         "first_step_s": first_s,
         "loss_last": float(loss),
+        # near the thread count when the cores were ours; lower when others took them
+        "cpu_s_per_wall_s": (time.process_time() - cpu0) / sum(times),
     }
 
 
