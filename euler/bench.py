@@ -69,8 +69,10 @@ class BenchOptions:
         for flag, value in (("--batch", B), ("--seq", T), ("--steps", self.steps)):
             if value < 1:
                 raise EulerError(f"{flag} must be at least 1, got {value}")
-        if self.warmup < 0 or self.reps < 1:
-            raise EulerError("--warmup must be >= 0 and reps >= 1")
+        if self.warmup < 0:
+            raise EulerError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.reps < 1:
+            raise EulerError(f"reps must be at least 1, got {self.reps}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise EulerError(f"--peak must be positive (TFLOP/s), got {self.peak_tflops}")
         if T > cfg.context:

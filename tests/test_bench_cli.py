@@ -56,6 +56,7 @@ def test_tiny_run_writes_json_with_every_section(tmp_path, monkeypatch, capsys):
         (["--preset", "tiny", "--seq", "25"], ["--seq", "context"]),
         (["--batch", "0"], ["--batch"]),
         (["--steps", "0"], ["--steps"]),
+        (["--warmup", "-1"], ["--warmup"]),
         (["--peak", "-1"], ["--peak"]),
         (["--json", "/nonexistent/folder/b.json"], ["--json", "/nonexistent/folder"]),
     ],
