@@ -1,4 +1,4 @@
-"""`euler bench`: our engine against the PyTorch peer on the same shapes, in one process.
+"""`euler bench`: our engine against the PyTorch peer on the same shapes, in one run.
 
 Measures, on one device (CPU or CUDA):
 - the full training step (forward, backward, clip, AdamW) of our engine and of the PyTorch
@@ -10,7 +10,8 @@ Measures, on one device (CPU or CUDA):
 
 The package never imports torch at module level: euler.bench_peer loads the peer lazily,
 and only when torch is importable and bench/torch_peer.py is found next to the package (a
-source checkout); otherwise the peer is skipped with a note. Both engines start from the
+source checkout); otherwise the peer is skipped with a note. The peer's steps run in a
+fresh process of their own, as PyTorch would run alone. Both engines start from the
 same weights and run the same steps on the same batch, so their last losses agree. Times
 are wall-clock seconds around synchronised calls; a step's figure is the median of the
 timed steps.
@@ -31,7 +32,7 @@ import numba
 import numpy as np
 
 from euler.bench_kernels import attention_batch, compare_attention, time_layers, tokenizer_speed
-from euler.bench_peer import LR, load_torch_peer, time_peer
+from euler.bench_peer import LR, load_torch_peer, time_peer_in_own_process
 from euler.bench_timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
@@ -225,12 +226,12 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         import torch
 
         meta["torch"] = torch.__version__
-        args = (peer, cfg, opts.device, tokens, targets, opts.steps, opts.warmup, threads)
-        log("torch_eager: the same steps")
-        step["torch_eager"] = time_peer(*args, compiled=False)
+        args = (cfg, opts.device, tokens, targets, opts.steps, opts.warmup, threads)
+        log("torch_eager: the same steps, in its own process")
+        step["torch_eager"] = time_peer_in_own_process(*args, compiled=False)
         if opts.compile:
-            log("torch_compiled: the same steps (the first one compiles)")
-            step["torch_compiled"] = time_peer(*args, compiled=True)
+            log("torch_compiled: the same steps (the first one compiles), in its own process")
+            step["torch_compiled"] = time_peer_in_own_process(*args, compiled=True)
         else:
             step["torch_compiled"] = {"skipped": "--no-compile"}
     for name, s in step.items():

@@ -8,4 +8,6 @@ unless the user chose otherwise. This must happen before the OpenMP runtime load
 
 import os
 
+# remembered so that a benchmark can start a peer process with the environment it would have had
+OMP_WAIT_POLICY_SET_HERE = "OMP_WAIT_POLICY" not in os.environ
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
