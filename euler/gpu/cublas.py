@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-from pathlib import Path
 
 from euler.errors import EulerError
+from euler.gpu.libs import library_candidates
 
 INSTALL_HINT = "install the GPU extra: pip install 'nanoeuler[gpu]'"
 
@@ -40,24 +39,7 @@ class CublasError(RuntimeError):
 
 
 def _candidates() -> list[str]:
-    """Paths or names to try, in order: the pip wheel, CUDA_HOME, the system loader."""
-    found: list[str] = []
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
-        path = load_nvidia_dynamic_lib("cublas").abs_path
-        if path:
-            found.append(path)
-    except Exception:  # noqa: BLE001 - any failure just means "try the next place"
-        pass
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        for lib in ("lib64", "lib"):
-            found += sorted(str(p) for p in Path(home, lib).glob("libcublas.so*"))
-    name = ctypes.util.find_library("cublas")
-    if name:
-        found.append(name)
-    return found + ["libcublas.so"]
+    return library_candidates("cublas", "libcublas.so")
 
 
 def load_library() -> ctypes.CDLL:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from euler.errors import EulerError
+from euler.gpu.libs import library_candidates
 
 INSTALL_HINT = "install NVIDIA's NCCL wheel: pip install nvidia-nccl-cu13"
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES in nccl.h
@@ -38,24 +38,7 @@ class UniqueId(ctypes.Structure):
 
 
 def _candidates() -> list[str]:
-    """Paths or names to try, in order: the pip wheel, CUDA_HOME, the system loader."""
-    found: list[str] = []
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
-        path = load_nvidia_dynamic_lib("nccl").abs_path
-        if path:
-            found.append(path)
-    except Exception:  # noqa: BLE001 - any failure just means "try the next place"
-        pass
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        for lib in ("lib64", "lib"):
-            found += sorted(str(p) for p in Path(home, lib).glob("libnccl.so*"))
-    name = ctypes.util.find_library("nccl")
-    if name:
-        found.append(name)
-    return found + ["libnccl.so.2"]
+    return library_candidates("nccl", "libnccl.so.2")
 
 
 def load_library() -> ctypes.CDLL:
