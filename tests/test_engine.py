@@ -291,3 +291,21 @@ def test_compiled_kernels_live_in_a_folder_named_by_the_sources(tmp_path):
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(tmp_path)
+
+
+def test_cpu_launchers_refuse_shapes_their_kernels_would_overrun():
+    """Numba kernels do not check bounds: the launcher must."""
+    from euler.cpu.backend import CpuBackend
+
+    be = CpuBackend()
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="rstd"):
+        be.rmsnorm_forward(
+            np.zeros_like(x), np.zeros(3, np.float32), x, np.ones(8, np.float32), 1e-5
+        )
+    qkv = np.zeros((1, 5, (4 + 2 * 2) * 2), np.float32)
+    with pytest.raises(ValueError, match="lse"):
+        be.attention_forward(np.zeros((1, 5, 8), np.float32), np.zeros((1, 4, 4)), qkv, 4, 2, 2)
+    cos = np.zeros((4, 1), np.float32)
+    with pytest.raises(ValueError, match="positions"):
+        be.rope_forward(qkv, cos, cos, 4, 2, 2)

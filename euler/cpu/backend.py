@@ -48,43 +48,74 @@ class CpuBackend:
         self._matmul(out, a, b, trans_a, trans_b, accumulate)
 
     # ------------------------------------------------------------ layers
+    # Numba does not check bounds, so each launcher checks the shapes its kernel trusts.
     def embedding_forward(self, x, tokens, wte) -> None:
+        """x (N, D) = wte (V, D)[tokens (N,)]."""
+        _shapes(x=(x, (len(tokens), wte.shape[1])), tokens=(tokens, (x.shape[0],)))
         embedding.embedding_forward(x, tokens, wte)
 
     def embedding_backward(self, dwte, dx, tokens, accumulate) -> None:
+        """dwte (V, D) (+)= scatter of dx (N, D) by tokens (N,)."""
+        _shapes(dx=(dx, (len(tokens), dwte.shape[1])))
         embedding.embedding_backward(dwte, dx, tokens, accumulate)
 
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
+        """y (N, D), rstd (N,) from x (N, D), w (D,)."""
+        _shapes(y=(y, x.shape), rstd=(rstd, x.shape[:1]), w=(w, x.shape[1:]))
         rmsnorm.rmsnorm_forward(y, rstd, x, w, eps)
 
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
+        """dx (N, D) = dres + J^T dy; dw (D,) (+)=."""
+        _shapes(dx=(dx, x.shape), dy=(dy, x.shape), dres=(dres, x.shape), dw=(dw, w.shape),
+                w=(w, x.shape[1:]), rstd=(rstd, x.shape[:1]))  # fmt: skip
         rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate)
 
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
+        """Rotate the q and k heads of qkv (B, T, (H + 2G) E) in place."""
+        _rope_shapes(qkv, cos, sin, H, G, E, pos0)
         rope.rope_forward(qkv, cos, sin, H, G, E, pos0)
 
     def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
+        """Rotate the q and k gradients of dqkv (B, T, (H + 2G) E) back, in place."""
+        _rope_shapes(dqkv, cos, sin, H, G, E, pos0)
         rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
 
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
+        """out (B, T, H E), lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
+        B, T = qkv.shape[:2]
+        _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), out=(out, (B, T, H * E)), lse=(lse, (B, H, T)))
         attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
+        """dqkv (B, T, (H + 2G) E) from dout (B, T, H E) and the saved qkv, out, lse."""
+        B, T = qkv.shape[:2]
+        _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), dqkv=(dqkv, qkv.shape), lse=(lse, (B, H, T)),
+                out=(out, (B, T, H * E)), dout=(dout, (B, T, H * E)))  # fmt: skip
         attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
 
     def swiglu_forward(self, h, gu) -> None:
+        """h (N, F) = silu(gate) * up from gu (N, 2F)."""
+        _shapes(gu=(gu, (h.shape[0], 2 * h.shape[1])))
         swiglu.swiglu_forward(h, gu)
 
     def swiglu_backward(self, dgu, dh, gu) -> None:
+        """dgu (N, 2F) from dh (N, F) and gu (N, 2F)."""
+        _shapes(gu=(gu, (dh.shape[0], 2 * dh.shape[1])), dgu=(dgu, gu.shape))
         swiglu.swiglu_backward(dgu, dh, gu)
 
     def residual_forward(self, out, a, b) -> None:
+        """out (N, D) = a + b."""
+        _shapes(a=(a, out.shape), b=(b, out.shape))
         residual.residual_forward(out, a, b)
 
     def cross_entropy_forward(self, losses, logits, targets) -> None:
+        """losses (N,) from logits (N, V) and targets (N,) (-1 = none)."""
+        _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
         cross_entropy.cross_entropy_forward(losses, logits, targets)
 
     def cross_entropy_forward_backward(self, losses, logits, targets, scale) -> None:
+        """losses (N,); logits (N, V) becomes scale * dloss/dlogits."""
+        _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
         cross_entropy.cross_entropy_forward_backward(losses, logits, targets, scale)
 
     def loss_value(self, losses, head_scale) -> float:
@@ -115,3 +146,17 @@ class CpuBackend:
             n_decay,
         )
         return norm
+
+
+def _shapes(**checks) -> None:
+    """Each name=(array, expected shape): raise naming the first array whose shape differs."""
+    for name, (a, want) in checks.items():
+        if tuple(a.shape) != tuple(want):
+            raise ValueError(f"{name}: shape {tuple(a.shape)}, expected {tuple(want)}")
+
+
+def _rope_shapes(qkv, cos, sin, H, G, E, pos0) -> None:
+    B, T = qkv.shape[:2]
+    _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), sin=(sin, cos.shape))
+    if cos.shape[1] != E // 2 or pos0 < 0 or pos0 + T > cos.shape[0]:
+        raise ValueError(f"rope tables {cos.shape} do not cover positions {pos0}..{pos0 + T - 1}")
