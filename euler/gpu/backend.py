@@ -142,9 +142,7 @@ class GpuBackend:
         self.k_embedding.embedding_backward(dwte, dx, tokens, accumulate, self.stream, self.threads)
 
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
-        self.k_rmsnorm.rmsnorm_forward(
-            y, rstd, x, w, eps, self.stream, self.k_rmsnorm.row_threads(x.shape[1], self.threads)
-        )
+        self.k_rmsnorm.rmsnorm_forward(y, rstd, x, w, eps, self.stream, self.threads)
 
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
         N, D = x.shape
@@ -160,7 +158,7 @@ class GpuBackend:
             accumulate,
             partial,
             self.stream,
-            self.k_rmsnorm.row_threads(D, self.threads),
+            self.threads,
         )
 
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:

@@ -36,6 +36,25 @@ def warp_max(v):
 
 
 @cuda.jit(device=True)
+def warp_sum_all(v, buf, zero):
+    """Sum of v over each warp, returned to its lanes; buf: shared (MAX_THREADS,) scratch.
+
+    Every warp of the block must call it the same number of times: the simulator's path
+    (it has no shuffles) meets through shared memory at block barriers.
+    """
+    if SIMULATOR:
+        tid = cuda.threadIdx.x
+        buf[tid] = v
+        cuda.syncthreads()
+        s = zero
+        for i in range(tid - tid % WARP, tid - tid % WARP + WARP):
+            s += buf[i]
+        cuda.syncthreads()
+        return s
+    return warp_sum(v)
+
+
+@cuda.jit(device=True)
 def block_sum(v, buf, zero):
     """Sum of v over the block, returned to every thread; buf: shared (MAX_THREADS,) scratch.
 
