@@ -1,0 +1,420 @@
+"""Causal grouped-query FlashAttention on TF32 tensor cores (mma.sync m16n8k8, see mma.py).
+
+Same interface, layouts and results (to TF32 rounding) as attention.attention_forward and
+attention_backward: qkv (B, T, (H + 2G) E) holds q heads, then k heads, then v heads; query
+head h reads kv head h // (H / G); lse (B, H, T) is the natural-log logsumexp of the scaled
+scores. Operands are rounded to TF32 (10 mantissa bits) as they are staged, products
+accumulate in float32, softmax and its statistics stay in float32.
+
+FlashAttention-2 structure, 128 threads (4 warps) per block, 64-row tiles:
+
+forward: a block owns 64 query rows of one (b, h), warp w rows 16w..16w+15, held as A
+  fragments in registers for the whole kernel. Per 64-key tile (K, V in shared memory):
+  S = Q K^T into C fragments (each lane: rows g and g + 8, 16 columns), causal mask on the
+  diagonal tile, online softmax on the fragments (row max over the 4 lanes of a quad by
+  shuffles; row sums stay per lane until the end), then O += P V.
+backward_dq: per 64 query rows, D = rowsum(dO O) (saved to dsum), then per key tile
+  S = Q K^T, dP = dO V^T, dS = P (dP - D) with P = exp(S - lse), dQ += dS K.
+backward_dkv: per 64 key rows of one kv head, over the query tiles of every head of its
+  group: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+Each kernel owns what it writes (no atomics, deterministic), as in attention_tiles.
+
+P and dS go from C fragments straight into the next product's A fragments, with no
+shared-memory round trip: the 8 keys of a C fragment's column block are summed over in
+the next product, and the order of a sum's terms is free, so lane (g, t) feeds its c0,
+c2, c1, c3 (keys 2t, 2t, 2t + 1, 2t + 1) as a0..a3 (k = t, t, t + 4, t + 4), and the B
+fragment reads key 2t as k = t and key 2t + 1 as k = t + 4. Tiles in shared memory are
+row-major with rows padded to E + 4 floats, which makes every fragment load free of bank
+conflicts: lane (g, t) reads row g, column t (banks 4g + t) or, permuted, row 2t, column
+g (banks 8t + g). The backward processes a tile's 64 columns in two halves of 32, which
+keeps the E = 64 kernels near 128 registers.
+
+As in attention_tiles, register tiles must be scalars (an array indexed in a loop would
+live in local memory), so the kernel source is generated with the fragment loops written
+out, once per head size E (8, 16, 32 or 64), and shared-memory offsets are uint64 (numba
+then emits no negative-index test per load). The simulator has no warp shuffles: there
+the quad reductions go through shared memory (the generated source differs only there).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, uint64
+
+from euler.gpu.mma import SIMULATOR, mma_tf32, tf32
+from euler.gpu.reduce import FULL_MASK
+
+THREADS = 128  # 4 warps
+TILE = 64  # rows per tile, 16 per warp
+HALF = 4  # 8-column blocks per pass of the backward (32 of a tile's 64 columns)
+LOAD_CHUNK = 8  # staging loads in flight per tile before their stores
+SIM_RED = 2 * THREADS  # floats of shared scratch for the simulator's quad reductions
+
+
+def supports(E: int) -> bool:
+    """Head sizes these kernels are generated for (E divides the 128 threads' staging)."""
+    return E in (8, 16, 32, 64)
+
+
+class _Src:
+    """Lines of generated Python with an indentation level."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.level = 0
+
+    def __call__(self, *lines: str) -> None:
+        self.lines.extend("    " * self.level + line for line in lines)
+
+    def indent(self, n: int = 1) -> None:
+        self.level += n
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class _Gen:
+    """Source generator for head size E: shared-memory layout and the fragment helpers."""
+
+    def __init__(self, E: int):
+        self.E, self.NE, self.LD = E, E // 8, E + 4
+        self.w = _Src()
+
+    def u(self, n: int) -> str:
+        return f"uint64({n})"
+
+    def prologue(self, name: str, args: str, doc: str, smem: int) -> None:
+        w, LD = self.w, self.LD
+        w(f"def {name}({args}):")
+        w.indent()
+        w(f'"""{doc}"""')
+        w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
+        w(f"sm = cuda.shared.array({smem + (SIM_RED if SIMULATOR else 0)}, float32)")
+        w("tid = cuda.threadIdx.x", "wp = tid // 32", "g = (tid % 32) // 4", "t = tid % 4")
+        w(f"la = uint64((16 * wp + g) * {LD} + t)  # A fragments: rows of this warp")
+        w(f"lb = uint64(g * {LD} + t)  # B fragments of a [n][k] tile")
+        w(f"lp = uint64(2 * t * {LD} + g)  # B fragments of a [k][n] tile, keys permuted")
+        w("dg = 2 * t - 16 * wp - g  # column minus row of c0, less the fragment's offsets")
+        w(f"ee = tid % {self.E}", f"rb = tid // {self.E}  # staging: column ee of rows rb + ...")
+
+    def stage(self, tiles: list[tuple]) -> None:
+        """Stage 64-row tiles (region, row0, col, src, scale) of src (B, T, C) at sm[region]
+        as row-major [row][e], TF32-rounded; rows past the sequence are zeros.
+
+        Thread tid takes column tid % E of rows tid // E + 128 / E * it; a chunk's loads are
+        all issued before its stores, so their latencies overlap.
+        """
+        w, E, LD = self.w, self.E, self.LD
+        step, n = THREADS // E, TILE * E // THREADS
+        for k, tile in enumerate(tiles):
+            w(f"sb{k} = uint64({tile[0]} + rb * {LD} + ee)")
+        for it0 in range(0, n, LOAD_CHUNK):
+            its = range(it0, min(n, it0 + LOAD_CHUNK))
+            for k, (_, row0, col, src, scale) in enumerate(tiles):
+                for it in its:
+                    row = f"{row0} + rb + {it * step}"
+                    w(f"v{k}_{it} = {src}[b, {row}, {col} + ee]{scale} if {row} < Tn else T(0.0)")
+            for k in range(len(tiles)):
+                w(*(f"sm[sb{k} + {self.u(it * step * LD)}] = tf32(v{k}_{it})" for it in its))
+
+    def load_a(self, name: str, region: int) -> None:
+        """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]."""
+        LD = self.LD
+        for kk in range(self.NE):
+            for i, off in enumerate((0, 8 * LD, 4, 8 * LD + 4)):
+                self.w(f"{name}{kk}_{i} = sm[la + {self.u(region + 8 * kk + off)}]")
+
+    def zero(self, acc: str, cols) -> None:
+        self.w(*(f"{acc}{n}_{i} = T(0.0)" for n in cols for i in range(4)))
+
+    def _mma(self, acc: str, n: int, a: list[str]) -> None:
+        c = [f"{acc}{n}_{i}" for i in range(4)]
+        self.w(f"{', '.join(c)} = mma_tf32({', '.join(a)}, b0, b1, {', '.join(c)})")
+
+    def product_nt(self, acc: str, a: str, region: int, cols) -> None:
+        """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region."""
+        LD = self.LD
+        for kk in range(self.NE):
+            for n in cols:
+                off = region + 8 * n * LD + 8 * kk
+                self.w(f"b0 = sm[lb + {self.u(off)}]", f"b1 = sm[lb + {self.u(off + 4)}]")
+                self._mma(acc, n, [f"{a}{kk}_{i}" for i in range(4)])
+
+    def product_nn(self, acc: str, p: str, region: int, ks) -> None:
+        """acc{n} += P B over the keys of C fragments p{kk} (kk in ks), B the [k][n] tile at
+        region, with the key permutation of the module docstring."""
+        LD = self.LD
+        for kk in ks:
+            a = [f"{p}{kk}_{i}" for i in (0, 2, 1, 3)]
+            for n in range(self.NE):
+                off = region + 8 * kk * LD + 8 * n
+                self.w(f"b0 = sm[lp + {self.u(off)}]", f"b1 = sm[lp + {self.u(off + LD)}]")
+                self._mma(acc, n, a)
+
+    def mask(self, acc: str, cols, rows_are_queries: bool) -> None:
+        """-inf where the key is after the query (on the diagonal tile)."""
+        for n in cols:
+            for i in range(4):
+                d = 8 * n + (i & 1) - 8 * (i >> 1)  # column minus row is dg + d
+                cond = f"dg > {-d}" if rows_are_queries else f"dg < {-d}"
+                self.w(f"if {cond}:", f"    {acc}{n}_{i} = T(-math.inf)")
+
+    def quad(self, op: str, names: list[str], red: int) -> None:
+        """Each name becomes op over the 4 lanes of its quad (the lanes holding its row)."""
+        w = self.w
+        if SIMULATOR:  # no shuffles: meet in shared scratch at sm[red]
+            w(*(f"sm[{red + k * THREADS} + tid] = {n}" for k, n in enumerate(names)))
+            w("cuda.syncthreads()")
+            for k, n in enumerate(names):
+                terms = [f"sm[{red + k * THREADS + j} + tid - t]" for j in range(4)]
+                w(f"{n} = max({', '.join(terms)})" if op == "max" else f"{n} = {' + '.join(terms)}")
+            w("cuda.syncthreads()")
+            return
+        for n in names:
+            for off in (1, 2):
+                shfl = f"cuda.shfl_xor_sync(FULL_MASK, {n}, {off})"
+                w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
+
+
+def _forward_source(E: int) -> str:
+    gen = _Gen(E)
+    w, NE, LD = gen.w, gen.NE, gen.LD
+    KS, VS = 0, TILE * LD
+    gen.prologue(
+        "forward_tc_kernel",
+        "out, lse, qkv, H, G, scale",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads.",
+        2 * TILE * LD,
+    )
+    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
+    gen.stage([(KS, "i0", "qo", "qkv", " * scale")])
+    w("cuda.syncthreads()")
+    gen.load_a("qa", KS)
+    w("cuda.syncthreads()  # Q is in registers; its space takes K")
+    w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
+    gen.zero("o", range(NE))
+    w("for j0 in range(0, i0 + 64, 64):")
+    w.indent()
+    gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
+    w("cuda.syncthreads()")
+    gen.zero("s", range(8))
+    gen.product_nt("s", "qa", KS, range(8))
+    w("if j0 == i0:")
+    w.indent()
+    gen.mask("s", range(8), rows_are_queries=True)
+    w.indent(-1)
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
+        w(f"mx{r} = max(" + ", ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)) + ")")
+    gen.quad("max", ["mx0", "mx1"], 2 * TILE * LD)
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        # mn is finite (every tile a row visits has a key at or before it), so the first
+        # tile's m = -inf gives al = exp(-inf) = 0
+        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = math.exp(m{r} - mn{r})")
+        w(*(f"s{n}_{k} = tf32(math.exp(s{n}_{k} - mn{r}))" for n in range(8) for k in (i, j)))
+        w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
+        w(f"m{r} = mn{r}")
+        w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
+    gen.product_nn("o", "s", VS, range(8))
+    w("cuda.syncthreads()")
+    w.indent(-1)
+    gen.quad("sum", ["l0", "l1"], 2 * TILE * LD)
+    w("r0 = i0 + 16 * wp + g", "oc = qo + 2 * t")
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        w(f"if r0 + {8 * r} < Tn:")
+        w.indent()
+        w(f"inv = T(1.0) / l{r}")
+        for n in range(NE):
+            w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = o{n}_{i} * inv")
+            w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = o{n}_{j} * inv")
+        w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = m{r} + math.log(l{r})")
+        w.indent(-1)
+    return w.text()
+
+
+def _dq_source(E: int) -> str:
+    gen = _Gen(E)
+    w, NE, LD = gen.w, gen.NE, gen.LD
+    KS, VS = 0, TILE * LD
+    gen.prologue(
+        "backward_dq_tc_kernel",
+        "dqkv, dsum, dout, qkv, out, lse, H, G, scale",
+        "dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads.",
+        2 * TILE * LD,
+    )
+    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
+    gen.stage([(KS, "i0", "qo", "qkv", " * scale"), (VS, "i0", "qo", "dout", "")])
+    w("cuda.syncthreads()")
+    gen.load_a("qa", KS)
+    gen.load_a("da", VS)
+    w("cuda.syncthreads()  # Q, dO are in registers; their space takes K, V")
+    w("r0 = i0 + 16 * wp + g")
+    for r in range(2):  # D of rows g and g + 8: a quarter of the columns per lane, exact fp32
+        w(f"d{r} = T(0.0)", f"ls{r} = T(0.0)", f"if r0 + {8 * r} < Tn:")
+        w.indent()
+        w(f"ls{r} = lse[b, h, r0 + {8 * r}]", f"for e in range(qo + t, qo + {E}, 4):")
+        w(f"    d{r} += dout[b, r0 + {8 * r}, e] * out[b, r0 + {8 * r}, e]")
+        w.indent(-1)
+    gen.quad("sum", ["d0", "d1"], 2 * TILE * LD)
+    for r in range(2):
+        w(f"if t == 0 and r0 + {8 * r} < Tn:", f"    dsum[b, h, r0 + {8 * r}] = d{r}")
+    gen.zero("q", range(NE))
+    w("for j0 in range(0, i0 + 64, 64):")
+    w.indent()
+    gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
+    w("cuda.syncthreads()")
+    for half in range(8 // HALF):
+        cols = range(half * HALF, (half + 1) * HALF)
+        gen.zero("s", cols)
+        gen.product_nt("s", "qa", KS, cols)
+        gen.zero("p", cols)
+        gen.product_nt("p", "da", VS, cols)
+        w("if j0 == i0:")
+        w.indent()
+        gen.mask("s", cols, rows_are_queries=True)
+        w.indent(-1)
+        for n in cols:
+            for i in range(4):
+                r = i >> 1
+                w(f"s{n}_{i} = tf32(math.exp(s{n}_{i} - ls{r}) * (p{n}_{i} - d{r}))")
+        gen.product_nn("q", "s", KS, cols)
+    w("cuda.syncthreads()")
+    w.indent(-1)
+    w("oc = qo + 2 * t")
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        w(f"if r0 + {8 * r} < Tn:")
+        for n in range(NE):
+            w(f"    dqkv[b, r0 + {8 * r}, oc + {8 * n}] = q{n}_{i} * scale")
+            w(f"    dqkv[b, r0 + {8 * r}, oc + {8 * n + 1}] = q{n}_{j} * scale")
+    return w.text()
+
+
+def _dkv_source(E: int) -> str:
+    gen = _Gen(E)
+    w, NE, LD = gen.w, gen.NE, gen.LD
+    QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
+    gen.prologue(
+        "backward_dkv_tc_kernel",
+        "dqkv, dsum, dout, qkv, lse, H, G, scale",
+        "dK, dV parts of dqkv; grid (T / 64, B G), 128 threads; rows are keys.",
+        2 * TILE * LD + 2 * TILE,
+    )
+    w("rep = H // G", "b = cuda.blockIdx.y // G", "kvh = cuda.blockIdx.y % G")
+    w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
+    w("j0 = cuda.blockIdx.x * 64")
+    gen.stage([(QS, "j0", "ko", "qkv", ""), (DOS, "j0", "vo", "qkv", "")])
+    w("cuda.syncthreads()")
+    gen.load_a("ka", QS)
+    gen.load_a("va", DOS)
+    w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
+    gen.zero("dk", range(NE))
+    gen.zero("dv", range(NE))
+    w(f"lc = uint64({LS} + 2 * t)  # this lane's columns' lse; dsum at lc + {TILE}")
+    w("for hh in range(rep):")
+    w.indent()
+    w("h = kvh * rep + hh", f"qo = h * {E}")
+    w("for i0 in range(j0, Tn, 64):")
+    w.indent()
+    gen.stage([(QS, "i0", "qo", "qkv", " * scale"), (DOS, "i0", "qo", "dout", "")])
+    w("if tid < 64:")
+    w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+    w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+    w("cuda.syncthreads()")
+    for half in range(8 // HALF):
+        cols = range(half * HALF, (half + 1) * HALF)
+        gen.zero("s", cols)
+        gen.product_nt("s", "ka", QS, cols)
+        gen.zero("p", cols)
+        gen.product_nt("p", "va", DOS, cols)
+        w("if j0 == i0:")
+        w.indent()
+        gen.mask("s", cols, rows_are_queries=False)
+        w.indent(-1)
+        for n in cols:
+            for j in range(2):  # the lane's two columns of block n
+                off = 8 * n + j
+                w(f"lq = sm[lc + {gen.u(off)}]", f"dd = sm[lc + {gen.u(off + TILE)}]")
+                for i in (j, j + 2):
+                    w(f"s{n}_{i} = math.exp(s{n}_{i} - lq)")
+                    w(f"p{n}_{i} = tf32(s{n}_{i} * (p{n}_{i} - dd))", f"s{n}_{i} = tf32(s{n}_{i})")
+        gen.product_nn("dv", "s", DOS, cols)
+        gen.product_nn("dk", "p", QS, cols)
+    w("cuda.syncthreads()")
+    w.indent(-2)
+    w("r0 = j0 + 16 * wp + g", "kc = ko + 2 * t", "vc = vo + 2 * t")
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        w(f"if r0 + {8 * r} < Tn:")
+        for n in range(NE):
+            for col, acc in (("kc", "dk"), ("vc", "dv")):
+                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}")
+                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}")
+    return w.text()
+
+
+_BUILT: dict[int, tuple] = {}
+
+
+def _compile(name: str, src: str):
+    scope = {
+        "cuda": cuda,
+        "float32": float32,
+        "uint64": uint64,
+        "math": math,
+        "FULL_MASK": FULL_MASK,
+        "mma_tf32": mma_tf32,
+        "tf32": tf32,
+    }
+    exec(compile(src, f"<generated {name}>", "exec"), scope)  # noqa: S102 - our own source
+    return cuda.jit(scope[name])
+
+
+def sources(E: int) -> dict[str, str]:
+    """The generated source of each kernel for head size E, by kernel name."""
+    return {
+        "forward_tc_kernel": _forward_source(E),
+        "backward_dq_tc_kernel": _dq_source(E),
+        "backward_dkv_tc_kernel": _dkv_source(E),
+    }
+
+
+def kernels(E: int):
+    """(forward, dq, dkv) dispatchers for head size E, generated and compiled once."""
+    if E not in _BUILT:
+        assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
+        _BUILT[E] = tuple(_compile(n, s) for n, s in sources(E).items())
+    return _BUILT[E]
+
+
+def _check(qkv, H, G, E) -> tuple[int, int]:
+    B, Tn, C = qkv.shape
+    assert C == (H + 2 * G) * E and H % G == 0 and supports(E)
+    return B, Tn
+
+
+def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
+    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E); float32."""
+    B, Tn = _check(qkv, H, G, E)
+    assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
+    scale = float32(1.0 / math.sqrt(E))
+    fwd = kernels(E)[0]
+    fwd[((Tn + TILE - 1) // TILE, B * H), THREADS, stream](out, lse, qkv, H, G, scale)
+
+
+def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> None:
+    """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
+
+    dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
+    the query heads of their group. Same math as attention.attention_backward.
+    """
+    B, Tn = _check(qkv, H, G, E)
+    assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
+    assert lse.shape == dsum.shape == (B, H, Tn)
+    scale = float32(1.0 / math.sqrt(E))
+    _, dq, dkv = kernels(E)
+    nt = (Tn + TILE - 1) // TILE
+    dq[(nt, B * H), THREADS, stream](dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+    dkv[(nt, B * G), THREADS, stream](dqkv, dsum, dout, qkv, lse, H, G, scale)

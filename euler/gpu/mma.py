@@ -1,0 +1,132 @@
+"""TF32 tensor-core matrix products for numba.cuda kernels: one warp-wide mma.sync.
+
+numba.cuda exposes no tensor cores, so `mma_tf32` emits the PTX instruction
+
+    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32  D = A B + C
+
+(A 16 x 8, B 8 x 8, C and D 16 x 8 in float32) through llvmlite inline assembly, and `tf32`
+emits `cvt.rna.tf32.f32` (round to the nearest TF32 value, ties away from zero: 10 explicit
+mantissa bits, the low 13 bits of the float32 cleared). Every lane of a warp calls both
+with its own fragments; the product needs all 32 lanes converged, so calls must sit outside
+lane-divergent branches.
+
+Fragment layout per lane (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
+g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group), as (row, column):
+
+    A (row-major, 16 x 8):  a0 (g, t)    a1 (g + 8, t)    a2 (g, t + 4)    a3 (g + 8, t + 4)
+    B (column-major, 8 x 8): b0 (k = t, n = g)    b1 (k = t + 4, n = g)
+    C, D (16 x 8):  c0 (g, 2t)    c1 (g, 2t + 1)    c2 (g + 8, 2t)    c3 (g + 8, 2t + 1)
+
+The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run inline assembly, so there the same
+two functions, picked at import time, emulate the instruction: each lane puts its fragments
+in a block-shared scratch, a barrier, each lane computes its four outputs from the whole
+warp's fragments, a barrier. The simulator has no warp barrier, so it uses the block's:
+in the simulator every thread of the block must make the same sequence of calls (the
+kernels here do). The emulation reads only the TF32 part of each operand (the hardware
+ignores the low 13 bits), forms the exact products and rounds their sum with C once to
+float32; the hardware's summation order is unspecified, so the two agree to float32
+rounding of the sum, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import config, cuda, types
+from numba.core.errors import TypingError
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+TF32_MASK = 0xFFFFE000  # the bits of a float32 that a TF32 value keeps
+MMA_PTX = (
+    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+
+
+def tf32_round_host(x: np.ndarray) -> np.ndarray:
+    """x (any shape) rounded to TF32 as cvt.rna.tf32.f32 does, as float32 (NumPy, host)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(TF32_MASK)).view(np.float32)
+
+
+if not SIMULATOR:
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def tf32(typingctx, x):
+        """x (float32) rounded to TF32 (cvt.rna.tf32.f32), returned as a float32."""
+        if x != types.float32:
+            raise TypingError(f"tf32 takes a float32, not {x}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(cvt, [args[0]]), f32)
+
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) = this lane's D fragment of A B + C (all float32; layout above)."""
+        args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if any(a != types.float32 for a in args):
+            raise TypingError(f"mma_tf32 takes ten float32 fragments, not {args}")
+        sig = types.UniTuple(types.float32, 4)(*args)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+            # volatile, like CUTLASS's asm volatile: LLVM must not move a warp-collective
+            # instruction into a branch or drop it
+            asm = ir.InlineAsm(fnty, MMA_PTX, constraints, side_effect=True)
+            ab = [builder.bitcast(v, i32) for v in args[:6]]
+            res = builder.call(asm, ab + list(args[6:]))
+            d = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, d)
+
+        return sig, codegen
+
+else:
+    _MAX_THREADS = 1024
+
+    def _tf32_bits(x) -> np.uint32:
+        return np.array(x, dtype=np.float32).view(np.uint32)[()]
+
+    @cuda.jit(device=True)
+    def tf32(x):
+        """x rounded to TF32 (ties away from zero), as a float32: the simulator's cvt.rna."""
+        bits = (_tf32_bits(x) + np.uint32(0x1000)) & np.uint32(TF32_MASK)
+        return np.array(bits, dtype=np.uint32).view(np.float32)[()]
+
+    @cuda.jit(device=True)
+    def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """The simulator's warp-wide m16n8k8 TF32 product (see the module docstring)."""
+        frag = cuda.shared.array((_MAX_THREADS, 6), np.float64)
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
+        )
+        for i, v in enumerate((a0, a1, a2, a3, b0, b1)):
+            bits = _tf32_bits(v) & np.uint32(TF32_MASK)  # the hardware reads only these bits
+            frag[tid, i] = np.array(bits, dtype=np.uint32).view(np.float32)[()]
+        cuda.syncthreads()
+        warp = tid - tid % 32
+        g, t = (tid % 32) // 4, tid % 4
+
+        def a(row, k):  # A[row][k], from the lane that holds it
+            return frag[warp + 4 * (row % 8) + k % 4, (row // 8) + 2 * (k // 4)]
+
+        def b(k, n):  # B[k][n]
+            return frag[warp + 4 * n + k % 4, 4 + k // 4]
+
+        d = []
+        for row, col, c in (
+            (g, 2 * t, c0),
+            (g, 2 * t + 1, c1),
+            (g + 8, 2 * t, c2),
+            (g + 8, 2 * t + 1, c3),
+        ):
+            # the products of TF32 values are exact in float64; the sum is rounded once
+            d.append(np.float32(float(c) + sum(a(row, k) * b(k, col) for k in range(8))))
+        cuda.syncthreads()
+        return d[0], d[1], d[2], d[3]
