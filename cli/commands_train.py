@@ -188,8 +188,12 @@ def register(app: typer.Typer) -> None:
                 "acceptance rate and the speed-up over plain greedy."
             ),
         ] = False,
+        device: Device = "cpu",
     ) -> None:
         """Chat with a checkpoint: a REPL (/reset, Ctrl-D to quit) or one --prompt.
+
+        --device cuda recomputes the whole context per step on the GPU (no KV cache there);
+        the CPU decoder keeps a KV cache.
 
         Long prompts: the newest turns that fit in the context minus the room kept for the
         answer (min(max tokens, context/2)) are kept; a single prompt longer than that keeps
@@ -198,7 +202,7 @@ def register(app: typer.Typer) -> None:
         import numpy as np
 
         from euler import checkpoint as ckpt
-        from euler.generate import ChatSession, Decoder
+        from euler.generate import ChatSession
         from euler.sampling import SamplingConfig
 
         if max_tokens < 1:
@@ -206,11 +210,12 @@ def register(app: typer.Typer) -> None:
         sampling = SamplingConfig(0.0 if speculative else temperature, top_k, top_p)
         ck = ckpt.load(checkpoint)
         tok = ck.tokenizer()
-        session = ChatSession(Decoder(ck.cfg, ck.params), tok)
+        decoder = _decoder_factory(ck, device)
+        session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:
             _answer(session, _check_text(prompt, "--prompt"), max_tokens, sampling, rng,
-                    speculative, ck)  # fmt: skip
+                    speculative, decoder)  # fmt: skip
             return
         print(f"chat with {ck.path} (step {ck.step}); /reset forgets the conversation, "
               "Ctrl-D quits", flush=True)  # fmt: skip
@@ -240,7 +245,7 @@ def register(app: typer.Typer) -> None:
                     print("commands: /reset, and Ctrl-D to quit", flush=True)
                 continue
             try:
-                _answer(session, text, max_tokens, sampling, rng, speculative, ck)
+                _answer(session, text, max_tokens, sampling, rng, speculative, decoder)
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat
                 print("\n(stopped)", flush=True)
 
@@ -267,9 +272,24 @@ def _check_text(text: str, what: str) -> str:
     return text
 
 
-def _answer(session, text, max_tokens, sampling, rng, speculative, ck) -> None:
-    """Stream one answer to stdout, then a line of statistics."""
-    from euler.generate import Decoder, TextStream, generate, generate_speculative
+def _decoder_factory(ck, device: str):
+    """A function making fresh decoders of checkpoint ck on device (cpu: KV cache)."""
+    from euler.generate import Decoder
+
+    if device == "cpu":
+        return lambda: Decoder(ck.cfg, ck.params)
+    if device != "cuda":
+        raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+    from euler.decode_device import RecomputeDecoder
+    from euler.train import make_backend
+
+    backend = make_backend(device)
+    return lambda: RecomputeDecoder(ck.cfg, ck.params, backend)
+
+
+def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:
+    """Stream one answer to stdout, then a line of statistics; decoder() makes a decoder."""
+    from euler.generate import TextStream, generate, generate_speculative
 
     stream = TextStream(session.tok)
     sys.stdout.write("euler> ")
@@ -291,7 +311,7 @@ def _answer(session, text, max_tokens, sampling, rng, speculative, ck) -> None:
         stop, ctx = (session.tok.end_id, session.tok.eot_id), session.last_context
 
         def best(decode):
-            return min((decode(Decoder(ck.cfg, ck.params)) for _ in range(3)),
+            return min((decode(decoder()) for _ in range(3)),
                        key=lambda r: r.seconds)  # fmt: skip
 
         base = best(lambda d: generate(d, ctx, max_tokens, sampling, rng, stop))

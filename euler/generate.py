@@ -40,6 +40,19 @@ def _linear(out: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
+    """tokens as int32 (n,), after checking they exist, fit after pos0 and are in the vocab."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+    n = len(tokens)
+    if n == 0:
+        raise EulerError("feed: no tokens")
+    if pos0 + n > cfg.context:
+        raise EulerError(f"sequence length {pos0 + n} exceeds the context ({cfg.context})")
+    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise EulerError(f"token ids must be in [0, {cfg.vocab_size})")
+    return tokens
+
+
 class Decoder:
     """Inference forward with a KV cache of `cfg.context` positions (host arrays, CPU kernels)."""
 
@@ -64,14 +77,8 @@ class Decoder:
     def feed(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Append n tokens at positions length..length+n-1; return their final hidden (n, D)."""
         cfg, p = self.cfg, self.p
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        tokens = check_feed(cfg, tokens, self.length)
         n, pos0 = len(tokens), self.length
-        if n == 0:
-            raise EulerError("feed: no tokens")
-        if pos0 + n > cfg.context:
-            raise EulerError(f"sequence length {pos0 + n} exceeds the context ({cfg.context})")
-        if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
-            raise EulerError(f"token ids must be in [0, {cfg.vocab_size})")
         H, G, E, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.d_model, cfg.ffn_hidden
         z = lambda *shape: np.empty(shape, self.dtype)  # noqa: E731
         x, xn, tmp, rstd = z(n, D), z(n, D), z(n, D), z(n)

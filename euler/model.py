@@ -97,6 +97,23 @@ class Activations:
         self.dh = z(B, T, F)
 
 
+class _ByteCounter:
+    """A backend stand-in whose zeros() only adds up the bytes asked for."""
+
+    def __init__(self):
+        self.total = 0
+
+    def zeros(self, shape, dtype) -> None:
+        self.total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def arena_bytes(cfg: ModelConfig, dtype, B: int, T: int) -> int:
+    """Bytes of the activation arena for micro-batches (B, T), counted without allocating."""
+    counter = _ByteCounter()
+    Activations(cfg, counter, dtype, B, T)
+    return counter.total
+
+
 def _2d(a):
     """(B, T, C) -> (B T, C) view."""
     return a.reshape(a.shape[0] * a.shape[1], a.shape[2])

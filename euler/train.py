@@ -41,7 +41,7 @@ import numpy as np
 from euler import checkpoint, distributed
 from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
-from euler.model import Model, make_targets
+from euler.model import Model, arena_bytes, make_targets
 from euler.optim import AdamW, AdamWConfig
 
 TRAIN_CONFIG_VERSION = 1
@@ -49,6 +49,7 @@ RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 TOKENIZER_FILE = "tokenizer.json"
 RUN_FILES = (RUN_FILE, checkpoint.CHECKPOINT_NAME, METRICS_FILE, TOKENIZER_FILE)
+MEMORY_SLACK = 512 * 2**20  # cuBLAS workspace, kernel scratch, allocator rounding
 EVAL_SEED = 1_000_003  # evaluation batches are the same at every evaluation, in every run
 SFT_SAMPLE_INSTRUCTION = "Give three tips for staying healthy."
 
@@ -191,7 +192,26 @@ class Batches:
 # ---------------------------------------------------------------------------- run folder
 
 
-def _make_backend(device: str, tf32: bool = True):
+def check_device_memory(backend, cfg: ModelConfig, B: int, T: int) -> None:
+    """Refuse, before the first step, a micro-batch whose activations do not fit on the device.
+
+    Runs after the parameters and optimizer state are allocated, so the free memory the
+    backend reports is what the activations can have (a CPU backend reports none: no check).
+    """
+    free_memory = getattr(backend, "free_memory", None)
+    if free_memory is None:
+        return
+    need, free = arena_bytes(cfg, np.float32, B, T) + MEMORY_SLACK, free_memory()
+    if need > free:
+        raise EulerError(
+            f"--batch-size {B} x --seq-len {T} needs {need / 2**20:.1f} MiB of device memory "
+            f"for activations and scratch, {free / 2**20:.1f} MiB is free: lower --batch-size "
+            "(--grad-accum keeps the tokens per step) or --seq-len"
+        )
+
+
+def make_backend(device: str, tf32: bool = True):
+    """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
     if device == "cpu":
         from euler.cpu.backend import CpuBackend
 
@@ -378,7 +398,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         cfg = init.cfg
     else:
         cfg = get_preset(tc.preset)
-    backend = _make_backend(tc.device, tc.tf32)  # first: a missing GPU fails before any data work
+    backend = make_backend(tc.device, tc.tf32)  # first: a missing GPU fails before any data work
     comm.bind(backend)
     with distributed.rank0_first(comm):  # rank 0 alone builds a missing default corpus
         data = Batches(tc, cfg, log=log)
@@ -400,6 +420,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     # -- the run folder: a fresh run claims it; a resumed run reads its checkpoint
     model = Model(cfg, backend, seed=tc.seed)
     opt = AdamW(model, AdamWConfig(tc.beta1, tc.beta2, 1e-8, tc.weight_decay, tc.grad_clip))
+    check_device_memory(backend, cfg, tc.batch_size, T)
     start, saved_step = 0, None  # saved_step: the step of the checkpoint on disk
     if resume and (run / checkpoint.CHECKPOINT_NAME).exists():
         ck = checkpoint.load(run)

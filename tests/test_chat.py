@@ -66,3 +66,21 @@ def test_bad_checkpoints_are_one_line(run, monkeypatch, capsys, tmp_path):
     bad.write_bytes((run / "checkpoint.safetensors").read_bytes()[:5000])
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(bad), "--prompt", "x")
     assert code == 2 and "truncated" in err and err.count("\n") == 1
+
+
+def test_device_cuda_decodes_by_recompute(run, monkeypatch, capsys):
+    """--device cuda takes the recompute decoder (given a CPU backend here): same answer."""
+    import euler.train
+    from euler.cpu.backend import CpuBackend
+
+    args = ["--prompt", "Say dog twice.", "--max-tokens", "6", "--temperature", "0"]
+    code, cpu_out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
+    assert code == 0, err
+    monkeypatch.setattr(euler.train, "make_backend", lambda device: CpuBackend())
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
+                             "--device", "cuda", "--speculative")  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines()[0] == cpu_out.splitlines()[0] and "output identical" in out
+    code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
+                           "--device", "tpu")  # fmt: skip
+    assert code == 2 and err == "error: --device must be cpu or cuda, got 'tpu'\n"

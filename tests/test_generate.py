@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from euler.config import get_preset
+from euler.cpu.backend import CpuBackend
+from euler.decode_device import RecomputeDecoder
 from euler.errors import EulerError
 from euler.generate import ChatSession, Decoder, TextStream, generate, generate_speculative
 from euler.model import Model
@@ -65,6 +67,23 @@ def test_rows_do_not_depend_on_how_many_are_fed_together(model):
     parts = Decoder(CFG, _params(model))
     pieces = [parts.feed(tokens[:7]), parts.feed(tokens[7:8]), parts.feed(tokens[8:])]
     assert np.concatenate(pieces).tobytes() == whole.tobytes()
+
+
+def test_recompute_decoder_gives_the_kv_cache_tokens(model):
+    """The decoder of `euler chat --device cuda` (full recompute), here on the CPU backend."""
+    prompt, n = [4, 9, 2, 7], 14
+    base = generate(Decoder(CFG, _params(model)), prompt, n, GREEDY)
+    rec = generate(RecomputeDecoder(CFG, _params(model), CpuBackend()), prompt, n, GREEDY)
+    assert rec.tokens == base.tokens and len(set(base.tokens)) > 3
+    spec = generate_speculative(RecomputeDecoder(CFG, _params(model), CpuBackend()), prompt, n)
+    assert spec.tokens == base.tokens
+    tokens = list(range(5, 21))
+    whole = RecomputeDecoder(CFG, _params(model), CpuBackend()).feed(tokens)
+    parts = RecomputeDecoder(CFG, _params(model), CpuBackend())
+    pieces = [parts.feed(tokens[:7]), parts.feed(tokens[7:8]), parts.feed(tokens[8:])]
+    assert np.concatenate(pieces).tobytes() == whole.tobytes()
+    with pytest.raises(EulerError, match="exceeds the context"):
+        parts.feed(list(range(CFG.context)))
 
 
 def test_context_is_enforced(model):

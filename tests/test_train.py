@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 
@@ -195,7 +196,7 @@ def test_bad_settings_are_refused(data_root, tmp_path):
 
 def test_no_tf32_reaches_the_gpu_backend(monkeypatch):
     import euler.gpu.backend as gpu_backend
-    from euler.train import TrainConfig, _make_backend
+    from euler.train import TrainConfig, make_backend
 
     seen = {}
 
@@ -204,6 +205,36 @@ def test_no_tf32_reaches_the_gpu_backend(monkeypatch):
             seen["tf32"] = tf32
 
     monkeypatch.setattr(gpu_backend, "GpuBackend", FakeGpu)
-    _make_backend("cuda", TrainConfig(device="cuda", tf32=False).tf32)
+    make_backend("cuda", TrainConfig(device="cuda", tf32=False).tf32)
     assert seen == {"tf32": False}
     assert TrainConfig().tf32 is True
+
+
+def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_root, monkeypatch):
+    """A backend with room for 4 sequences' activations: 64 is refused in one line, before
+    the run folder is made; 2 trains."""
+    import euler.train
+    from euler.cpu.backend import CpuBackend
+    from euler.model import arena_bytes
+
+    room = {}
+
+    class SmallDevice(CpuBackend):
+        def free_memory(self) -> int:
+            return euler.train.MEMORY_SLACK + 4 * room["one"]
+
+    monkeypatch.setattr(euler.train, "make_backend", lambda device, tf32=True: SmallDevice())
+    tc = tiny_config(tmp_path / "r", data_root / "pre", batch_size=64, steps=1)
+    cfg = euler.train.get_preset("tiny")  # with the vocabulary of the data's tokenizer
+    cfg = dataclasses.replace(cfg, vocab_size=Batches(tc, cfg).tokenizer.vocab_size)
+    room["one"] = arena_bytes(cfg, np.float32, 1, 24)
+    need = arena_bytes(cfg, np.float32, 64, 24) + euler.train.MEMORY_SLACK
+    free = euler.train.MEMORY_SLACK + 4 * room["one"]
+    msg = (
+        rf"--batch-size 64 x --seq-len 24 needs {need / 2**20:.1f} MiB .*, "
+        rf"{free / 2**20:.1f} MiB is free"
+    )
+    with pytest.raises(EulerError, match=msg):
+        train(tc)
+    assert not (tmp_path / "r").exists()
+    train(tiny_config(tmp_path / "r", data_root / "pre", batch_size=2, steps=1))

@@ -120,6 +120,10 @@ class GpuBackend:
             self._scratch[key] = self.zeros(shape, dtype)
         return self._scratch[key]
 
+    def free_memory(self) -> int:
+        """Bytes of device memory free now, as the driver reports."""
+        return cuda.current_context().get_memory_info()[0]
+
     def peak_memory(self) -> tuple[int, int]:
         """(bytes in use on the device now, total), as the driver reports."""
         free, total = cuda.current_context().get_memory_info()
