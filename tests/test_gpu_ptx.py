@@ -113,7 +113,8 @@ def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
     launched = {k.py_func.__name__ for k, _ in calls}
     defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
     defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
-    for module in (adamw, cross_entropy, embedding, memory, residual, rmsnorm, rope, swiglu):
+    modules = (adamw, attention, cross_entropy, embedding, memory, residual, rmsnorm, rope, swiglu)
+    for module in modules:
         for name, obj in vars(module).items():
             if isinstance(obj, dispatcher.CUDADispatcher) and not obj.targetoptions["device"]:
                 defined.add(name)

@@ -57,13 +57,14 @@ else:
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
 
-    @pytest.mark.parametrize("unsigned", [False, True])
-    def test_attention_register_tiled(unsigned, monkeypatch) -> None:
+    @pytest.mark.parametrize("unsigned, atomic_dq", [(False, False), (True, True)])
+    def test_attention_register_tiled(unsigned, atomic_dq, monkeypatch) -> None:
         """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal."""
         from euler.gpu import attention_tiles
         from euler.gpu.backend import GpuBackend
 
         monkeypatch.setattr(attention_tiles, "UNSIGNED_OFFSETS", unsigned)
+        monkeypatch.setattr(attention_tiles, "ATOMIC_DQ", atomic_dq)
 
         gpu = GpuBackend(tf32=False, threads=32, blas=NumpyBlas())
         sizes = SimpleNamespace(B=1, T=70, H=2, G=1, E=8)

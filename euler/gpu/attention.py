@@ -25,7 +25,7 @@ import numba
 from numba import cuda, float32
 
 from euler.gpu import attention_tiles
-from euler.gpu.reduce import SIMULATOR
+from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, warp_sum_all
 from euler.layer_math import online_softmax_rescale
 
 _KERNELS: dict = {}
@@ -250,6 +250,30 @@ def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
     kernel[grid, attention_tiles.THREADS, stream, nbytes](*args)
 
 
+PREP_WARPS = 8
+
+
+@cuda.jit
+def backward_prep_kernel(dqkv, dsum, dout, out, H):
+    """dsum (B, H, T) = rowsum(dO O) per head, and dQ's part of dqkv zeroed, for the
+    backward that adds dQ with atomics; one warp per (b, t, h), consecutive in memory."""
+    B, Tn, HE = out.shape
+    E = HE // H
+    T = out.dtype.type
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    lane = cuda.threadIdx.x % WARP
+    row = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
+    b, i, h = row // (Tn * H), row // H % Tn, row % H
+    s = T(0.0)
+    if row < B * Tn * H:
+        for e in range(h * E + lane, h * E + E, WARP):
+            s += dout[b, i, e] * out[b, i, e]
+            dqkv[b, i, e] = T(0.0)
+    s = warp_sum_all(s, buf, T(0.0))  # every warp calls it: the simulator's is a barrier
+    if row < B * Tn * H and lane == 0:
+        dsum[b, h, i] = s
+
+
 def _check(qkv, H, G, E) -> tuple[int, int]:
     B, Tn, C = qkv.shape
     assert C == (H + 2 * G) * E and H % G == 0 and E % 2 == 0
@@ -283,13 +307,17 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     assert lse.shape == dsum.shape == (B, H, Tn)
     scale = qkv.dtype.type(1.0 / math.sqrt(E))
     if not tile and attention_tiles.supports(E):
-        _, dq, dkv = attention_tiles.kernels(E)
+        built = attention_tiles.kernels(E)
         nbytes = attention_tiles.shared_bytes(E)
         nt = (Tn + 63) // 64
-        args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-        _launch_dynamic(dq, (nt, B * H), stream, nbytes["dq"], *args)
+        if attention_tiles.ATOMIC_DQ:
+            grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
+            backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
+        else:
+            args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+            _launch_dynamic(built[1], (nt, B * H), stream, nbytes["dq"], *args)
         args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        _launch_dynamic(dkv, (nt, B * G), stream, nbytes["dkv"], *args)
+        _launch_dynamic(built[-1], (nt, B * G), stream, nbytes["dkv"], *args)
         return
     t = tile or tile_for(E)
     _, dq, dkv = kernels(E, t, t)
