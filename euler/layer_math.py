@@ -49,7 +49,13 @@ def _expf(x):
         return T(0.0)
     if x > T(88.37626):  # 2^n would overflow the exponent field
         return T(np.inf)
-    n = math.floor(x * T(1.4426950408889634) + T(0.5))
+    # n = floor(z) through an int32, so that n stays a float32: math.floor returns an int64,
+    # which would promote the whole polynomial to float64 (measured on the CPU: 2.9x slower
+    # per element), and np.floor does not compile for the GPU
+    z = x * T(1.4426950408889634) + T(0.5)
+    n = T(np.int32(z))  # truncates toward zero; |z| < 130 here
+    if n > z:
+        n -= T(1.0)
     r = x - n * T(0.693359375) - n * T(-2.12194440e-4)  # Cody-Waite split of n ln 2
     p = T(1.9875691500e-4)
     p = p * r + T(1.3981999507e-3)

@@ -32,7 +32,7 @@ ROWS = 8  # query rows per block; the kernels below are written out for exactly 
 FAST = {"reassoc", "contract", "nsz", "arcp"}  # lets sums vectorise; keeps inf/nan semantics
 
 
-@njit(inline="always", fastmath=FAST)
+@njit(inline="always", fastmath=FAST, error_model="numpy")
 def _scores8(s, qb, k, j0, n):
     """s[r, j] = qb[r] . k[j0 + j] for the eight rows r and j < n; k (T, E) row-major."""
     E = qb.shape[1]
@@ -61,17 +61,19 @@ def _scores8(s, qb, k, j0, n):
         s[7, j] = d7
 
 
-@njit(inline="always", fastmath=FAST)
+@njit(inline="always", fastmath=FAST, error_model="numpy")
 def _accumulate8(acc, p, vt, j0, n):
     """acc[r, e] += sum_{j < n} p[r, j] V[j0 + j, e] for the eight rows r; vt is V^T (E, T)."""
     E = acc.shape[1]
     T = acc.dtype.type
     p0, p1, p2, p3, p4, p5, p6, p7 = p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
     for e in range(E):
-        vr = vt[e]
+        # a slice, so that the loop below indexes from 0: an index j0 + j would be guarded
+        # against negative values at each access, which stops it vectorising
+        vr = vt[e, j0 : j0 + n]
         d0 = d1 = d2 = d3 = d4 = d5 = d6 = d7 = T(0.0)
         for j in range(n):
-            vv = vr[j0 + j]
+            vv = vr[j]
             d0 += p0[j] * vv
             d1 += p1[j] * vv
             d2 += p2[j] * vv
@@ -90,7 +92,7 @@ def _accumulate8(acc, p, vt, j0, n):
         acc[7, e] += d7
 
 
-@njit(inline="always", fastmath=FAST)
+@njit(inline="always", fastmath=FAST, error_model="numpy")
 def _rank8_update(acc, a, x, j0, n):
     """acc[j0 + j] += sum_r a[r, j] x[r] for j < n: a rank-8 update of rows of acc (T, E)."""
     E = x.shape[1]
@@ -106,7 +108,7 @@ def _rank8_update(acc, a, x, j0, n):
             )  # fmt: skip
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@njit(parallel=True, cache=True, fastmath=FAST, error_model="numpy")
 def attention_forward(out, lse, qkv, H, G, E, tile):
     """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E)."""
     B, Tn, _ = qkv.shape
@@ -168,7 +170,7 @@ def attention_forward(out, lse, qkv, H, G, E, tile):
                 lse[b, h, i0 + r] = m[r] + math.log(l[r])
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@njit(parallel=True, cache=True, fastmath=FAST, error_model="numpy")
 def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 

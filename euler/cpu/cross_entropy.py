@@ -7,7 +7,7 @@ from numba import njit, prange
 from euler.layer_math import cross_entropy_row, logsumexp_row
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def cross_entropy_forward_backward(losses, logits, targets, scale):
     """losses (N,) = -log softmax(logits)[target]; logits (N, V) becomes scale * dloss/dlogits.
 
@@ -20,7 +20,7 @@ def cross_entropy_forward_backward(losses, logits, targets, scale):
         losses[n] = cross_entropy_row(logits[n], targets[n], s, T)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def cross_entropy_forward(losses, logits, targets):
     """losses (N,) = -log softmax(logits (N, V))[target], 0 where target < 0; logits unchanged."""
     N = logits.shape[0]

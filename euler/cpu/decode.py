@@ -21,7 +21,7 @@ from euler.layer_math import exp_, online_softmax_rescale
 TILE = 32  # keys per online-softmax rescale
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def attention_decode(out, q, k_cache, v_cache, pos0, H, G, E):
     """out (n, H E), assigned, from q (n, H E) and k_cache, v_cache (G, C, E).
 

@@ -7,7 +7,7 @@ from numba import njit, prange
 from euler.cpu.chunks import CHUNKS
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def embedding_forward(x, tokens, wte):
     """x (N, D) = wte (V, D)[tokens (N,)], assigned. Token ids are checked by the caller."""
     N, D = x.shape
@@ -17,7 +17,7 @@ def embedding_forward(x, tokens, wte):
             x[n, d] = wte[t, d]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def embedding_backward(dwte, dx, tokens, accumulate):
     """dwte (V, D) (+)= scatter of dx (N, D) by tokens (N,); assigned unless accumulate.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from numba import njit, prange
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def residual_forward(out, a, b):
     """out (N, D) = a + b, assigned; out may alias a."""
     N, D = out.shape

@@ -9,7 +9,7 @@ from euler.cpu.chunks import CHUNKS
 from euler.layer_math import rmsnorm_backward_row, rmsnorm_forward_row
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def rmsnorm_forward(y, rstd, x, w, eps):
     """y (N, D) = x (N, D) / rms(x) * w (D,), assigned; rstd (N,) saved for the backward."""
     N = x.shape[0]
@@ -19,7 +19,7 @@ def rmsnorm_forward(y, rstd, x, w, eps):
         rstd[n] = rmsnorm_forward_row(y[n], x[n], w, e, T)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate):
     """dx (N, D) = dres + J^T dy, assigned; dw (D,) (+)= sum_n dy x rstd (+= if accumulate).
 

@@ -7,7 +7,7 @@ from numba import njit, prange
 from euler.layer_math import rope_row
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def _rope(qkv, cos, sin, n_qk_heads, E, pos0, sign):
     B, Tn, _ = qkv.shape
     for bt in prange(B * Tn):

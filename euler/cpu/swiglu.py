@@ -7,7 +7,7 @@ from numba import njit, prange
 from euler.layer_math import swiglu_backward_scalar, swiglu_forward_scalar
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def swiglu_forward(h, gu):
     """h (N, F) = silu(gu[:, :F]) * gu[:, F:], assigned; gu (N, 2F)."""
     N, F = h.shape
@@ -17,7 +17,7 @@ def swiglu_forward(h, gu):
             h[n, f] = swiglu_forward_scalar(gu[n, f], gu[n, F + f], T)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def swiglu_backward(dgu, dh, gu):
     """dgu (N, 2F) from dh (N, F) and the saved gu (N, 2F), assigned."""
     N, F = dh.shape
