@@ -5,7 +5,8 @@
 Each variant sets attention_tiles' generation knobs (UNROLL: product steps per loop
 iteration; LOAD_CHUNK: staging loads in flight; MIN_BLOCKS: launch bound, which caps
 registers at 65536 / (128 MIN_BLOCKS); UNSIGNED_OFFSETS: shared-memory offsets without
-numba's negative-index test), rebuilds the kernels, checks forward and backward
+numba's negative-index test; ATOMIC_DQ: dQ added with atomics by the key-tile kernel),
+rebuilds the kernels, checks forward and backward
 against the one-row-per-thread kernels and times them (B=32, H=12, G=4, E=64, causal).
 The package keeps only the winner's settings as its defaults.
 """
@@ -27,9 +28,15 @@ from bench_gpu import timed  # noqa: E402
 from euler.gpu import attention, attention_tiles  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 
-# (UNROLL, LOAD_CHUNK, MIN_BLOCKS, UNSIGNED_OFFSETS); the first is the package default.
-# Measured 2026-11-29: unsigned 0.76 / 2.86 ms (fwd / bwd), signed 1.37 / 5.21 ms.
-VARIANTS = [(8, 8, 0, True), (8, 8, 4, True), (4, 8, 0, True), (8, 8, 0, False)]
+# (UNROLL, LOAD_CHUNK, MIN_BLOCKS, UNSIGNED_OFFSETS, ATOMIC_DQ); the first is the default.
+# Measured 2026-11-29 (before ATOMIC_DQ): unsigned 0.76 / 2.86 ms (fwd / bwd), signed
+# 1.37 / 5.21 ms.
+VARIANTS = [
+    (8, 8, 0, True, True),
+    (8, 8, 0, True, False),
+    (8, 8, 4, True, True),
+    (4, 8, 0, True, True),
+]
 
 
 def main() -> None:
@@ -54,9 +61,10 @@ def main() -> None:
     ref_out, ref_lse, ref_dqkv = be.to_host(out), be.to_host(lse), be.to_host(dqkv)
     useful = 4 * B * H * T * T * E / 2
     rows = []
-    for unroll, chunk, min_blocks, unsigned in VARIANTS[: args.variants]:
+    for unroll, chunk, min_blocks, unsigned, atomic_dq in VARIANTS[: args.variants]:
         attention_tiles.UNROLL, attention_tiles.LOAD_CHUNK = unroll, chunk
         attention_tiles.MIN_BLOCKS, attention_tiles.UNSIGNED_OFFSETS = min_blocks, unsigned
+        attention_tiles.ATOMIC_DQ = atomic_dq
         fwd = lambda: attention.attention_forward(out, lse, qkv, H, G, E, s)  # noqa: E731
         bwd = lambda: attention.attention_backward(  # noqa: E731
             dqkv, dout, qkv, out, lse, H, G, E, dsum, s
@@ -75,11 +83,12 @@ def main() -> None:
             "load_chunk": chunk,
             "min_blocks": min_blocks,
             "unsigned_offsets": unsigned,
+            "atomic_dq": atomic_dq,
             "fwd_ms": f_ms,
             "bwd_ms": b_ms,
             "fwd_tflops": useful / f_ms / 1e9,
             "bwd_over_fwd": b_ms / f_ms,
-            "registers_fwd_dq_dkv": regs,
+            "registers_fwd_(dq)_dkv": regs,
             "max_abs_diff_vs_one_row_kernels": err,
         }
         rows.append(row)

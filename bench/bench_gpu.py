@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import subprocess
 import sys
@@ -24,14 +23,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from euler.config import PRESETS  # noqa: E402
 from euler.gpu import attention  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
-from euler.gpu.reduce import MAX_THREADS, block_max, block_sum  # noqa: E402
+from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
 from euler.model import Model, make_targets  # noqa: E402
 
 
@@ -142,46 +141,9 @@ def bench_step(args) -> dict:
     }
 
 
-@cuda.jit
-def causal_softmax_kernel(s, scale):
-    """s (Z, T, T) scores -> causal softmax probabilities in place; one block per row."""
-    Z, T, _ = s.shape
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    z = cuda.blockIdx.y
-    i = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    m = float32(-math.inf)
-    for j in range(tid, i + 1, cuda.blockDim.x):
-        m = max(m, s[z, i, j] * scale)
-    m = block_max(m, buf, float32(-math.inf))
-    acc = float32(0.0)
-    for j in range(tid, i + 1, cuda.blockDim.x):
-        acc += math.exp(s[z, i, j] * scale - m)
-    acc = block_sum(acc, buf, float32(0.0))
-    for j in range(tid, T, cuda.blockDim.x):
-        s[z, i, j] = math.exp(s[z, i, j] * scale - m) / acc if j <= i else float32(0.0)
-
-
-@cuda.jit
-def softmax_backward_kernel(dp, p, scale):
-    """dp (Z, T, T) = p (dp - rowsum(p dp)) * scale in place: dS from dP; one block per row."""
-    Z, T, _ = dp.shape
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    z = cuda.blockIdx.y
-    i = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    d = float32(0.0)
-    for j in range(tid, i + 1, cuda.blockDim.x):
-        d += p[z, i, j] * dp[z, i, j]
-    d = block_sum(d, buf, float32(0.0))
-    for j in range(tid, T, cuda.blockDim.x):
-        dp[z, i, j] = p[z, i, j] * (dp[z, i, j] - d) * scale
-
-
 def bench_attention(be: GpuBackend, T: int, args) -> dict:
     """FlashAttention vs naive (materialised scores), forward and backward, at length T."""
     B, H, G, E = args.batch, 12, 4, 64
-    rep = H // G
     rng = np.random.default_rng(T)
     qkv_h = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
     dout_h = rng.standard_normal((B, T, H * E)).astype(np.float32)
@@ -206,35 +168,10 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
         ),
         args.reps,
     )
-    # naive: per (b, h) contiguous q, k, v (kv heads repeated), scores (B H, T, T) in memory
-    q5 = qkv_h[:, :, : H * E].reshape(B, T, H, E).transpose(0, 2, 1, 3)
-    k5 = qkv_h[:, :, H * E : (H + G) * E].reshape(B, T, G, E).transpose(0, 2, 1, 3)
-    v5 = qkv_h[:, :, (H + G) * E :].reshape(B, T, G, E).transpose(0, 2, 1, 3)
-    do5 = dout_h.reshape(B, T, H, E).transpose(0, 2, 1, 3)
-    flat = lambda a: be.to_device(np.ascontiguousarray(a).reshape(B * H, T, E))  # noqa: E731
-    q, k, v = flat(q5), flat(np.repeat(k5, rep, axis=1)), flat(np.repeat(v5, rep, axis=1))
-    do = flat(do5)
-    s = be.zeros((B * H, T, T), np.float32)
-    dp = be.zeros((B * H, T, T), np.float32)
-    o, dq, dk, dv = (be.zeros((B * H, T, E), np.float32) for _ in range(4))
-    scale = np.float32(1 / math.sqrt(E))
-    grid = (T, B * H)
-
-    def naive_fwd():
-        be.matmul_batched(s, q, k, trans_b=True)
-        causal_softmax_kernel[grid, 256, be.stream](s, scale)
-        be.matmul_batched(o, s, v)
-
-    def naive_bwd():
-        be.matmul_batched(dp, do, v, trans_b=True)
-        softmax_backward_kernel[grid, 256, be.stream](dp, s, scale)
-        be.matmul_batched(dq, dp, k)
-        be.matmul_batched(dk, dp, q, trans_a=True)
-        be.matmul_batched(dv, s, do, trans_a=True)
-
-    naive_f = timed(be, naive_fwd, args.reps)
-    naive_b = timed(be, naive_bwd, args.reps)
-    naive_out = be.to_host(o).reshape(B, H, T, E).transpose(0, 2, 1, 3).reshape(B, T, H * E)
+    naive = NaiveAttention(be, qkv_h, dout_h, H, G, E)
+    naive_f = timed(be, naive.forward, args.reps)
+    naive_b = timed(be, naive.backward, args.reps)
+    naive_out = naive.out()
     useful = 4 * B * H * T * T * E / 2  # causal forward FLOPs
     return {
         "B": B,

@@ -243,12 +243,12 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
 
     log("layers: each kernel alone")
     layers = time_layers(be, cfg, B, T, opts.reps)
-    log("attention: FlashAttention against naive NumPy attention")
+    on_gpu = opts.device == "cuda"
+    log(f"attention: FlashAttention against naive attention ({'cuBLAS' if on_gpu else 'NumPy'})")
     attention = [
-        compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps) for t in (T, 4 * T)
+        compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps, on_gpu)
+        for t in (T, 4 * T)
     ]
-    if opts.device == "cuda":
-        notes.append("naive attention runs in NumPy on the host; ours on the GPU")
     log("tokenizer: training on pydoc_data.topics, then encoding it")
     tokenizer = tokenizer_speed()
     meta["loadavg_before"] = list(load_before)

@@ -105,8 +105,27 @@ def attention_batch(cfg: ModelConfig, B: int, T: int) -> int:
     return max(1, min(B, NAIVE_SCORES_BYTES // (4 * cfg.n_head * T * T)))
 
 
-def compare_attention(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict:
-    """Our FlashAttention (forward, backward) against naive NumPy attention at length T."""
+def _naive_numpy(qkv_h, dout_h, H: int, G: int, E: int, reps: int):
+    """(forward ms, backward ms, out (B, T, H E), score bytes) of NumPy's naive attention."""
+    B, T, _ = qkv_h.shape
+    # operands (B, heads, T, E), kv heads repeated to match query heads (untimed)
+    heads = lambda a, n: a.reshape(B, T, n, E).transpose(0, 2, 1, 3).copy()  # noqa: E731
+    q = heads(qkv_h[:, :, : H * E], H)
+    k = np.repeat(heads(qkv_h[:, :, H * E : (H + G) * E], G), H // G, axis=1)
+    v = np.repeat(heads(qkv_h[:, :, (H + G) * E :], G), H // G, axis=1)
+    do = heads(dout_h, H)
+    res = {}
+    fwd = best_ms(lambda: res.update(fwd=naive_attention_forward(q, k, v)), lambda: None, reps)
+    o, p = res["fwd"]
+    bwd = best_ms(lambda: naive_attention_backward(do, q, k, v, p), lambda: None, reps)
+    return fwd, bwd, o.transpose(0, 2, 1, 3).reshape(B, T, H * E), p.nbytes
+
+
+def compare_attention(
+    be, cfg: ModelConfig, B: int, T: int, reps: int, on_gpu: bool = False
+) -> dict:
+    """Our FlashAttention (forward, backward) against naive attention at length T: NumPy's
+    on the CPU, cuBLAS GEMMs over materialised scores on the GPU (on_gpu)."""
     H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
     rng = np.random.default_rng(T)
     qkv_h = rng.standard_normal((B, T, cfg.qkv_dim), dtype=np.float32)
@@ -118,17 +137,16 @@ def compare_attention(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict:
     flash_b = best_ms(
         lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), be.synchronize, reps
     )
-    # naive operands: (B, heads, T, E), kv heads repeated to match query heads (untimed)
-    heads = lambda a, n: a.reshape(B, T, n, E).transpose(0, 2, 1, 3).copy()  # noqa: E731
-    q = heads(qkv_h[:, :, : H * E], H)
-    k = np.repeat(heads(qkv_h[:, :, H * E : (H + G) * E], G), H // G, axis=1)
-    v = np.repeat(heads(qkv_h[:, :, (H + G) * E :], G), H // G, axis=1)
-    do = heads(dout_h, H)
-    res = {}
-    naive_f = best_ms(lambda: res.update(fwd=naive_attention_forward(q, k, v)), lambda: None, reps)
-    o, p = res["fwd"]
-    naive_b = best_ms(lambda: naive_attention_backward(do, q, k, v, p), lambda: None, reps)
-    flash_out = be.to_host(out).reshape(B, T, H, E).transpose(0, 2, 1, 3)
+    if on_gpu:
+        from euler.gpu.naive_attention import NaiveAttention
+
+        naive = NaiveAttention(be, qkv_h, dout_h, H, G, E)
+        naive_f = best_ms(naive.forward, be.synchronize, reps)
+        naive_b = best_ms(naive.backward, be.synchronize, reps)
+        naive_out, scores_bytes = naive.out(), naive.scores_bytes()
+    else:
+        naive_f, naive_b, naive_out, scores_bytes = _naive_numpy(qkv_h, dout_h, H, G, E, reps)
+    flash_out = be.to_host(out)
     return {
         "B": B,
         "T": T,
@@ -140,8 +158,8 @@ def compare_attention(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict:
         "naive_fwd_ms": naive_f,
         "naive_bwd_ms": naive_b,
         "naive_over_flash": (naive_f + naive_b) / (flash_f + flash_b),
-        "naive_scores_mib": p.nbytes / 2**20,
-        "max_abs_diff_out": float(np.abs(flash_out - o).max()),
+        "naive_scores_mib": scores_bytes / 2**20,
+        "max_abs_diff_out": float(np.abs(flash_out - naive_out).max()),
     }
 
 

@@ -281,6 +281,25 @@ def test_small_preset_200_steps_match_cpu() -> None:
 
 
 @pytest.mark.gpu
+def test_chat_decoder_on_gpu_gives_the_cpu_tokens() -> None:
+    """`euler chat --device cuda`'s decoder: the CPU KV-cache decoder's greedy tokens."""
+    import dataclasses
+
+    from euler.decode_device import RecomputeDecoder
+    from euler.generate import Decoder, generate, generate_speculative
+    from euler.sampling import SamplingConfig
+
+    cfg = dataclasses.replace(PRESETS["small"], init_std=0.5)  # spread logits: no near ties
+    params = Model(cfg, seed=3).params
+    greedy, prompt = SamplingConfig(temperature=0.0), [5, 17, 2, 99]
+    want = generate(Decoder(cfg, params), prompt, 40, greedy)
+    got = generate(RecomputeDecoder(cfg, params, _gpu_backend()), prompt, 40, greedy)
+    assert got.tokens == want.tokens and len(set(want.tokens)) > 3
+    spec = generate_speculative(RecomputeDecoder(cfg, params, _gpu_backend()), prompt, 40)
+    assert spec.tokens == want.tokens
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
 def test_matmul_strided_batched(trans_a, trans_b) -> None:
     gpu, rng = _gpu_backend(), np.random.default_rng(2)

@@ -28,6 +28,7 @@ from euler.gpu import (  # noqa: E402
     cross_entropy,
     embedding,
     memory,
+    naive_attention,
     residual,
     rmsnorm,
     rope,
@@ -64,6 +65,11 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
     cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, 0.5)
     cross_entropy.loss_sum(np.zeros(1), f32(K, N), np.ones(K))
+    host = SimpleNamespace(to_device=lambda a: a, zeros=np.zeros, stream=0)
+    host.matmul_batched = lambda *a, **k: None
+    naive = naive_attention.NaiveAttention(host, f32(B, T, 3 * 8), f32(B, T, 8), 1, 1, 8)
+    naive.forward()
+    naive.backward()
     P = 100
     stats, partial = np.zeros(2), np.zeros(4)
     adamw.grad_norm(stats, partial, f32(P), 1.0)
@@ -113,7 +119,8 @@ def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
     launched = {k.py_func.__name__ for k, _ in calls}
     defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
     defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
-    modules = (adamw, attention, cross_entropy, embedding, memory, residual, rmsnorm, rope, swiglu)
+    modules = (adamw, attention, cross_entropy, embedding, memory, naive_attention, residual)
+    modules += (rmsnorm, rope, swiglu)
     for module in modules:
         for name, obj in vars(module).items():
             if isinstance(obj, dispatcher.CUDADispatcher) and not obj.targetoptions["device"]:
