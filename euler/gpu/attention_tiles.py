@@ -24,12 +24,7 @@ backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of
 
 from __future__ import annotations
 
-import math
-
-from numba import cuda, float32, uint64
-
-from euler.gpu.reduce import FULL_MASK, SIMULATOR
-from euler.layer_math import online_softmax_rescale
+from euler.gpu.generated import compile_generated
 
 THREADS = 128
 LD = 65  # padded row of a staged tile, in floats
@@ -352,20 +347,18 @@ def shared_bytes(E: int) -> dict[str, int]:
 _BUILT: dict[tuple, tuple] = {}
 
 
+HEADER = """import math
+
+from numba import cuda, float32, uint64
+
+from euler.gpu.reduce import FULL_MASK, SIMULATOR
+from euler.layer_math import online_softmax_rescale"""
+
+
 def _compile(name: str, src: str, min_blocks: int):
-    scope = {
-        "cuda": cuda,
-        "float32": float32,
-        "uint64": uint64,
-        "math": math,
-        "SIMULATOR": SIMULATOR,
-        "FULL_MASK": FULL_MASK,
-        "online_softmax_rescale": online_softmax_rescale,
-    }
-    exec(compile(src, f"<generated {name}>", "exec"), scope)  # noqa: S102 - our own source
     if min_blocks:
-        return cuda.jit(launch_bounds=(THREADS, min_blocks))(scope[name])
-    return cuda.jit(scope[name])
+        return compile_generated(name, src, HEADER, launch_bounds=(THREADS, min_blocks))
+    return compile_generated(name, src, HEADER)
 
 
 def kernels(E: int):
