@@ -1,0 +1,266 @@
+"""Tensor-core (TF32) FlashAttention against the exact fp32 kernels, checked and timed on a GPU.
+
+    python bench/attention_tc_gpu.py --out attention-tc.json
+
+For each case (small shapes first: a correctness check of tail tiles and head sizes on the
+hardware; then B=32, H=12, G=4, E=64 at T=512 and 2048) it prints one JSON line per
+measurement as it goes, and rewrites --out after each, so a failure (an exception is
+recorded as {"error": ...}) loses nothing measured before it:
+
+- "check": max abs error of attention_tc's out, lse, dqkv against a float64 NumPy
+  reference (batch element 0 only at the big shapes), and against the exact kernels of
+  attention.py. Errors are TF32-sized (~1e-3 of the values' scale), not fp32-sized.
+- "time": median ms over --reps runs (CUDA events, after a warm-up run) of forward and
+  backward for attention_tc, the exact kernels, and torch SDPA when torch has CUDA; TFLOP/s
+  of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from euler.gpu import attention, attention_tc  # noqa: E402
+
+RECORDS: list[dict] = []
+
+
+def emit(path: Path | None, /, **rec) -> None:
+    """Print one record as a JSON line and rewrite the output file with every record so far."""
+    RECORDS.append(rec)
+    print(json.dumps(rec), flush=True)
+    if path:
+        path.write_text(json.dumps(RECORDS, indent=1))
+
+
+def guarded(out: Path | None, what: str, **ctx):
+    """guarded(...)(fn) runs fn(); if it raises: an error record (traceback tail), None."""
+
+    def wrap(fn):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - every failure is a result to report
+            tb = traceback.format_exc().splitlines()[-6:]
+            emit(out, kind="error", what=what, error=f"{type(e).__name__}: {e}", tb=tb, **ctx)
+            return None
+
+    return wrap
+
+
+def reference(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
+    """(out, lse, dqkv) in float64 by dense causal attention (NumPy)."""
+    qkv = qkv.astype(np.float64)
+    B, T, _ = qkv.shape
+    rep = H // G
+    q = qkv[..., : H * E].reshape(B, T, H, E)
+    k = np.repeat(qkv[..., H * E : (H + G) * E].reshape(B, T, G, E), rep, axis=2)
+    v = np.repeat(qkv[..., (H + G) * E :].reshape(B, T, G, E), rep, axis=2)
+    s = np.einsum("bihe,bjhe->bhij", q, k, optimize=True) / math.sqrt(E)
+    s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf
+    m = s.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
+    p = np.exp(s - lse[..., None])
+    o = np.einsum("bhij,bjhe->bihe", p, v, optimize=True)
+    do = dout.astype(np.float64).reshape(B, T, H, E)
+    dv = np.einsum("bhij,bihe->bjhe", p, do, optimize=True)
+    ds = p * (
+        np.einsum("bihe,bjhe->bhij", do, v, optimize=True)
+        - np.einsum("bihe,bihe->bhi", do, o, optimize=True)[..., None]
+    )
+    dq = np.einsum("bhij,bjhe->bihe", ds, k, optimize=True) / math.sqrt(E)
+    dk = np.einsum("bhij,bihe->bjhe", ds, q, optimize=True) / math.sqrt(E)
+
+    def group(x):  # a kv head's gradient sums over its group's query heads
+        return x.reshape(B, T, G, rep, E).sum(3).reshape(B, T, G * E)
+
+    dqkv = np.concatenate([dq.reshape(B, T, H * E), group(dk), group(dv)], -1)
+    return o.reshape(B, T, H * E), lse, dqkv
+
+
+class Case:
+    """Device arrays of one shape, and the forward/backward calls of each implementation."""
+
+    def __init__(self, B, T, H, G, E, seed=0):
+        self.B, self.T, self.H, self.G, self.E = B, T, H, G, E
+        rng = np.random.default_rng(seed)
+        self.qkv_h = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
+        self.dout_h = rng.standard_normal((B, T, H * E)).astype(np.float32)
+        self.stream = cuda.stream()
+        self.qkv, self.dout = cuda.to_device(self.qkv_h), cuda.to_device(self.dout_h)
+        self.out = cuda.device_array((B, T, H * E), np.float32)
+        self.lse = cuda.device_array((B, H, T), np.float32)
+        self.dqkv = cuda.device_array(self.qkv_h.shape, np.float32)
+        self.dsum = cuda.device_array((B, H, T), np.float32)
+
+    def fwd(self, mod):
+        mod.attention_forward(self.out, self.lse, self.qkv, self.H, self.G, self.E, self.stream)
+
+    def bwd(self, mod):
+        mod.attention_backward(
+            self.dqkv, self.dout, self.qkv, self.out, self.lse, self.H, self.G, self.E,
+            self.dsum, self.stream,
+        )  # fmt: skip
+
+    def results(self, mod):
+        """(out, lse, dqkv) on the host from mod's forward then backward."""
+        self.dqkv.copy_to_device(np.full(self.qkv_h.shape, np.nan, np.float32))
+        self.fwd(mod)
+        self.bwd(mod)
+        self.stream.synchronize()
+        return self.out.copy_to_host(), self.lse.copy_to_host(), self.dqkv.copy_to_host()
+
+
+def max_errors(got, want) -> dict:
+    names = ("out", "lse", "dqkv")
+    err = {n: float(np.abs(g - w).max()) for n, g, w in zip(names, got, want, strict=True)}
+    err.update({f"{n}_scale": float(np.abs(w).max()) for n, w in zip(names, want, strict=True)})
+    return err
+
+
+def timed(stream, fn, reps: int) -> float:
+    """Median ms of fn() over reps runs, from CUDA events on stream, after a warm-up run."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cuda.event(), cuda.event()
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cuda.event_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None) -> None:
+    shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
+    t0 = time.time()
+    tc = guarded(out, "tc forward+backward", **shape)(lambda: c.results(attention_tc))
+    if tc is None:
+        return
+    compile_s = time.time() - t0
+    nb = c.B if ref_batch is None else ref_batch
+    want = reference(c.qkv_h[:nb], c.dout_h[:nb], c.H, c.G, c.E)
+    err = max_errors([x[:nb] for x in tc], want)
+    finite = all(bool(np.isfinite(x).all()) for x in tc)
+    emit(out, kind="check", against=f"numpy float64, batch[:{nb}]", finite=finite,
+         first_call_s=compile_s, **shape, **err)  # fmt: skip
+    if exact:
+        ex = guarded(out, "exact forward+backward", **shape)(lambda: c.results(attention))
+        if ex is not None:
+            emit(out, kind="check", against="exact fp32 kernels", **shape, **max_errors(tc, ex))
+
+
+def time_case(c: Case, out: Path | None, reps: int, exact: bool) -> None:
+    shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
+    useful = 4 * c.B * c.H * c.T * c.T * c.E / 2
+    impls = [("tc", attention_tc)] + ([("exact", attention)] if exact else [])
+    for name, mod in impls:
+
+        def run(mod=mod):
+            f = timed(c.stream, lambda: c.fwd(mod), reps)
+            b = timed(c.stream, lambda: c.bwd(mod), reps)
+            return f, b
+
+        r = guarded(out, f"time {name}", **shape)(run)
+        if r:
+            f, b = r
+            tflops = dict(fwd_tflops=useful / f / 1e9, bwd_tflops=2.5 * useful / b / 1e9)
+            emit(
+                out,
+                kind="time",
+                impl=name,
+                fwd_ms=f,
+                bwd_ms=b,
+                bwd_over_fwd=b / f,
+                **tflops,
+                **shape,
+            )
+    guarded(out, "time torch sdpa", **shape)(lambda: time_torch(c, out, reps, useful, shape))
+
+
+def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict) -> None:
+    """torch SDPA (causal, fp32 inputs, TF32 allowed) on the same data, if torch has CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    F = torch.nn.functional
+    H, G, E, rep = c.H, c.G, c.E, c.H // c.G
+    x = torch.from_numpy(c.qkv_h).cuda()
+    q = x[..., : H * E].reshape(c.B, c.T, H, E).transpose(1, 2).contiguous().requires_grad_()
+    kv = [
+        x[..., o : o + G * E].reshape(c.B, c.T, G, E).transpose(1, 2) for o in (H * E, (H + G) * E)
+    ]
+    k, v = (t.repeat_interleave(rep, 1).contiguous().requires_grad_() for t in kv)
+    do = torch.from_numpy(c.dout_h).cuda().reshape(c.B, c.T, H, E).transpose(1, 2).contiguous()
+
+    def ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        return float(np.median(times))
+
+    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    f = ms(fwd)
+    o = fwd()
+    b = ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+    emit(out, kind="time", impl=f"torch {torch.__version__} sdpa fp32 (k, v repeated)", fwd_ms=f,
+         bwd_ms=b, bwd_over_fwd=b / f, fwd_tflops=useful / f / 1e9,
+         bwd_tflops=2.5 * useful / b / 1e9, **shape)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", default="512,2048", help="sequence lengths of the big cases")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-exact", action="store_true", help="skip the exact fp32 kernels")
+    ap.add_argument("--no-small", action="store_true", help="skip the small correctness cases")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    exact = not args.no_exact
+    dev = cuda.get_current_device()
+    emit(args.out, kind="device", name=str(dev.name), cc=list(dev.compute_capability))
+    if not args.no_small:  # tail tiles (T not a multiple of 64), both head sizes, groups
+        for B, T, H, G, E in ((2, 100, 4, 2, 64), (2, 131, 4, 1, 32), (1, 64, 2, 2, 64)):
+            c = guarded(args.out, "setup", T=T, E=E)(lambda: Case(B, T, H, G, E))  # noqa: B023
+            if c:
+                check(c, args.out, exact, None)
+    for T in (int(t) for t in args.T.split(",")):
+        c = guarded(args.out, "setup", T=T)(lambda: Case(args.batch, T, 12, 4, 64))  # noqa: B023
+        if c is None:
+            continue
+        check(c, args.out, exact, ref_batch=1)
+        time_case(c, args.out, args.reps, exact)
+        regs = guarded(args.out, "registers")(
+            lambda: {
+                k.py_func.__name__: [o.regs_per_thread for o in k.overloads.values()]
+                for k in attention_tc.kernels(64)
+            }
+        )
+        if regs:
+            emit(args.out, kind="registers", **regs)
+        del c
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Tensor-core attention (attention_tc on mma.py): sm_90 PTX, and its numbers in the simulator.
+
+Without a GPU: the kernels compile to sm_90 PTX that carries the mma.sync and cvt.rna.tf32
+instructions (and no float64 or local memory); then this file runs again in a subprocess
+with NUMBA_ENABLE_CUDASIM=1 (which must be set before numba.cuda is imported), where mma.py
+emulates the warp-wide instruction. There the emulated m16n8k8 equals a float64 product of
+TF32-rounded operands, and the forward and backward on tiny shapes (one diagonal tile, and
+two query tiles with a tail) match a float64 NumPy reference within TF32 tolerance.
+
+Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
+(4.9e-4) relative; a sum of such products errs by about that times the scale of its
+terms. We allow 2e-3 of the largest reference value of each output (4 TF32 units); a
+wrong fragment layout, mask or key permutation errs by O(1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+TOL = 2e-3  # of the largest reference value, see the module docstring
+
+
+def reference(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
+    """(out, lse, dqkv) of causal grouped-query attention, in float64 (dense NumPy)."""
+    qkv = qkv.astype(np.float64)
+    B, T, _ = qkv.shape
+    rep = H // G
+    q = qkv[..., : H * E].reshape(B, T, H, E)
+    k = np.repeat(qkv[..., H * E : (H + G) * E].reshape(B, T, G, E), rep, axis=2)
+    v = np.repeat(qkv[..., (H + G) * E :].reshape(B, T, G, E), rep, axis=2)
+    s = np.einsum("bihe,bjhe->bhij", q, k) / math.sqrt(E)
+    s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf
+    m = s.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
+    p = np.exp(s - lse[..., None])
+    o = np.einsum("bhij,bjhe->bihe", p, v)
+    do = dout.astype(np.float64).reshape(B, T, H, E)
+    dv = np.einsum("bhij,bihe->bjhe", p, do)
+    ds = p * (np.einsum("bihe,bjhe->bhij", do, v) - np.einsum("bihe,bihe->bhi", do, o)[..., None])
+    dq = np.einsum("bhij,bjhe->bihe", ds, k) / math.sqrt(E)
+    dk = np.einsum("bhij,bihe->bjhe", ds, q) / math.sqrt(E)
+
+    def group(x):  # a kv head's gradient sums over its group's query heads
+        return x.reshape(B, T, G, rep, E).sum(3).reshape(B, T, G * E)
+
+    dqkv = np.concatenate([dq.reshape(B, T, H * E), group(dk), group(dv)], -1)
+    return o.reshape(B, T, H * E), lse, dqkv
+
+
+if not IN_SIMULATOR:
+    cuda = pytest.importorskip("numba.cuda")
+
+    def _ptx_of_launches(monkeypatch, E: int) -> dict[str, str]:
+        """sm_90 PTX of each kernel the launchers start at head size E, by kernel name."""
+        import numba
+        import numba.cuda.dispatcher as dispatcher
+
+        from euler.gpu import attention_tc
+
+        calls = []
+        monkeypatch.setattr(
+            dispatcher.CUDADispatcher,
+            "__getitem__",
+            lambda self, cfg: lambda *args: calls.append((self, args)),
+        )
+        monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
+            compute_capability=(9, 0)
+        ))  # fmt: skip
+        f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+        B, T, H, G = 2, 3, 4, 2
+        qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
+        attention_tc.attention_forward(out, lse, qkv, H, G, E)
+        attention_tc.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse)
+        ptx = {}
+        for kernel, args in calls:
+            sig = tuple(numba.typeof(a) for a in args)
+            ptx[kernel.py_func.__name__] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
+        return ptx
+
+    def _check_ptx(ptx: dict[str, str], E: int) -> None:
+        assert set(ptx) == {"forward_tc_kernel", "backward_dq_tc_kernel", "backward_dkv_tc_kernel"}
+        # per 64 x 64 tile and warp: 8 E / 8 products for each of S and O (forward), of S,
+        # dP and dQ (dq), of S, dP, dV and dK (dkv), all written out
+        per_product = 8 * E // 8
+        for name, n in (("forward", 2), ("dq", 3), ("dkv", 4)):
+            text = next(p for k, p in ptx.items() if name in k)
+            assert ".target sm_90" in text
+            mmas = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
+            assert len(mmas) == n * per_product, (name, len(mmas))
+            assert "cvt.rna.tf32.f32" in text, name
+            assert not re.search(r"\.f64\b", text), f"{name}: float64 arithmetic"
+            assert ".local" not in text, f"{name}: a register tile spilled to local memory"
+
+    def test_ptx_sm90(monkeypatch) -> None:
+        """Head size 8: seconds of NVVM time."""
+        _check_ptx(_ptx_of_launches(monkeypatch, 8), 8)
+
+    @pytest.mark.slow
+    def test_ptx_sm90_gpu_preset(monkeypatch) -> None:
+        """Head size 64, the `gpu` preset's (about 2 minutes of NVVM time)."""
+        _check_ptx(_ptx_of_launches(monkeypatch, 64), 64)
+
+    def test_in_simulator() -> None:
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+        root = Path(__file__).resolve().parents[1]
+        r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+else:
+    from numba import cuda
+
+    from euler.gpu import attention_tc
+    from euler.gpu.mma import mma_tf32, tf32, tf32_round_host
+
+    @cuda.jit
+    def _mma_kernel(a, b, c, d):
+        """d (16, 8) = a (16, 8) b (8, 8) + c, one warp, through the fragment layout."""
+        lane = cuda.threadIdx.x
+        g, t = lane // 4, lane % 4
+        d0, d1, d2, d3 = mma_tf32(
+            tf32(a[g, t]), tf32(a[g + 8, t]), tf32(a[g, t + 4]), tf32(a[g + 8, t + 4]),
+            tf32(b[t, g]), tf32(b[t + 4, g]),
+            c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1],
+        )  # fmt: skip
+        d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = d0, d1, d2, d3
+
+    def test_tf32_rounding() -> None:
+        """Nearest, ties away from zero, 10 mantissa bits."""
+        one = np.float32(1.0)
+        x = np.array([1 + 2**-11, -(1 + 2**-11), 1 + 2**-12, 1 + 3 * 2**-11, np.inf], np.float32)
+        want = np.array([1 + 2**-10, -(1 + 2**-10), 1, 1 + 2**-9, np.inf], np.float32)
+        np.testing.assert_array_equal(tf32_round_host(x), want)
+        assert tf32(one + np.float32(2**-11)) == np.float32(1 + 2**-10)
+
+    def test_mma_matches_numpy() -> None:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((16, 8)).astype(np.float32)
+        b = rng.standard_normal((8, 8)).astype(np.float32)
+        c = rng.standard_normal((16, 8)).astype(np.float32)
+        d = np.full((16, 8), np.nan, np.float32)
+        _mma_kernel[1, 32](a, b, c, d)
+        want = tf32_round_host(a).astype(np.float64) @ tf32_round_host(b) + c
+        np.testing.assert_allclose(d, want, rtol=2**-23, atol=2**-22)  # float32 rounding
+        assert np.abs(d - (a.astype(np.float64) @ b + c)).max() > 1e-5  # TF32 is coarser
+
+    @pytest.mark.parametrize(
+        "B,T,H,G,E",
+        [(1, 19, 2, 1, 32), (1, 70, 1, 1, 8)],
+        ids=["one-diagonal-tile", "two-query-tiles-with-tail"],
+    )
+    def test_attention_tc(B, T, H, G, E) -> None:
+        rng = np.random.default_rng(1)
+        qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
+        dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
+        out = np.full((B, T, H * E), np.nan, np.float32)
+        lse = np.full((B, H, T), np.nan, np.float32)
+        attention_tc.attention_forward(out, lse, qkv, H, G, E)
+        dqkv = np.full_like(qkv, np.nan)
+        dsum = np.zeros((B, H, T), np.float32)
+        attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
+        for name, got, want in zip(("out", "lse", "dqkv"), (out, lse, dqkv),
+                                   reference(qkv, dout, H, G, E), strict=True):  # fmt: skip
+            tol = TOL * np.abs(want).max()
+            err = np.abs(got - want).max()  # NaN (a slot left unwritten) fails too
+            assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
