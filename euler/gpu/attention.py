@@ -288,7 +288,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
     if not tile and attention_tiles.supports(E):
         fwd = attention_tiles.kernels(E)[0]
         nbytes = attention_tiles.shared_bytes(E)["forward"]
-        grid = ((Tn + 63) // 64, B * H)
+        grid = (B * H, (Tn + 63) // 64)
         _launch_dynamic(fwd, grid, stream, nbytes, out, lse, qkv, H, G, scale)
         return
     t = tile or tile_for(E)
@@ -315,9 +315,9 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
             backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
         else:
             args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-            _launch_dynamic(built[1], (nt, B * H), stream, nbytes["dq"], *args)
+            _launch_dynamic(built[1], (B * H, nt), stream, nbytes["dq"], *args)
         args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        _launch_dynamic(built[-1], (nt, B * G), stream, nbytes["dkv"], *args)
+        _launch_dynamic(built[-1], (B * G, nt), stream, nbytes["dkv"], *args)
         return
     t = tile or tile_for(E)
     _, dq, dkv = kernels(E, t, t)

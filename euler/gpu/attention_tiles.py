@@ -16,10 +16,15 @@ written out (one scalar per register, k unrolled by 8 so that each load is a bas
 a constant) and compiled per head size E (8, 16, 32 or 64).
 
 forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V.
-backward_dq: one block per (64 query rows, b, h): D = rowsum(dO O) (saved), then per key
-  tile P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dQ += dS K.
 backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of every
-  head of its group: dV += P^T dO, dK += dS^T Q. Each kernel owns what it writes.
+  head of its group: P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dV += P^T dO,
+  dK += dS^T Q, and dQ += dS K added to dqkv with atomics (ATOMIC_DQ; D = rowsum(dO O)
+  and the zeroed dQ come from attention.backward_prep_kernel).
+backward_dq (without ATOMIC_DQ): one block per (64 query rows, b, h) computes D and dQ on
+  its own, recomputing S and dP, and backward_dkv leaves dQ alone.
+
+The grid's slow (y) axis is the causal work per block, heaviest first: the blocks that
+visit the most tiles start in the first wave rather than trailing the last one.
 """
 
 from __future__ import annotations
@@ -169,12 +174,12 @@ def _forward_source(E: int) -> str:
     w = _Src()
     w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
     w.level += 1
-    w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads."""')
+    w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (B H, T / 64), 128 threads."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
     _prologue(w)
-    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w("rep = H // G", "b = cuda.blockIdx.x // H", "h = cuda.blockIdx.x % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.y) * 64")
     _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale")])
     w(*(f"m{i} = T(-math.inf)" for i in range(4)), *(f"l{i} = T(0.0)" for i in range(4)))
     _zero(w, "o", NJ)
@@ -221,12 +226,12 @@ def _dq_source(E: int) -> str:
     w = _Src()
     w("def backward_dq_tiled_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):")
     w.level += 1
-    w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads."""')
+    w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (B H, T / 64), 128 threads."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
     _prologue(w)
-    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w("rep = H // G", "b = cuda.blockIdx.x // H", "h = cuda.blockIdx.x % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.y) * 64")
     _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale"), (DO, "i0", "qo", "dout", "")])
     for i in range(4):
         w(f"d{i} = T(0.0)", f"ls{i} = T(0.0)", f"if i0 + r{i} < Tn:")
@@ -276,12 +281,12 @@ def _dkv_source(E: int) -> str:
     w = _Src()
     w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
     w.level += 1
-    w('"""dK, dV parts of dqkv; grid (T / 64, B G), 128 threads; rows are keys."""')
+    w('"""dK, dV (and dQ, atomic) parts of dqkv; grid (B G, T / 64), 128 threads; rows: keys."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
     _prologue(w)
-    w("rep = H // G", "b = cuda.blockIdx.y // G", "g = cuda.blockIdx.y % G")
+    w("rep = H // G", "b = cuda.blockIdx.x // G", "g = cuda.blockIdx.x % G")
     w(f"ko = H * {E} + g * {E}", f"vo = ko + G * {E}")
-    w("j0 = cuda.blockIdx.x * 64")
+    w("j0 = cuda.blockIdx.y * 64")
     _stage(w, E, [(K, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
     _zero(w, "dk", NJ)
     _zero(w, "dv", NJ)
