@@ -38,6 +38,9 @@ def _require_gpu() -> None:
 class GpuBackend:
     """Schedules the shared layer math on one CUDA GPU; TF32 matmuls unless tf32=False.
 
+    With TF32 on, attention runs on tensor cores too (attention_tc.py) where the head size
+    allows; tf32=False keeps every product exact fp32 (the checks against the CPU use it).
+
     threads caps every block size and tile (0: attention's own) sets attention's tiles; tests
     shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
     """
@@ -49,6 +52,7 @@ class GpuBackend:
         from euler.gpu import (
             adamw,
             attention,
+            attention_tc,
             cross_entropy,
             embedding,
             memory,
@@ -63,6 +67,7 @@ class GpuBackend:
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
         self.threads, self.tile = threads, tile
+        self.k_attention_tc = attention_tc if tf32 and not tile else None
         self.stream = cuda.stream()
         if blas is None:
             handle = self.stream.handle
@@ -171,11 +176,22 @@ class GpuBackend:
     def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
         self.k_rope.rope_backward(dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
 
+    def _tensor_cores(self, E: int) -> bool:
+        return self.k_attention_tc is not None and self.k_attention_tc.supports(E)
+
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
+        if self._tensor_cores(E):
+            self.k_attention_tc.attention_forward(out, lse, qkv, H, G, E, self.stream)
+            return
         self.k_attention.attention_forward(out, lse, qkv, H, G, E, self.stream, self.tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
+        if self._tensor_cores(E):
+            self.k_attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
+            )
+            return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
         )
