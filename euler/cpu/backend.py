@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from euler.cpu import adamw, attention, cross_entropy, embedding, residual, rmsnorm, rope, swiglu
+from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
 from euler.cpu.blas import SplitMatmul
 
 
@@ -19,11 +20,15 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, attention_tile: int = attention.TILE):
-        # keys per FlashAttention tile; the gradient check uses small tiles so that its
-        # short sequences still cross several tile boundaries
-        self.attention_tile = attention_tile
+    def __init__(self, attention_tile: int | None = None):
+        # Sequences up to DENSE_MAX_T run dense (whole score blocks through BLAS), longer ones
+        # FlashAttention in tiles of attention.TILE keys. A given tile asks for FlashAttention
+        # at every length: the gradient check uses small tiles so that its short sequences
+        # cross several tile boundaries.
+        self.attention_tile = attention.TILE if attention_tile is None else attention_tile
+        self.dense_max_t = DENSE_MAX_T if attention_tile is None else 0
         self._matmul = SplitMatmul()
+        self._dense = DenseAttention(self._matmul.map_blocks)
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:
@@ -68,7 +73,8 @@ class CpuBackend:
         """dx (N, D) = dres + J^T dy; dw (D,) (+)=."""
         _shapes(dx=(dx, x.shape), dy=(dy, x.shape), dres=(dres, x.shape), dw=(dw, w.shape),
                 w=(w, x.shape[1:]), rstd=(rstd, x.shape[:1]))  # fmt: skip
-        rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate)
+        inplace = np.may_share_memory(dx, dres)
+        rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate, inplace)
 
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
         """Rotate the q and k heads of qkv (B, T, (H + 2G) E) in place."""
@@ -84,14 +90,20 @@ class CpuBackend:
         """out (B, T, H E), lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
         B, T = qkv.shape[:2]
         _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), out=(out, (B, T, H * E)), lse=(lse, (B, H, T)))
-        attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
+        if T <= self.dense_max_t:
+            self._dense.forward(out, lse, qkv, H, G, E)
+        else:
+            attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         """dqkv (B, T, (H + 2G) E) from dout (B, T, H E) and the saved qkv, out, lse."""
         B, T = qkv.shape[:2]
         _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), dqkv=(dqkv, qkv.shape), lse=(lse, (B, H, T)),
                 out=(out, (B, T, H * E)), dout=(dout, (B, T, H * E)))  # fmt: skip
-        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
+        if T <= self.dense_max_t:
+            self._dense.backward(dqkv, dout, qkv, out, lse, H, G, E)
+        else:
+            attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
 
     def swiglu_forward(self, h, gu) -> None:
         """h (N, F) = silu(gate) * up from gu (N, 2F)."""

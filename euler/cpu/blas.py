@@ -44,7 +44,7 @@ def limit_blas_threads(n: int) -> bool:
 
 
 class SplitMatmul:
-    """out = op(a) @ op(b), cut by output rows across `workers` threads."""
+    """out = op(a) @ op(b), cut across `workers` threads by output rows or by the sum."""
 
     def __init__(self, workers: int | None = None):
         # as many pieces as Numba has threads (NUMBA_NUM_THREADS, else the cores), so that a
@@ -54,21 +54,63 @@ class SplitMatmul:
         # and splitting would oversubscribe the cores
         self.split = self.workers > 1 and limit_blas_threads(1)
         self.pool = ThreadPoolExecutor(self.workers - 1) if self.split else None
+        self._partials: dict = {}  # (shape, dtype) -> the second half-sum of a K-split
 
     def __call__(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=)."""
         a2 = a.T if trans_a else a
         b2 = b.T if trans_b else b
-        M = out.shape[0]
-        if not self.split or M * out.shape[1] * a2.shape[1] < SPLIT_MIN_MACS or M < 2 * 8:
+        M, N = out.shape
+        K = a2.shape[1]
+        if M * N * K < SPLIT_MIN_MACS:
             _product(out, a2, b2, accumulate)
-            return
-        cuts = [M * i // self.workers for i in range(self.workers + 1)]
-        jobs = [
-            self.pool.submit(_product, out[r0:r1], a2[r0:r1], b2, accumulate)
-            for r0, r1 in zip(cuts[1:-1], cuts[2:], strict=True)
-        ]
-        _product(out[: cuts[1]], a2[: cuts[1]], b2, accumulate)
+        elif trans_a:
+            self._split_sum(out, a2, b2, accumulate)
+        elif not self.split or M < 2 * 8:
+            _product(out, a2, b2, accumulate)
+        else:
+            cuts = [M * i // self.workers for i in range(self.workers + 1)]
+            jobs = [
+                self.pool.submit(_product, out[r0:r1], a2[r0:r1], b2, accumulate)
+                for r0, r1 in zip(cuts[1:-1], cuts[2:], strict=True)
+            ]
+            _product(out[: cuts[1]], a2[: cuts[1]], b2, accumulate)
+            for job in jobs:
+                job.result()
+
+    def _split_sum(self, out, a2, b2, accumulate) -> None:
+        """out (+)= a2[:, :h] @ b2[:h] + a2[:, h:] @ b2[h:], the halves concurrently.
+
+        A weight gradient (trans_a: dW = X^T dY) has a small output and a long sum over the
+        batch's tokens; its row pieces ran at 137 GFLOP/s against 163 for the two half-sums
+        (682 x 2048 x 128 on this 2-core machine). Always two halves, whatever the thread
+        count, so that the result's bits do not depend on it.
+        """
+        h = a2.shape[1] // 2
+        key = (out.shape, out.dtype)
+        if key not in self._partials:
+            self._partials[key] = np.empty_like(out)
+        part = self._partials[key]
+        if self.split:
+            job = self.pool.submit(_product, part, a2[:, h:], b2[h:], False)
+            _product(out, a2[:, :h], b2[:h], accumulate)
+            job.result()
+        else:
+            _product(part, a2[:, h:], b2[h:], False)
+            _product(out, a2[:, :h], b2[:h], accumulate)
+        out += part
+
+    def map_blocks(self, fn, n: int) -> None:
+        """fn(lo, hi) over `workers` blocks of range(n), concurrently; returns when all are done.
+
+        fn must release the GIL for its heavy work (BLAS, nogil Numba kernels).
+        """
+        parts = self.workers if self.split else 1
+        cuts = [n * i // parts for i in range(parts + 1)]
+        blocks = [(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True) if hi > lo]
+        jobs = [self.pool.submit(fn, lo, hi) for lo, hi in blocks[1:]]
+        if blocks:
+            fn(*blocks[0])
         for job in jobs:
             job.result()
 

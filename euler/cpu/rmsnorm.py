@@ -20,11 +20,14 @@ def rmsnorm_forward(y, rstd, x, w, eps):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate):
+def rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate, inplace):
     """dx (N, D) = dres + J^T dy, assigned; dw (D,) (+)= sum_n dy x rstd (+= if accumulate).
 
-    dx may alias dres (the residual gradient passes through in place). Each chunk of rows
-    sums its own dw partial, so no two threads add into the same slot.
+    inplace says that dx and dres share memory (the residual gradient passes through in
+    place): each dres row is then copied aside first, since LLVM vectorises the row loop
+    only behind a run-time check that its output and inputs do not overlap (measured: 0.35
+    against 0.14 ms at 2048 x 128). Each chunk of rows sums its own dw partial, so no two
+    threads add into the same slot.
     """
     N, D = x.shape
     T = x.dtype.type
@@ -33,8 +36,13 @@ def rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate):
     for c in prange(nchunk):
         n0 = c * N // nchunk
         n1 = (c + 1) * N // nchunk
+        res = np.empty(D, dtype=x.dtype)
         for n in range(n0, n1):
-            rmsnorm_backward_row(dx[n], partial[c], dy[n], dres[n], x[n], w, rstd[n], T)
+            if inplace:
+                res[:] = dres[n]
+            else:
+                res = dres[n]
+            rmsnorm_backward_row(dx[n], partial[c], dy[n], res, x[n], w, rstd[n], T)
     for d in range(D):
         s = T(0.0)
         for c in range(nchunk):
