@@ -70,7 +70,8 @@ def layer_table(res: BenchResult) -> Table:
 
 def attention_table(res: BenchResult) -> Table:
     """FlashAttention against naive attention (materialised scores) at each length."""
-    t = Table(title="attention: our FlashAttention vs naive NumPy (scores materialised), ms")
+    naive = "cuBLAS" if res.meta.get("device") == "cuda" else "NumPy"
+    t = Table(title=f"attention: our FlashAttention vs naive {naive} (scores materialised), ms")
     cols = ("B x T", "flash fwd", "flash bwd", "naive fwd", "naive bwd", "naive/flash", "max|diff|")
     for col in cols:
         t.add_column(col, justify="right")
