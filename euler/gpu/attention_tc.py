@@ -47,10 +47,10 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, uint64
+from numba import float32
 
-from euler.gpu.mma import SIMULATOR, mma_tf32, tf32
-from euler.gpu.reduce import FULL_MASK
+from euler.gpu.generated import compile_generated
+from euler.gpu.mma import SIMULATOR
 
 THREADS = 128  # 4 warps
 TILE = 64  # rows per tile, 16 per warp
@@ -373,18 +373,16 @@ def _dkv_source(E: int) -> str:
 _BUILT: dict[int, tuple] = {}
 
 
+HEADER = """import math
+
+from numba import cuda, float32, uint64
+
+from euler.gpu.mma import mma_tf32, tf32
+from euler.gpu.reduce import FULL_MASK"""
+
+
 def _compile(name: str, src: str):
-    scope = {
-        "cuda": cuda,
-        "float32": float32,
-        "uint64": uint64,
-        "math": math,
-        "FULL_MASK": FULL_MASK,
-        "mma_tf32": mma_tf32,
-        "tf32": tf32,
-    }
-    exec(compile(src, f"<generated {name}>", "exec"), scope)  # noqa: S102 - our own source
-    return cuda.jit(scope[name])
+    return compile_generated(name, src, HEADER)
 
 
 def sources(E: int) -> dict[str, str]:
