@@ -38,6 +38,7 @@ from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
 from euler.model import Model, make_targets
 from euler.optim import AdamW
+from euler.train import make_backend
 
 # (batch, seq) per preset when --batch / --seq are not given
 DEFAULT_SHAPES = {"tiny": (4, 24), "small": (16, 128), "gpu": (32, 512)}
@@ -100,17 +101,6 @@ class BenchResult:
 
 
 # ------------------------------------------------------------------ devices and timing
-
-
-def make_backend(device: str):
-    """Our backend for `device`; GpuBackend raises EulerError where there is no GPU."""
-    if device == "cuda":
-        from euler.gpu.backend import GpuBackend
-
-        return GpuBackend(tf32=True)
-    from euler.cpu.backend import CpuBackend
-
-    return CpuBackend()
 
 
 def git_commit() -> str | None:
@@ -185,7 +175,7 @@ def time_engine(cfg: ModelConfig, be, device: str, tokens, targets, steps: int, 
 def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchResult:
     """Run every measurement of `opts`; `log` hears one line per phase (progress)."""
     cfg, B, T = opts.resolve()
-    be = make_backend(opts.device)
+    be = make_backend(opts.device)  # TF32 on the GPU, as the peer runs
     notes: list[str] = []
     load_before = os.getloadavg()
     meta = {
