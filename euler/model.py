@@ -154,6 +154,16 @@ class Model:
         self._accumulate = False
 
     # ------------------------------------------------------------------ helpers
+    def _matmul_pair(self, first: tuple, second: tuple) -> None:
+        """Two independent products (out, a, b, trans_a, trans_b, accumulate): concurrently
+        where the backend can (the CPU's matmul_pair), else one after the other."""
+        pair = getattr(self.be, "matmul_pair", None)
+        if pair is not None:
+            pair(first, second)
+        else:
+            for out, a, b, trans_a, trans_b, acc in (first, second):
+                self.be.matmul(out, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=acc)
+
     def _arena(self, B: int, T: int) -> Activations:
         if self.acts is None or (self.acts.B, self.acts.T) != (B, T):
             self.acts = None  # free the old arena before the new one is allocated
@@ -247,8 +257,10 @@ class Model:
                 be.cross_entropy_forward(a.losses[k], a.logits, tk)
                 continue
             be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, scales[k])
-            be.matmul(self.g["mtp_heads"][k], a.logits, xf, trans_a=True, accumulate=accumulate)
-            be.matmul(_2d(a.dxf), a.logits, w, accumulate=k > 0)
+            self._matmul_pair(
+                (_2d(a.dxf), a.logits, w, False, False, k > 0),
+                (self.g["mtp_heads"][k], a.logits, xf, True, False, accumulate),
+            )
         self._accumulate = accumulate
         return be.loss_value(a.losses, scales)
 
@@ -272,25 +284,29 @@ class Model:
         for layer in reversed(range(cfg.n_layer)):
             w = f"layers.{layer}."
             # MLP block, dx is d(loss)/d(x[layer + 1])
-            be.matmul(_2d(a.dh), dx, p[w + "mlp.w_down"])
-            be.matmul(g[w + "mlp.w_down"], dx, _2d(a.h[layer]), trans_a=True, accumulate=acc)
+            self._matmul_pair(
+                (_2d(a.dh), dx, p[w + "mlp.w_down"], False, False, False),
+                (g[w + "mlp.w_down"], dx, _2d(a.h[layer]), True, False, acc),
+            )
             be.swiglu_backward(_2d(a.dgu), _2d(a.dh), _2d(a.gu[layer]))
-            be.matmul(dxn, _2d(a.dgu), p[w + "mlp.w_gateup"])
-            be.matmul(
-                g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), trans_a=True, accumulate=acc
+            self._matmul_pair(
+                (dxn, _2d(a.dgu), p[w + "mlp.w_gateup"], False, False, False),
+                (g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), True, False, acc),
             )
             be.rmsnorm_backward(
                 dx, g[w + "mlp_norm"], dxn, dx, _2d(a.xmid[layer]), p[w + "mlp_norm"],
                 a.rstd2[layer].reshape(-1), acc,
             )  # fmt: skip
             # attention block, dx is now d(loss)/d(xmid[layer])
-            be.matmul(_2d(a.datt), dx, p[w + "attn.wo"])
-            be.matmul(g[w + "attn.wo"], dx, _2d(a.att[layer]), trans_a=True, accumulate=acc)
+            self._matmul_pair(
+                (_2d(a.datt), dx, p[w + "attn.wo"], False, False, False),
+                (g[w + "attn.wo"], dx, _2d(a.att[layer]), True, False, acc),
+            )
             be.attention_backward(a.dqkv, a.datt, a.qkv[layer], a.att[layer], a.lse[layer], H, G, E)
             be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E)
-            be.matmul(dxn, _2d(a.dqkv), p[w + "attn.wqkv"])
-            be.matmul(
-                g[w + "attn.wqkv"], _2d(a.dqkv), _2d(a.xn1[layer]), trans_a=True, accumulate=acc
+            self._matmul_pair(
+                (dxn, _2d(a.dqkv), p[w + "attn.wqkv"], False, False, False),
+                (g[w + "attn.wqkv"], _2d(a.dqkv), _2d(a.xn1[layer]), True, False, acc),
             )
             be.rmsnorm_backward(
                 dx, g[w + "attn_norm"], dxn, dx, _2d(a.x[layer]), p[w + "attn_norm"],

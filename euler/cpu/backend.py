@@ -52,6 +52,11 @@ class CpuBackend:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
         self._matmul(out, a, b, trans_a, trans_b, accumulate)
 
+    def matmul_pair(self, first, second) -> None:
+        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run
+        concurrently; the CPU's own method, which euler.model calls where a backend has it."""
+        self._matmul.pair(first, second)
+
     # ------------------------------------------------------------ layers
     # Numba does not check bounds, so each launcher checks the shapes its kernel trusts.
     def embedding_forward(self, x, tokens, wte) -> None:

@@ -100,6 +100,23 @@ class SplitMatmul:
             _product(out, a2[:, :h], b2[:h], accumulate)
         out += part
 
+    def pair(self, first, second) -> None:
+        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), at once.
+
+        The backward's products come in pairs of equal cost that read the same gradient,
+        dX = dY W and dW = dY^T X: one whole single-threaded BLAS call per core beats two
+        split calls, by 2% to 10% on this 2-core machine at the `small` shapes (one hand-off
+        to the pool instead of two). Each product is computed whole whatever the thread
+        count, so the results' bits do not depend on it.
+        """
+        if not self.split:
+            _whole(*first)
+            _whole(*second)
+            return
+        job = self.pool.submit(_whole, *second)
+        _whole(*first)
+        job.result()
+
     def map_blocks(self, fn, n: int) -> None:
         """fn(lo, hi) over `workers` blocks of range(n), concurrently; returns when all are done.
 
@@ -113,6 +130,10 @@ class SplitMatmul:
             fn(*blocks[0])
         for job in jobs:
             job.result()
+
+
+def _whole(out, a, b, trans_a, trans_b, accumulate) -> None:
+    _product(out, a.T if trans_a else a, b.T if trans_b else b, accumulate)
 
 
 def _product(out, a, b, accumulate: bool) -> None:
