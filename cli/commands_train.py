@@ -37,6 +37,10 @@ Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already 
 Tf32 = Annotated[
     bool, typer.Option(help="cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32).")
 ]
+ExactAttention = Annotated[
+    bool,
+    typer.Option(help="cuda with TF32: attention in exact fp32 instead of on tensor cores."),
+]
 Nproc = Annotated[
     int,
     typer.Option(
@@ -87,6 +91,7 @@ def register(app: typer.Typer) -> None:
         out: Out = Path("runs/pretrain"),
         device: Device = "cpu",
         tf32: Tf32 = True,
+        exact_attention: ExactAttention = False,
         batch_size: BatchSize = 8,
         seq_len: SeqLen = 0,
         grad_accum: GradAccum = 1,
@@ -112,9 +117,9 @@ def register(app: typer.Typer) -> None:
 
         tc = TrainConfig(
             out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
-            device=device, tf32=tf32, batch_size=batch_size, seq_len=seq_len,
-            grad_accum=grad_accum,
-            steps=steps, tokens=tokens, lr=lr, min_lr=min_lr, warmup_steps=warmup,
+            device=device, tf32=tf32, exact_attention=exact_attention, batch_size=batch_size,
+            seq_len=seq_len, grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr,
+            min_lr=min_lr, warmup_steps=warmup,
             weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
             eval_batches=eval_batches, sample_tokens=sample_tokens, ckpt_every=ckpt_every,
             log_every=log_every, seed=seed,
@@ -133,6 +138,7 @@ def register(app: typer.Typer) -> None:
         out: Out = Path("runs/sft"),
         device: Device = "cpu",
         tf32: Tf32 = True,
+        exact_attention: ExactAttention = False,
         batch_size: BatchSize = 8,
         grad_accum: GradAccum = 1,
         steps: Steps = 300,
@@ -160,8 +166,8 @@ def register(app: typer.Typer) -> None:
         tc = TrainConfig(
             out_dir=str(out), kind="sft", data=str(data) if data else None,
             init_from=str(from_) if from_ else None, device=device, tf32=tf32,
-            batch_size=batch_size,
-            grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
+            exact_attention=exact_attention, batch_size=batch_size, grad_accum=grad_accum,
+            steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
             warmup_steps=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
             eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,
             ckpt_every=ckpt_every, log_every=log_every, seed=seed,

@@ -65,6 +65,7 @@ class TrainConfig:
     init_from: str | None = None  # sft: checkpoint whose weights the run starts from
     device: str = "cpu"  # "cpu" or "cuda"
     tf32: bool = True  # cuda: TF32 tensor cores for matrix products; False = exact fp32
+    exact_attention: bool = False  # cuda with TF32: attention in exact fp32, not tensor cores
     batch_size: int = 8  # B: sequences per micro-batch
     seq_len: int = 0  # T: tokens per sequence; 0 = the model's context
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -210,7 +211,7 @@ def check_device_memory(backend, cfg: ModelConfig, B: int, T: int) -> None:
         )
 
 
-def make_backend(device: str, tf32: bool = True):
+def make_backend(device: str, tf32: bool = True, exact_attention: bool = False):
     """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
     if device == "cpu":
         from euler.cpu.backend import CpuBackend
@@ -220,7 +221,7 @@ def make_backend(device: str, tf32: bool = True):
         from euler.gpu.backend import GpuBackend
     except ImportError as e:
         raise EulerError(f"--device cuda: the GPU backend cannot be imported ({e})") from None
-    return GpuBackend(tf32=tf32)
+    return GpuBackend(tf32=tf32, tc_attention=not exact_attention)
 
 
 def claim_run_dir(run: Path, overwrite: bool) -> None:
@@ -398,7 +399,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         cfg = init.cfg
     else:
         cfg = get_preset(tc.preset)
-    backend = make_backend(tc.device, tc.tf32)  # first: a missing GPU fails before any data work
+    # first: a missing GPU fails before any data work
+    backend = make_backend(tc.device, tc.tf32, tc.exact_attention)
     comm.bind(backend)
     with distributed.rank0_first(comm):  # rank 0 alone builds a missing default corpus
         data = Batches(tc, cfg, log=log)

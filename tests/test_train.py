@@ -14,7 +14,7 @@ from euler import train as train_mod
 from euler.errors import EulerError
 from euler.model import Model
 from euler.train import Batches, TrainConfig, lr_at, train
-from tests.train_helpers import build_data, read_metrics, tiny_config
+from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -194,20 +194,23 @@ def test_bad_settings_are_refused(data_root, tmp_path):
         train(tiny_config(tmp_path / "r", tmp_path / "nowhere"))
 
 
-def test_no_tf32_reaches_the_gpu_backend(monkeypatch):
+def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
     import euler.gpu.backend as gpu_backend
-    from euler.train import TrainConfig, make_backend
+    from euler.train import TrainConfig
 
-    seen = {}
+    seen = []
 
     class FakeGpu:
-        def __init__(self, tf32=True):
-            seen["tf32"] = tf32
+        def __init__(self, tf32=True, tc_attention=True):
+            seen.append((tf32, tc_attention))
+            raise EulerError("stop here")
 
     monkeypatch.setattr(gpu_backend, "GpuBackend", FakeGpu)
-    make_backend("cuda", TrainConfig(device="cuda", tf32=False).tf32)
-    assert seen == {"tf32": False}
-    assert TrainConfig().tf32 is True
+    for flags in ([], ["--no-tf32"], ["--exact-attention"]):
+        code, _, err = run_cli(monkeypatch, capsys, "train", "--device", "cuda", *flags)
+        assert code == 2 and err == "error: stop here\n"
+    assert seen == [(True, True), (False, True), (True, False)]
+    assert TrainConfig().tf32 is True and TrainConfig().exact_attention is False
 
 
 def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_root, monkeypatch):
@@ -223,7 +226,7 @@ def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_ro
         def free_memory(self) -> int:
             return euler.train.MEMORY_SLACK + 4 * room["one"]
 
-    monkeypatch.setattr(euler.train, "make_backend", lambda device, tf32=True: SmallDevice())
+    monkeypatch.setattr(euler.train, "make_backend", lambda *args: SmallDevice())
     tc = tiny_config(tmp_path / "r", data_root / "pre", batch_size=64, steps=1)
     cfg = euler.train.get_preset("tiny")  # with the vocabulary of the data's tokenizer
     cfg = dataclasses.replace(cfg, vocab_size=Batches(tc, cfg).tokenizer.vocab_size)

@@ -39,7 +39,8 @@ class GpuBackend:
     """Schedules the shared layer math on one CUDA GPU; TF32 matmuls unless tf32=False.
 
     With TF32 on, attention runs on tensor cores too (attention_tc.py) where the head size
-    allows; tf32=False keeps every product exact fp32 (the checks against the CPU use it).
+    allows, unless tc_attention=False; tf32=False keeps every product exact fp32 (the checks
+    against the CPU use it).
 
     threads caps every block size and tile (0: attention's own) sets attention's tiles; tests
     shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
@@ -47,7 +48,14 @@ class GpuBackend:
 
     name = "cuda"
 
-    def __init__(self, tf32: bool = True, threads: int = 256, tile: int = 0, blas=None):
+    def __init__(
+        self,
+        tf32: bool = True,
+        threads: int = 256,
+        tile: int = 0,
+        blas=None,
+        tc_attention: bool = True,
+    ):
         _require_gpu()
         from euler.gpu import (
             adamw,
@@ -67,7 +75,7 @@ class GpuBackend:
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
         self.threads, self.tile = threads, tile
-        self.k_attention_tc = attention_tc if tf32 and not tile else None
+        self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
         if blas is None:
             handle = self.stream.handle
