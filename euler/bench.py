@@ -4,8 +4,9 @@ Measures, on one device (CPU or CUDA):
 - the full training step (forward, backward, clip, AdamW) of our engine and of the PyTorch
   peer (bench/torch_peer.py: eager, and compiled by torch.compile where that works):
   tokens/s, ms per step, MFU and peak memory;
-- in euler.bench_kernels: each layer kernel's forward and backward alone; our
-  FlashAttention against a naive attention that materialises the (T, T) scores; tokenizer
+- in euler.bench_kernels: each layer kernel's forward and backward alone; our attention
+  (FlashAttention, or on the CPU up to T = 256 dense score blocks) against a naive
+  attention that materialises the (T, T) scores; tokenizer
   encode MB/s, on a tokenizer trained here on the embedded corpus text.
 
 The package never imports torch at module level: euler.bench_peer loads the peer lazily,
@@ -234,7 +235,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     log("layers: each kernel alone")
     layers = time_layers(be, cfg, B, T, opts.reps)
     on_gpu = opts.device == "cuda"
-    log(f"attention: FlashAttention against naive attention ({'cuBLAS' if on_gpu else 'NumPy'})")
+    log(f"attention: ours against naive attention ({'cuBLAS' if on_gpu else 'NumPy'})")
     attention = [
         compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps, on_gpu)
         for t in (T, 4 * T)

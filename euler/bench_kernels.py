@@ -124,8 +124,9 @@ def _naive_numpy(qkv_h, dout_h, H: int, G: int, E: int, reps: int):
 def compare_attention(
     be, cfg: ModelConfig, B: int, T: int, reps: int, on_gpu: bool = False
 ) -> dict:
-    """Our FlashAttention (forward, backward) against naive attention at length T: NumPy's
-    on the CPU, cuBLAS GEMMs over materialised scores on the GPU (on_gpu)."""
+    """Our attention (forward, backward) against naive attention at length T: NumPy's on the
+    CPU, cuBLAS GEMMs over materialised scores on the GPU (on_gpu). Ours is the backend's:
+    FlashAttention, or on the CPU up to T = 256 dense score blocks."""
     H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
     rng = np.random.default_rng(T)
     qkv_h = rng.standard_normal((B, T, cfg.qkv_dim), dtype=np.float32)
