@@ -5,9 +5,9 @@ caches, and NumPy's batched sgemm computes them far faster than a hand-written t
 measured on this project's 2-core machine (AVX-512), 32 products of 128 x 32 x 128 ran at
 about 110 GFLOP/s on one core, against about 15 for FlashAttention's eight-row kernels,
 even though BLAS also computes the masked half. The softmax and its gradient run in
-serial Numba kernels on the same thread. Each worker of the backend's pool takes a block of
-batch rows, in chunks that bound its scratch (CHUNK_BYTES per score buffer); the pool's
-threads sleep when idle, like the matrix products'.
+serial Numba kernels on the same thread. The workers of the backend's pool take chunks of
+batch rows that bound their scratch (CHUNK_BYTES per score buffer); the pool's threads
+sleep when idle, like the matrix products'.
 
 The results are those of the FlashAttention kernels (euler/cpu/attention.py), which remain
 the path for longer sequences, up to rounding: out (B, T, H E) and lse (B, H, T) from qkv
@@ -135,18 +135,21 @@ class DenseAttention:
     """The forward and backward passes, with scratch buffers kept per worker and shape.
 
     `run(fn, n)` calls fn(lo, hi) over blocks of range(n) concurrently (the backend's pool);
-    each block walks its batch rows in chunks that bound the scratch. Transposed operands
-    are copied to contiguous scratch first: NumPy's batched matmul ran about 40% slower on
-    a transposed view of qkv.
+    with n = slots, each call is one worker, which takes chunks of batch rows (sized to
+    bound the scratch) from a shared iterator until none are left, so that a worker slowed
+    by another process leaves its share to the others. Transposed operands are copied to
+    contiguous scratch first: NumPy's batched matmul ran about 40% slower on a transposed
+    view of qkv.
     """
 
-    def __init__(self, run):
+    def __init__(self, run, slots: int):
         self.run = run
+        self.slots = slots
         self.scratch: dict = {}
 
-    def _buffers(self, lo, nb, n, G, rep, T, E, dtype) -> dict:
-        """The first n of nb batch rows of worker `lo`'s buffers, allocated on first use."""
-        key = (lo, nb, G, rep, T, E, np.dtype(dtype))
+    def _buffers(self, slot, nb, n, G, rep, T, E, dtype) -> dict:
+        """The first n of nb batch rows of worker `slot`'s buffers, allocated on first use."""
+        key = (slot, nb, G, rep, T, E, np.dtype(dtype))
         if key not in self.scratch:
             self.scratch[key] = {
                 "s": np.empty((nb, G, rep, T, T), dtype),  # scores, then P
@@ -171,17 +174,19 @@ class DenseAttention:
         nb = self._chunk(B, H, T, qkv.itemsize)
         h = T // 2  # rows before h see no key past h
 
-        def block(lo, hi):
-            for b0 in range(lo, hi, nb):
-                b1 = min(b0 + nb, hi)
-                buf = self._buffers(lo, nb, b1 - b0, G, rep, T, E, qkv.dtype)
+        chunks = iter(range(0, B, nb))  # next() on it is atomic under the GIL
+
+        def worker(slot, _):
+            for b0 in chunks:
+                b1 = min(b0 + nb, B)
+                buf = self._buffers(slot, nb, b1 - b0, G, rep, T, E, qkv.dtype)
                 np.copyto(buf["kvt"][:, :, 0], k[b0:b1].transpose(0, 1, 3, 2))
                 _scores(q[b0:b1], buf["kvt"], buf["s"], h)
                 _softmax(buf["s"], buf["inv"], lse, b0, scale)
                 _causal_apply(buf["s"], v[b0:b1, :, None], o[b0:b1], h)
                 _normalise(out, buf["inv"], b0)
 
-        self.run(block, B)
+        self.run(worker, self.slots)
 
     def backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
@@ -198,11 +203,13 @@ class DenseAttention:
         nb = self._chunk(B, H, T, qkv.itemsize)
         h = T // 2
 
-        def block(lo, hi):
-            for b0 in range(lo, hi, nb):
-                b1 = min(b0 + nb, hi)
+        chunks = iter(range(0, B, nb))
+
+        def worker(slot, _):
+            for b0 in chunks:
+                b1 = min(b0 + nb, B)
                 n = b1 - b0
-                buf = self._buffers(lo, nb, n, G, rep, T, E, qkv.dtype)
+                buf = self._buffers(slot, nb, n, G, rep, T, E, qkv.dtype)
                 s, dp, heads, kvt = buf["s"], buf["dp"], buf["heads"], buf["kvt"]
                 np.copyto(kvt[:, :, 0], k[b0:b1].transpose(0, 1, 3, 2))
                 _scores(q[b0:b1], kvt, s, h)
@@ -224,4 +231,4 @@ class DenseAttention:
                     out=dk[b0:b1],
                 )
 
-        self.run(block, B)
+        self.run(worker, self.slots)

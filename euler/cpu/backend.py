@@ -28,7 +28,7 @@ class CpuBackend:
         self.attention_tile = attention.TILE if attention_tile is None else attention_tile
         self.dense_max_t = DENSE_MAX_T if attention_tile is None else 0
         self._matmul = SplitMatmul()
-        self._dense = DenseAttention(self._matmul.map_blocks)
+        self._dense = DenseAttention(self._matmul.map_blocks, self._matmul.threads)
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:

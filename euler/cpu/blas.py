@@ -142,12 +142,17 @@ class SplitMatmul:
         """
         self._run([(_whole, first), (_whole, second)])
 
+    @property
+    def threads(self) -> int:
+        """How many calls map_blocks runs at once."""
+        return self.workers if self.split else 1
+
     def map_blocks(self, fn, n: int) -> None:
         """fn(lo, hi) over `workers` blocks of range(n), concurrently; returns when all are done.
 
         fn must release the GIL for its heavy work (BLAS, nogil Numba kernels).
         """
-        parts = self.workers if self.split else 1
+        parts = self.threads
         cuts = [n * i // parts for i in range(parts + 1)]
         self._run([(fn, (lo, hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True) if hi > lo])
 
