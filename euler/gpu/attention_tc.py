@@ -49,6 +49,7 @@ import math
 
 from numba import float32
 
+from euler.gpu import attention
 from euler.gpu.generated import compile_generated
 from euler.gpu.mma import SIMULATOR
 
@@ -61,6 +62,18 @@ HALF = 4  # 8-column blocks per pass of the backward (32 of a tile's 64 columns)
 LOAD_CHUNK = 32
 LOAD_CHUNK_DKV = 8
 SIM_RED = 2 * THREADS  # floats of shared scratch for the simulator's quad reductions
+LDS = TILE + 4  # padded row of ATOMIC_DQ's 64 x 64 dS^T tile
+# Generation knobs (bench/attention_tc_gpu.py --variants measures their combinations):
+# PIPELINE: the loop's tiles (K, V in forward and dq; Q, dO, lse, dsum in dkv) are copied
+# with cp.async into two buffers, tile j + 1 landing while tile j's products run; staged
+# raw, so their fragment loads round to TF32. Two buffers need dynamic shared memory over
+# 48 KB at E = 64 (shared_bytes).
+PIPELINE = False
+# ATOMIC_DQ: no dq kernel; the dkv kernel writes its tile's dS to shared memory and adds
+# dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep_kernel has zeroed
+# dQ and written dsum: 5 tile products per tile pair instead of 7.
+ATOMIC_DQ = False
+MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
 def supports(E: int) -> bool:
@@ -86,7 +99,13 @@ class _Src:
 
 
 class _Gen:
-    """Source generator for head size E: shared-memory layout and the fragment helpers."""
+    """Source generator for head size E: shared-memory layout and the fragment helpers.
+
+    A product reads its B tile at sm[base + region + constant], base one of the lane's
+    fragment offsets (lb for [n][k] tiles, lp for [k][n] ones) or, with PIPELINE, that
+    offset plus the current buffer's (bn, bp: set once per tile). raw: the tile was copied
+    by cp.async as float32, so each fragment value is rounded to TF32 as it is loaded.
+    """
 
     def __init__(self, E: int):
         self.E, self.NE, self.LD = E, E // 8, E + 4
@@ -95,19 +114,33 @@ class _Gen:
     def u(self, n: int) -> str:
         return f"uint64({n})"
 
-    def prologue(self, name: str, args: str, doc: str, smem: int) -> None:
+    def prologue(self, name: str, args: str, doc: str, smem: int, dynamic: bool) -> None:
+        """smem: floats of shared memory (the simulator's scratch goes after them); dynamic:
+        allocated at launch (shared_bytes), which is needed over 48 KB."""
         w, LD = self.w, self.LD
         w(f"def {name}({args}):")
         w.indent()
         w(f'"""{doc}"""')
         w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-        w(f"sm = cuda.shared.array({smem + (SIM_RED if SIMULATOR else 0)}, float32)")
+        if not dynamic:
+            w(f"sm = cuda.shared.array({smem + (SIM_RED if SIMULATOR else 0)}, float32)")
+        elif SIMULATOR:  # which takes no alignment
+            w("sm = cuda.shared.array(0, float32)")
+        else:  # cp.async writes 16-byte blocks: the array must start on one
+            w("sm = cuda.shared.array(0, float32, alignment=16)")
         w("tid = cuda.threadIdx.x", "wp = tid // 32", "g = (tid % 32) // 4", "t = tid % 4")
         w(f"la = uint64((16 * wp + g) * {LD} + t)  # A fragments: rows of this warp")
         w(f"lb = uint64(g * {LD} + t)  # B fragments of a [n][k] tile")
         w(f"lp = uint64(2 * t * {LD} + g)  # B fragments of a [k][n] tile, keys permuted")
         w("dg = 2 * t - 16 * wp - g  # column minus row of c0, less the fragment's offsets")
         w(f"ee = tid % {self.E}", f"rb = tid // {self.E}  # staging: column ee of rows rb + ...")
+        if PIPELINE:
+            q = self.E // 4
+            w(
+                f"ra = tid // {q}",
+                f"cc = 4 * (tid % {q})  # cp.async: columns cc..cc+3 of rows ra + ...",
+            )
+            w(f"ca = uint64(ra * {LD} + cc)")
 
     def stage(self, tiles: list[tuple], chunk: int = LOAD_CHUNK) -> None:
         """Stage 64-row tiles (region, row0, col, src, scale) of src (B, T, C) at sm[region]
@@ -133,6 +166,33 @@ class _Gen:
                     dst = f"sm[sb{k} + {self.u(it * step * LD)}]"
                     w(f"{dst} = tf32(v{k}_{it}) if {row} < Tn else T(0.0)")
 
+    def stage_async(self, tiles: list[tuple], buf: str) -> None:
+        """Start cp.async copies of 64-row tiles (region, row0, col, src) of src (B, T, C) to
+        sm[buf + region], row-major [row][e], raw float32; rows past the sequence read no
+        bytes and land as zeros. Thread tid copies columns cc..cc+3 of rows ra + 512 / E * it
+        (E / 8 copies of 16 bytes per tile); the caller commits them as a group."""
+        E, LD = self.E, self.LD
+        step = 4 * THREADS // E
+        for region, row0, col, src in tiles:
+            for it in range(E // 8):
+                row = f"{row0} + ra + {it * step}"
+                dst = f"{buf} + ca + {self.u(region + it * step * LD)}"
+                src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
+                self.w(f"cp_async16(sm, {dst}, {src_at}, 16 if {row} < Tn else 0)")
+
+    def pipeline_top(self, more: str, buf: int, issue) -> None:
+        """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
+        a barrier (every thread's copies visible; every warp done with the other buffer),
+        then if `more`, issue() starts the next tile's copies into the other buffer, nxt."""
+        w = self.w
+        w("cp_async_wait(0)", "cuda.syncthreads()")
+        w(f"nxt = {self.u(buf)} - cur", f"if {more}:")
+        w.indent()
+        issue()
+        w("cp_async_commit()")
+        w.indent(-1)
+        w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
+
     def load_a(self, name: str, region: int) -> None:
         """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]."""
         LD = self.LD
@@ -147,16 +207,20 @@ class _Gen:
         c = [f"{acc}{n}_{i}" for i in range(4)]
         self.w(f"{', '.join(c)} = mma_tf32({', '.join(a)}, b0, b1, {', '.join(c)})")
 
-    def product_nt(self, acc: str, a: str, region: int, cols) -> None:
+    def _load_b(self, at: list[str], raw: bool) -> None:
+        for k, a in enumerate(at):
+            self.w(f"b{k} = tf32(sm[{a}])" if raw else f"b{k} = sm[{a}]")
+
+    def product_nt(self, acc: str, a: str, region: int, cols, base="lb", raw=False) -> None:
         """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region."""
         LD = self.LD
         for kk in range(self.NE):
             for n in cols:
                 off = region + 8 * n * LD + 8 * kk
-                self.w(f"b0 = sm[lb + {self.u(off)}]", f"b1 = sm[lb + {self.u(off + 4)}]")
+                self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + 4)}"], raw)
                 self._mma(acc, n, [f"{a}{kk}_{i}" for i in range(4)])
 
-    def product_nn(self, acc: str, p: str, region: int, ks) -> None:
+    def product_nn(self, acc: str, p: str, region: int, ks, base="lp", raw=False) -> None:
         """acc{n} += P B over the keys of C fragments p{kk} (kk in ks), B the [k][n] tile at
         region, with the key permutation of the module docstring."""
         LD = self.LD
@@ -164,7 +228,7 @@ class _Gen:
             a = [f"{p}{kk}_{i}" for i in (0, 2, 1, 3)]
             for n in range(self.NE):
                 off = region + 8 * kk * LD + 8 * n
-                self.w(f"b0 = sm[lp + {self.u(off)}]", f"b1 = sm[lp + {self.u(off + LD)}]")
+                self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + LD)}"], raw)
                 self._mma(acc, n, a)
 
     def mask(self, acc: str, cols, rows_are_queries: bool) -> None:
@@ -192,38 +256,83 @@ class _Gen:
                 w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
 
 
+def _buffers(E: int) -> dict[str, int]:
+    """Floats of one buffer of each kernel's loop tiles: K, V (forward, dq); Q, dO and
+    the 64 rows' lse and dsum (dkv)."""
+    LD = E + 4
+    return {"forward": 2 * TILE * LD, "dq": 2 * TILE * LD, "dkv": 2 * TILE * LD + 2 * TILE}
+
+
+def _layout(E: int) -> dict[str, int]:
+    """Floats of shared memory of each kernel (the simulator's scratch starts there): one
+    buffer, two with PIPELINE; ATOMIC_DQ's dkv adds a K tile and a dS^T tile after them."""
+    nbuf = 2 if PIPELINE else 1
+    sizes = {k: nbuf * v for k, v in _buffers(E).items()}
+    if ATOMIC_DQ:
+        sizes["dkv"] += TILE * (E + 4) + TILE * LDS
+    return sizes
+
+
+def _dynamic(kernel: str) -> bool:
+    """Whether a kernel takes its shared memory at launch: every layout but the default's
+    (theirs fit the 48 KB of a static array; two buffers at E = 64 do not)."""
+    return PIPELINE or (kernel == "dkv" and ATOMIC_DQ)
+
+
+def shared_bytes(E: int) -> dict[str, int]:
+    """Dynamic shared memory of each kernel in bytes (0: a static array)."""
+    extra = SIM_RED if SIMULATOR else 0
+    return {k: 4 * (v + extra) if _dynamic(k) else 0 for k, v in _layout(E).items()}
+
+
 def _forward_source(E: int) -> str:
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
-    KS, VS = 0, TILE * LD
+    KS, VS, BUF, RED = 0, TILE * LD, _buffers(E)["forward"], _layout(E)["forward"]
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
         "out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads.",
-        2 * TILE * LD,
+        RED,
+        _dynamic("forward"),
     )
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
-    gen.stage([(KS, "i0", "qo", "qkv", " * scale")])
+
+    def kv(row0: str) -> list[tuple]:
+        return [(KS, row0, "ko", "qkv"), (VS, row0, "vo", "qkv")]
+
+    if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
+        gen.stage_async(kv("0"), gen.u(0))
+        w("cp_async_commit()")
+    qs = BUF if PIPELINE else KS
+    gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
     w("cuda.syncthreads()")
-    gen.load_a("qa", KS)
-    w("cuda.syncthreads()  # Q is in registers; its space takes K")
+    gen.load_a("qa", qs)
+    if not PIPELINE:
+        w("cuda.syncthreads()  # Q is in registers; its space takes K")
     w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
     gen.zero("o", range(NE))
+    if PIPELINE:
+        w("cur = uint64(0)  # tile j0's buffer")
     w("for j0 in range(0, i0 + 64, 64):")
     w.indent()
-    gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
-    w("cuda.syncthreads()")
+    if PIPELINE:
+        gen.pipeline_top("j0 < i0", BUF, lambda: gen.stage_async(kv("j0 + 64"), "nxt"))
+    else:
+        gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
+        w("cuda.syncthreads()")
+    bn, bp = ("bn", "bp") if PIPELINE else ("lb", "lp")
     gen.zero("s", range(8))
-    gen.product_nt("s", "qa", KS, range(8))
+    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE)
     w("if j0 == i0:")
     w.indent()
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
         w(f"mx{r} = max(" + ", ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)) + ")")
-    gen.quad("max", ["mx0", "mx1"], 2 * TILE * LD)
+    gen.quad("max", ["mx0", "mx1"], RED)
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         # mn is finite (every tile a row visits has a key at or before it), so the first
         # tile's m = -inf gives al = exp(-inf) = 0
@@ -232,10 +341,13 @@ def _forward_source(E: int) -> str:
         w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
         w(f"m{r} = mn{r}")
         w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
-    gen.product_nn("o", "s", VS, range(8))
-    w("cuda.syncthreads()")
+    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE)
+    if PIPELINE:
+        w("cur = nxt")
+    else:
+        w("cuda.syncthreads()")
     w.indent(-1)
-    gen.quad("sum", ["l0", "l1"], 2 * TILE * LD)
+    gen.quad("sum", ["l0", "l1"], RED)
     w("r0 = i0 + 16 * wp + g", "oc = qo + 2 * t")
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         w(f"if r0 + {8 * r} < Tn:")
@@ -252,21 +364,31 @@ def _forward_source(E: int) -> str:
 def _dq_source(E: int) -> str:
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
-    KS, VS = 0, TILE * LD
+    KS, VS, BUF, RED = 0, TILE * LD, _buffers(E)["dq"], _layout(E)["dq"]
     gen.prologue(
         "backward_dq_tc_kernel",
         "dqkv, dsum, dout, qkv, out, lse, H, G, scale",
         "dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads.",
-        2 * TILE * LD,
+        RED,
+        _dynamic("dq"),
     )
     w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
-    gen.stage([(KS, "i0", "qo", "qkv", " * scale"), (VS, "i0", "qo", "dout", "")])
+
+    def kv(row0: str) -> list[tuple]:
+        return [(KS, row0, "ko", "qkv"), (VS, row0, "vo", "qkv")]
+
+    if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q, dO are staged in buffer 1
+        gen.stage_async(kv("0"), gen.u(0))
+        w("cp_async_commit()")
+    qs, dos = (BUF + KS, BUF + VS) if PIPELINE else (KS, VS)
+    gen.stage([(qs, "i0", "qo", "qkv", " * scale"), (dos, "i0", "qo", "dout", "")])
     w("cuda.syncthreads()")
-    gen.load_a("qa", KS)
-    gen.load_a("da", VS)
-    w("cuda.syncthreads()  # Q, dO are in registers; their space takes K, V")
+    gen.load_a("qa", qs)
+    gen.load_a("da", dos)
+    if not PIPELINE:
+        w("cuda.syncthreads()  # Q, dO are in registers; their space takes K, V")
     w("r0 = i0 + 16 * wp + g")
     for r in range(2):  # D of rows g and g + 8: a quarter of the columns per lane, exact fp32
         w(f"d{r} = T(0.0)", f"ls{r} = T(0.0)", f"if r0 + {8 * r} < Tn:")
@@ -274,20 +396,26 @@ def _dq_source(E: int) -> str:
         w(f"ls{r} = lse[b, h, r0 + {8 * r}]", f"for e in range(qo + t, qo + {E}, 4):")
         w(f"    d{r} += dout[b, r0 + {8 * r}, e] * out[b, r0 + {8 * r}, e]")
         w.indent(-1)
-    gen.quad("sum", ["d0", "d1"], 2 * TILE * LD)
+    gen.quad("sum", ["d0", "d1"], RED)
     for r in range(2):
         w(f"if t == 0 and r0 + {8 * r} < Tn:", f"    dsum[b, h, r0 + {8 * r}] = d{r}")
     gen.zero("q", range(NE))
+    if PIPELINE:
+        w("cur = uint64(0)  # tile j0's buffer")
     w("for j0 in range(0, i0 + 64, 64):")
     w.indent()
-    gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
-    w("cuda.syncthreads()")
+    if PIPELINE:
+        gen.pipeline_top("j0 < i0", BUF, lambda: gen.stage_async(kv("j0 + 64"), "nxt"))
+    else:
+        gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
+        w("cuda.syncthreads()")
+    bn, bp = ("bn", "bp") if PIPELINE else ("lb", "lp")
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "qa", KS, cols)
+        gen.product_nt("s", "qa", KS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "da", VS, cols)
+        gen.product_nt("p", "da", VS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=True)
@@ -296,8 +424,11 @@ def _dq_source(E: int) -> str:
             for i in range(4):
                 r = i >> 1
                 w(f"s{n}_{i} = tf32(math.exp(s{n}_{i} - ls{r}) * (p{n}_{i} - d{r}))")
-        gen.product_nn("q", "s", KS, cols)
-    w("cuda.syncthreads()")
+        gen.product_nn("q", "s", KS, cols, bp, PIPELINE)
+    if PIPELINE:
+        w("cur = nxt")
+    else:
+        w("cuda.syncthreads()")
     w.indent(-1)
     w("oc = qo + 2 * t")
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
@@ -309,42 +440,86 @@ def _dq_source(E: int) -> str:
 
 
 def _dkv_source(E: int) -> str:
+    """The dkv kernel. Without PIPELINE, Q is staged scaled (S^T = K (Q scale)^T, and dK =
+    dS^T (Q scale) needs no scale); cp.async cannot scale, so with PIPELINE K is scaled as
+    it is staged instead, and dK takes the scale as it is written. With ATOMIC_DQ the K tile
+    stays in shared memory for dQ = dS K, which then needs the scale unless K carries it."""
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
     QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
+    BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
+    KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
+    ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
         "dqkv, dsum, dout, qkv, lse, H, G, scale",
-        "dK, dV parts of dqkv; grid (T / 64, B G), 128 threads; rows are keys.",
-        2 * TILE * LD + 2 * TILE,
+        f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid (T / 64, B G), "
+        "128 threads; rows are keys.",
+        RED,
+        _dynamic("dkv"),
     )
     w("rep = H // G", "b = cuda.blockIdx.y // G", "kvh = cuda.blockIdx.y % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
     w("j0 = cuda.blockIdx.x * 64")
-    gen.stage([(QS, "j0", "ko", "qkv", ""), (DOS, "j0", "vo", "qkv", "")])
+
+    def issue(i: str, h: str, buf: str) -> None:
+        """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
+        gen.stage_async([(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")], buf)
+        for region, src, lo in ((LS, "lse", 0), (DD, "dsum", TILE)):  # one float per thread
+            w("if tid < 64:" if lo == 0 else "else:")
+            at = f"{buf} + uint64({region - lo} + tid)"
+            row = f"{i} + tid - {lo}"
+            w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), 4 if {row} < Tn else 0)")
+
+    if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
+        issue("j0", "kvh * rep", gen.u(0))
+        w("cp_async_commit()")
+    ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
+    vs = BUF + DOS if PIPELINE else DOS
+    gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")])
     w("cuda.syncthreads()")
-    gen.load_a("ka", QS)
-    gen.load_a("va", DOS)
-    w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
+    gen.load_a("ka", ks)
+    gen.load_a("va", vs)
+    if not PIPELINE:
+        w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
     gen.zero("dk", range(NE))
     gen.zero("dv", range(NE))
     w(f"lc = uint64({LS} + 2 * t)  # this lane's columns' lse; dsum at lc + {TILE}")
-    w("for hh in range(rep):")
-    w.indent()
-    w("h = kvh * rep + hh", f"qo = h * {E}")
-    w("for i0 in range(j0, Tn, 64):")
-    w.indent()
-    gen.stage([(QS, "i0", "qo", "qkv", " * scale"), (DOS, "i0", "qo", "dout", "")], LOAD_CHUNK_DKV)
-    w("if tid < 64:")
-    w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
-    w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
-    w("cuda.syncthreads()")
+    if ATOMIC_DQ:
+        w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
+        w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
+    if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
+        w("nq = (Tn + 63) // 64 - cuda.blockIdx.x  # query tiles per head", "nit = rep * nq")
+        w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
+        w.indent()
+        w("hh = it // nq", "i0 = j0 + 64 * (it - hh * nq)", "h = kvh * rep + hh", f"qo = h * {E}")
+
+        def issue_next() -> None:
+            w("i1 = j0 + 64 * ((it + 1) % nq)", "h1 = kvh * rep + (it + 1) // nq")
+            issue("i1", "h1", "nxt")
+
+        gen.pipeline_top("it + 1 < nit", BUF, issue_next)
+        w("lcb = lc + cur")
+        bn, bp, lcb = "bn", "bp", "lcb"
+    else:
+        w("for hh in range(rep):")
+        w.indent()
+        w("h = kvh * rep + hh", f"qo = h * {E}")
+        w("for i0 in range(j0, Tn, 64):")
+        w.indent()
+        tiles = [(QS, "i0", "qo", "qkv", qsc), (DOS, "i0", "qo", "dout", "")]
+        gen.stage(tiles, LOAD_CHUNK_DKV)
+        w("if tid < 64:")
+        w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+        w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
+        w("cuda.syncthreads()")
+        bn, bp, lcb = "lb", "lp", "lc"
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -352,25 +527,66 @@ def _dkv_source(E: int) -> str:
         for n in cols:
             for j in range(2):  # the lane's two columns of block n
                 off = 8 * n + j
-                w(f"lq = sm[lc + {gen.u(off)}]", f"dd = sm[lc + {gen.u(off + TILE)}]")
+                w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
                 for i in (j, j + 2):
                     w(f"s{n}_{i} = math.exp(s{n}_{i} - lq)")
                     w(f"p{n}_{i} = tf32(s{n}_{i} * (p{n}_{i} - dd))", f"s{n}_{i} = tf32(s{n}_{i})")
-        gen.product_nn("dv", "s", DOS, cols)
-        gen.product_nn("dk", "p", QS, cols)
-    w("cuda.syncthreads()")
-    w.indent(-2)
+        if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
+            for n in cols:
+                for i in range(4):
+                    off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
+                    w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
+    if ATOMIC_DQ:
+        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale")
+    if PIPELINE:
+        w("cur = nxt")
+        w.indent(-1)
+    else:
+        w("cuda.syncthreads()")
+        w.indent(-2)
     w("r0 = j0 + 16 * wp + g", "kc = ko + 2 * t", "vc = vo + 2 * t")
+    dk_scale = " * scale" if PIPELINE else ""
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         w(f"if r0 + {8 * r} < Tn:")
         for n in range(NE):
-            for col, acc in (("kc", "dk"), ("vc", "dv")):
-                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}")
-                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}")
+            for col, acc, sc in (("kc", "dk", dk_scale), ("vc", "dv", "")):
+                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
+                w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
 
 
-_BUILT: dict[int, tuple] = {}
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
+    """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
+
+    Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
+    sm[DS] with the keys permuted as the P V product's (k = t is key 2t, k = t + 4 key
+    2t + 1; lane (g, t) reads row 2t, column g: banks 8t + g, no conflicts), B = the K
+    tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
+    loop's next barrier keeps the next tile's dS^T stores after these reads.
+    """
+    w, LD, NE = gen.w, gen.LD, gen.NE
+    w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
+    w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
+    for n0 in range(0, NE, HALF):
+        cols = range(n0, min(NE, n0 + HALF))
+        gen.zero("dq", cols)
+        for kk in range(8):
+            for i, off in enumerate((0, 8, LDS, LDS + 8)):
+                w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
+            for n in cols:
+                off = KK + 8 * kk * LD + 8 * n
+                gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
+                gen._mma("dq", n, ["a0", "a1", "a2", "a3"])
+        for r, (i, j) in enumerate(((0, 1), (2, 3))):
+            w(f"if rq + {8 * r} < Tn:")
+            for n in cols:
+                for k, c in ((i, 8 * n), (j, 8 * n + 1)):
+                    w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
+
+
+_BUILT: dict[tuple, tuple] = {}
 
 
 HEADER = """import math
@@ -379,27 +595,45 @@ from numba import cuda, float32, uint64
 
 from euler.gpu.mma import mma_tf32, tf32
 from euler.gpu.reduce import FULL_MASK"""
+ASYNC_IMPORT = (
+    "\nfrom euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait"
+)
 
 
 def _compile(name: str, src: str):
-    return compile_generated(name, src, HEADER)
+    header = HEADER + (ASYNC_IMPORT if PIPELINE else "")
+    if MIN_BLOCKS:
+        return compile_generated(name, src, header, launch_bounds=(THREADS, MIN_BLOCKS))
+    return compile_generated(name, src, header)
+
+
+def knobs() -> dict:
+    """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
+    return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, MIN_BLOCKS=MIN_BLOCKS,
+                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
 def sources(E: int) -> dict[str, str]:
-    """The generated source of each kernel for head size E, by kernel name."""
-    return {
+    """The generated source of each kernel for head size E and the current knobs, by kernel
+    name: forward, dq (absent with ATOMIC_DQ), dkv."""
+    srcs = {
         "forward_tc_kernel": _forward_source(E),
         "backward_dq_tc_kernel": _dq_source(E),
         "backward_dkv_tc_kernel": _dkv_source(E),
     }
+    if ATOMIC_DQ:
+        del srcs["backward_dq_tc_kernel"]
+    return srcs
 
 
 def kernels(E: int):
-    """(forward, dq, dkv) dispatchers for head size E, generated and compiled once."""
-    if E not in _BUILT:
+    """(forward, dq, dkv) dispatchers, or (forward, dkv) with ATOMIC_DQ, for head size E and
+    the current knobs, generated and compiled once."""
+    key = (E, *knobs().values())
+    if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
-        _BUILT[E] = tuple(_compile(n, s) for n, s in sources(E).items())
-    return _BUILT[E]
+        _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
+    return _BUILT[key]
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:
@@ -408,13 +642,32 @@ def _check(qkv, H, G, E) -> tuple[int, int]:
     return B, Tn
 
 
+def _check_async(*arrays) -> None:
+    """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous arrays whose
+    rows are a whole number of 16 bytes (E is a multiple of 8) starting on 16 bytes."""
+    for a in arrays:
+        assert a.flags["C_CONTIGUOUS"] and a.shape[-1] % 4 == 0
+        if not SIMULATOR:
+            assert a.__cuda_array_interface__["data"][0] % 16 == 0
+
+
+def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
+    """Launch with nbytes of dynamic shared memory (0: the kernel's array is static)."""
+    if not SIMULATOR and nbytes > 48 * 1024:
+        attention._raise_shared_limit(kernel, args, nbytes)
+    kernel[grid, THREADS, stream, nbytes](*args)
+
+
 def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E); float32."""
     B, Tn = _check(qkv, H, G, E)
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
+    if PIPELINE:
+        _check_async(qkv)
     scale = float32(1.0 / math.sqrt(E))
     fwd = kernels(E)[0]
-    fwd[((Tn + TILE - 1) // TILE, B * H), THREADS, stream](out, lse, qkv, H, G, scale)
+    grid = ((Tn + TILE - 1) // TILE, B * H)
+    _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
 def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> None:
@@ -426,8 +679,17 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
     assert lse.shape == dsum.shape == (B, H, Tn)
+    if PIPELINE:
+        _check_async(qkv, dout)
     scale = float32(1.0 / math.sqrt(E))
-    _, dq, dkv = kernels(E)
+    built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    dq[(nt, B * H), THREADS, stream](dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-    dkv[(nt, B * G), THREADS, stream](dqkv, dsum, dout, qkv, lse, H, G, scale)
+    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
+        grid = (B * Tn * H + attention.PREP_WARPS - 1) // attention.PREP_WARPS
+        prep = attention.backward_prep_kernel
+        prep[grid, attention.PREP_WARPS * attention.WARP, stream](dqkv, dsum, dout, out, H)
+    else:
+        args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+        _launch(built[1], (nt, B * H), stream, nbytes["dq"], *args)
+    args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
+    _launch(built[-1], (nt, B * G), stream, nbytes["dkv"], *args)

@@ -1,0 +1,133 @@
+"""Asynchronous global-to-shared copies (cp.async, sm_80+) for numba.cuda kernels.
+
+numba.cuda has no cp.async, so these emit the PTX through llvmlite inline assembly:
+
+    cp_async16(dst, i, src, i0, i1, i2, n)   cp.async.cg.shared.global [dst + 4i], [src], 16, n;
+    cp_async4(dst, i, src, i0, i1, i2, n)    cp.async.ca.shared.global [dst + 4i], [src], 4, n;
+    cp_async_commit()                        cp.async.commit_group;
+    cp_async_wait(N)                         cp.async.wait_group N;  (N an integer constant)
+
+dst is a 1-d float32 shared array and i an element index; src a 3-d float32 array and
+(i0, i1, i2) the first element copied: 16 bytes (4 consecutive floats) or 4. The copy reads
+n bytes of src (0 <= n <= the size; an integer) and fills the rest of the destination with
+zeros, so a row past the end of a sequence costs no branch: n = 0 (src must still be a
+valid address: clamp the row). A 16-byte copy needs both addresses 16-byte aligned.
+
+The copies a thread issues run in the background; commit_group closes them into a group,
+and wait_group N blocks the thread until at most its N most recent groups are still in
+flight. Their data is then visible to this thread only: a block barrier must follow before
+other threads read it. Double buffering: issue tile j + 1, commit, wait_group 1 (tile j has
+landed), barrier, compute on tile j, barrier (before tile j + 2 overwrites tile j's buffer).
+
+The shared operand of cp.async is a 32-bit address in the shared window: numba-cuda keeps
+a shared array's data as a generic pointer (addrspacecast of an addrspace(3) global), so
+the element pointer is cast back to addrspace(3) and converted to i32, which NVPTX lowers
+to cvta.to.shared. The asm statements are volatile and clobber memory, so LLVM neither
+drops them nor moves shared loads across them.
+
+In the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) the copy is a plain synchronous copy and
+commit and wait do nothing: the barrier that must follow a wait keeps the kernels correct
+in both.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda, float32, types
+from numba.core.errors import TypingError
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
+    def _element_ptr(context, builder, aryty, ary, inds, indtys):
+        """Pointer to ary[inds] (no wraparound, no bounds check)."""
+        arr = context.make_array(aryty)(context, builder, ary)
+        ix = [context.cast(builder, v, t, types.intp) for v, t in zip(inds, indtys, strict=True)]
+        return cgutils.get_item_pointer(context, builder, aryty, arr, ix, wraparound=False)
+
+    def _make_copy(size: int, cache: str):
+        ptx = f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;"
+
+        def cp_async(typingctx, dst, i, src, i0, i1, i2, n):
+            ok = (
+                isinstance(dst, types.Array)
+                and dst.ndim == 1
+                and isinstance(src, types.Array)
+                and src.ndim == 3
+                and dst.dtype == src.dtype == types.float32
+                and all(isinstance(x, types.Integer) for x in (i, i0, i1, i2, n))
+            )
+            if not ok:
+                raise TypingError(f"cp_async{size} takes (1-d, int, 3-d, 3 ints, int) float32")
+
+            def codegen(context, builder, sig, args):
+                t = sig.args
+                d = _element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
+                s = _element_ptr(context, builder, t[2], args[2], args[3:6], t[3:6])
+                shared = builder.addrspacecast(d, ir.PointerType(d.type.pointee, 3))
+                i32, i64 = ir.IntType(32), ir.IntType(64)
+                nbytes = context.cast(builder, args[6], t[6], types.int32)
+                fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+                asm = ir.InlineAsm(fnty, ptx, "r,l,r,~{memory}", side_effect=True)
+                builder.call(asm, [builder.ptrtoint(shared, i32), builder.ptrtoint(s, i64), nbytes])
+                return context.get_dummy_value()
+
+            return types.void(dst, i, src, i0, i1, i2, n), codegen
+
+        cp_async.__name__ = cp_async.__qualname__ = f"cp_async{size}"
+        return intrinsic(cp_async)
+
+    # .cg (cache in L2 only) exists for 16-byte copies alone; the 4-byte ones use .ca
+    cp_async16 = _make_copy(16, "cg")
+    cp_async4 = _make_copy(4, "ca")
+
+    def _asm_statement(builder, text: str) -> None:
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """Close this thread's copies issued since the last commit into one group."""
+
+        def codegen(context, builder, sig, args):
+            _asm_statement(builder, "cp.async.commit_group;")
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_wait(typingctx, n):
+        """Wait until at most n (a constant) of this thread's committed groups are pending."""
+        if not isinstance(n, types.IntegerLiteral):
+            raise TypingError(f"cp_async_wait takes an integer constant, not {n}")
+        text = f"cp.async.wait_group {n.literal_value};"
+
+        def codegen(context, builder, sig, args):
+            _asm_statement(builder, text)
+            return context.get_dummy_value()
+
+        return types.void(n), codegen
+
+else:
+
+    @cuda.jit(device=True)
+    def cp_async16(dst, i, src, i0, i1, i2, n):
+        """The simulator's 16-byte cp.async: a synchronous copy, zeros past n bytes."""
+        for k in range(4):
+            dst[i + k] = src[i0, i1, i2 + k] if 4 * k < n else float32(0.0)
+
+    @cuda.jit(device=True)
+    def cp_async4(dst, i, src, i0, i1, i2, n):
+        """The simulator's 4-byte cp.async: a synchronous copy, zero if n is 0."""
+        dst[i] = src[i0, i1, i2] if n > 0 else float32(0.0)
+
+    @cuda.jit(device=True)
+    def cp_async_commit():
+        """Nothing to group: the simulator's copies are done when issued."""
+
+    @cuda.jit(device=True)
+    def cp_async_wait(n):
+        """Nothing to wait for (the caller's barrier still orders the threads)."""
