@@ -13,6 +13,16 @@ recorded as {"error": ...}) loses nothing measured before it:
 - "time": median ms over --reps runs (CUDA events, after a warm-up run) of forward and
   backward for attention_tc, the exact kernels, and torch SDPA when torch has CUDA; TFLOP/s
   of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
+
+    python bench/attention_tc_gpu.py --variants --out attention-tc-variants.json
+
+measures attention_tc's generation knobs instead: for each VARIANTS entry (default first,
+then the best candidates) it sets the knobs, rebuilds the kernels (about 2 minutes of NVVM
+per variant at E = 64, less where a kernel's source is one already compiled: the disk
+cache is keyed on the source), and records a "variant" line (knobs, shared bytes), a check
+of a tail shape and of T = 512 and 2048 against the float64 reference, the times of
+attention_tc alone (every line carries the variant's name), and registers per kernel.
+About 8 minutes for the three variants on an H200.
 """
 
 from __future__ import annotations
@@ -33,6 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from euler.gpu import attention, attention_tc  # noqa: E402
 
 RECORDS: list[dict] = []
+# attention_tc knob settings measured by --variants, default first, then best candidates:
+# cp.async double buffering with the 5-product atomic-dQ backward, then double buffering
+# alone (its forward is the same kernel as the first's, so only its backward compiles).
+VARIANTS = [
+    ("default", {}),
+    ("pipeline-atomic-dq", {"PIPELINE": True, "ATOMIC_DQ": True}),
+    ("pipeline", {"PIPELINE": True}),
+]
+REFERENCES: dict[tuple, tuple] = {}  # float64 reference results by shape, seed and batch
 
 
 def emit(path: Path | None, /, **rec) -> None:
@@ -91,7 +110,7 @@ class Case:
     """Device arrays of one shape, and the forward/backward calls of each implementation."""
 
     def __init__(self, B, T, H, G, E, seed=0):
-        self.B, self.T, self.H, self.G, self.E = B, T, H, G, E
+        self.B, self.T, self.H, self.G, self.E, self.seed = B, T, H, G, E, seed
         rng = np.random.default_rng(seed)
         self.qkv_h = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
         self.dout_h = rng.standard_normal((B, T, H * E)).astype(np.float32)
@@ -141,26 +160,33 @@ def timed(stream, fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None) -> None:
+def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) -> None:
+    """Errors of attention_tc (at the current knobs) against the float64 reference (computed
+    once per shape and batch) and, if exact, against attention.py's kernels; tag: extra
+    fields of the records (a variant's name)."""
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     t0 = time.time()
-    tc = guarded(out, "tc forward+backward", **shape)(lambda: c.results(attention_tc))
+    tc = guarded(out, "tc forward+backward", **shape, **tag)(lambda: c.results(attention_tc))
     if tc is None:
         return
     compile_s = time.time() - t0
     nb = c.B if ref_batch is None else ref_batch
-    want = reference(c.qkv_h[:nb], c.dout_h[:nb], c.H, c.G, c.E)
-    err = max_errors([x[:nb] for x in tc], want)
+    key = (*shape.values(), c.seed, nb)
+    if key not in REFERENCES:
+        REFERENCES[key] = reference(c.qkv_h[:nb], c.dout_h[:nb], c.H, c.G, c.E)
+    err = max_errors([x[:nb] for x in tc], REFERENCES[key])
     finite = all(bool(np.isfinite(x).all()) for x in tc)
     emit(out, kind="check", against=f"numpy float64, batch[:{nb}]", finite=finite,
-         first_call_s=compile_s, **shape, **err)  # fmt: skip
+         first_call_s=compile_s, **tag, **shape, **err)  # fmt: skip
     if exact:
         ex = guarded(out, "exact forward+backward", **shape)(lambda: c.results(attention))
         if ex is not None:
             emit(out, kind="check", against="exact fp32 kernels", **shape, **max_errors(tc, ex))
 
 
-def time_case(c: Case, out: Path | None, reps: int, exact: bool) -> None:
+def time_case(c: Case, out: Path | None, reps: int, exact: bool, torch=True, **tag) -> None:
+    """Times of attention_tc, the exact kernels (if exact) and torch SDPA (if torch); tag:
+    extra fields of the records."""
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     useful = 4 * c.B * c.H * c.T * c.T * c.E / 2
     impls = [("tc", attention_tc)] + ([("exact", attention)] if exact else [])
@@ -171,7 +197,7 @@ def time_case(c: Case, out: Path | None, reps: int, exact: bool) -> None:
             b = timed(c.stream, lambda: c.bwd(mod), reps)
             return f, b
 
-        r = guarded(out, f"time {name}", **shape)(run)
+        r = guarded(out, f"time {name}", **shape, **tag)(run)
         if r:
             f, b = r
             tflops = dict(fwd_tflops=useful / f / 1e9, bwd_tflops=2.5 * useful / b / 1e9)
@@ -183,9 +209,11 @@ def time_case(c: Case, out: Path | None, reps: int, exact: bool) -> None:
                 bwd_ms=b,
                 bwd_over_fwd=b / f,
                 **tflops,
+                **tag,
                 **shape,
             )
-    guarded(out, "time torch sdpa", **shape)(lambda: time_torch(c, out, reps, useful, shape))
+    if torch:
+        guarded(out, "time torch sdpa", **shape)(lambda: time_torch(c, out, reps, useful, shape))
 
 
 def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict) -> None:
@@ -228,6 +256,42 @@ def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict)
          bwd_tflops=2.5 * useful / b / 1e9, **shape)  # fmt: skip
 
 
+def registers(out: Path | None, **tag) -> None:
+    """Registers per thread of each attention_tc kernel built for E = 64 at the current knobs."""
+    regs = guarded(out, "registers", **tag)(
+        lambda: {
+            k.py_func.__name__: [o.regs_per_thread for o in k.overloads.values()]
+            for k in attention_tc.kernels(64)
+        }
+    )
+    if regs:
+        emit(out, kind="registers", **tag, **regs)
+
+
+def run_variants(args, Ts: list[int]) -> None:
+    """Each VARIANTS entry: knobs set, checked (a tail shape, then each T) and timed."""
+    defaults = attention_tc.knobs()
+    small = guarded(args.out, "setup", T=100)(lambda: Case(2, 100, 4, 2, 64))
+    cases = {
+        T: guarded(args.out, "setup", T=T)(lambda T=T: Case(args.batch, T, 12, 4, 64)) for T in Ts
+    }
+    for name, knobs in VARIANTS:
+        for knob, value in {**defaults, **knobs}.items():
+            setattr(attention_tc, knob, value)
+        tag = dict(variant=name)
+        bytes_ = attention_tc.shared_bytes(64)
+        emit(args.out, kind="variant", **tag, knobs=attention_tc.knobs(), shared_bytes=bytes_)
+        if small:
+            check(small, args.out, False, None, **tag)
+        for c in cases.values():
+            if c:
+                check(c, args.out, False, 1, **tag)
+                time_case(c, args.out, args.reps, False, torch=False, **tag)
+        registers(args.out, **tag)
+    for knob, value in defaults.items():
+        setattr(attention_tc, knob, value)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="512,2048", help="sequence lengths of the big cases")
@@ -235,30 +299,28 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-exact", action="store_true", help="skip the exact fp32 kernels")
     ap.add_argument("--no-small", action="store_true", help="skip the small correctness cases")
+    ap.add_argument("--variants", action="store_true", help="measure attention_tc's VARIANTS")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     exact = not args.no_exact
     dev = cuda.get_current_device()
     emit(args.out, kind="device", name=str(dev.name), cc=list(dev.compute_capability))
+    Ts = [int(t) for t in args.T.split(",")]
+    if args.variants:
+        run_variants(args, Ts)
+        return
     if not args.no_small:  # tail tiles (T not a multiple of 64), both head sizes, groups
         for B, T, H, G, E in ((2, 100, 4, 2, 64), (2, 131, 4, 1, 32), (1, 64, 2, 2, 64)):
             c = guarded(args.out, "setup", T=T, E=E)(lambda: Case(B, T, H, G, E))  # noqa: B023
             if c:
                 check(c, args.out, exact, None)
-    for T in (int(t) for t in args.T.split(",")):
+    for T in Ts:
         c = guarded(args.out, "setup", T=T)(lambda: Case(args.batch, T, 12, 4, 64))  # noqa: B023
         if c is None:
             continue
         check(c, args.out, exact, ref_batch=1)
         time_case(c, args.out, args.reps, exact)
-        regs = guarded(args.out, "registers")(
-            lambda: {
-                k.py_func.__name__: [o.regs_per_thread for o in k.overloads.values()]
-                for k in attention_tc.kernels(64)
-            }
-        )
-        if regs:
-            emit(args.out, kind="registers", **regs)
+        registers(args.out)
         del c
 
 

@@ -7,6 +7,12 @@ emulates the warp-wide instruction. There the emulated m16n8k8 equals a float64 
 TF32-rounded operands, and the forward and backward on tiny shapes (one diagonal tile, and
 two query tiles with a tail) match a float64 NumPy reference within TF32 tolerance.
 
+Each combination of attention_tc's generation knobs (VARIANTS) compiles to PTX with its own
+instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ) and is checked in the
+simulator on the two-query-tile shape with two query heads per kv head, where the
+pipelined dkv loop crosses from one head to the next (the backward only, from the
+reference's out and lse, where its forward is a variant already checked).
+
 Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
 (4.9e-4) relative; a sum of such products errs by about that times the scale of its
 terms. We allow 2e-3 of the largest reference value of each output (4 TF32 units); a
@@ -28,6 +34,23 @@ import pytest
 
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TOL = 2e-3  # of the largest reference value, see the module docstring
+# attention_tc knob settings, by name; the default's are the module's own
+VARIANTS = {
+    "default": {},
+    "pipeline": {"PIPELINE": True},
+    "atomic-dq": {"ATOMIC_DQ": True},
+    "pipeline-atomic-dq": {"PIPELINE": True, "ATOMIC_DQ": True},
+}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request, monkeypatch) -> dict:
+    """Sets one VARIANTS entry's knobs on attention_tc for the test; returns them."""
+    from euler.gpu import attention_tc
+
+    for name, value in VARIANTS[request.param].items():
+        monkeypatch.setattr(attention_tc, name, value)
+    return VARIANTS[request.param]
 
 
 def reference(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
@@ -65,7 +88,7 @@ if not IN_SIMULATOR:
         import numba
         import numba.cuda.dispatcher as dispatcher
 
-        from euler.gpu import attention_tc
+        from euler.gpu import attention, attention_tc
 
         calls = []
         monkeypatch.setattr(
@@ -76,6 +99,7 @@ if not IN_SIMULATOR:
         monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
             compute_capability=(9, 0)
         ))  # fmt: skip
+        monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)  # needs a GPU
         f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
         B, T, H, G = 2, 3, 4, 2
         qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
@@ -83,32 +107,55 @@ if not IN_SIMULATOR:
         attention_tc.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse)
         ptx = {}
         for kernel, args in calls:
-            sig = tuple(numba.typeof(a) for a in args)
-            ptx[kernel.py_func.__name__] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
+            name = kernel.py_func.__name__
+            if name.endswith("_tc_kernel"):  # not attention.backward_prep_kernel
+                sig = tuple(numba.typeof(a) for a in args)
+                bounds = kernel.targetoptions.get("launch_bounds")  # MIN_BLOCKS
+                ptx[name] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), launch_bounds=bounds)[
+                    0
+                ]
         return ptx
 
-    def _check_ptx(ptx: dict[str, str], E: int) -> None:
-        assert set(ptx) == {"forward_tc_kernel", "backward_dq_tc_kernel", "backward_dkv_tc_kernel"}
+    def _check_ptx(ptx: dict[str, str], E: int, knobs: dict) -> None:
+        pipeline, atomic = knobs.get("PIPELINE", False), knobs.get("ATOMIC_DQ", False)
         # per 64 x 64 tile and warp: 8 E / 8 products for each of S and O (forward), of S,
-        # dP and dQ (dq), of S, dP, dV and dK (dkv), all written out
+        # dP and dQ (dq), of S, dP, dV and dK (dkv; and dQ with ATOMIC_DQ), all written out
         per_product = 8 * E // 8
-        for name, n in (("forward", 2), ("dq", 3), ("dkv", 4)):
-            text = next(p for k, p in ptx.items() if name in k)
+        want = {"forward": 2, "dkv": 4 + atomic} | ({} if atomic else {"dq": 3})
+        assert len(ptx) == len(want), sorted(ptx)
+        for name, n in want.items():
+            text = next(p for k, p in ptx.items() if f"{name}_tc_kernel" in k)
             assert ".target sm_90" in text
             mmas = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
             assert len(mmas) == n * per_product, (name, len(mmas))
             assert "cvt.rna.tf32.f32" in text, name
             assert not re.search(r"\.f64\b", text), f"{name}: float64 arithmetic"
             assert ".local" not in text, f"{name}: a register tile spilled to local memory"
+            copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", text)
+            # two 64-row tiles of E floats per buffer fill, E / 8 copies each per thread, at
+            # the prologue and in the loop
+            assert len(copies) == (4 * E // 8 if pipeline else 0), (name, len(copies))
+            assert ("cp.async.wait_group 0;" in text) == pipeline, name
+            adds = re.findall(r"(?:red|atom)\.global\.add\.f32", text)
+            assert len(adds) == (4 * E // 8 if atomic and name == "dkv" else 0), (name, len(adds))
 
-    def test_ptx_sm90(monkeypatch) -> None:
-        """Head size 8: seconds of NVVM time."""
-        _check_ptx(_ptx_of_launches(monkeypatch, 8), 8)
+    def test_ptx_sm90(monkeypatch, variant) -> None:
+        """Head size 8: seconds of NVVM time per variant."""
+        _check_ptx(_ptx_of_launches(monkeypatch, 8), 8, variant)
+
+    def test_ptx_min_blocks(monkeypatch) -> None:
+        """MIN_BLOCKS reaches ptxas as a launch bound (a register cap) on every kernel."""
+        from euler.gpu import attention_tc
+
+        monkeypatch.setattr(attention_tc, "MIN_BLOCKS", 3)
+        for name, text in _ptx_of_launches(monkeypatch, 8).items():
+            assert re.search(r"\.maxntid 128, 1, 1", text), name
+            assert re.search(r"\.minnctapersm 3\b", text), name
 
     @pytest.mark.slow
-    def test_ptx_sm90_gpu_preset(monkeypatch) -> None:
-        """Head size 64, the `gpu` preset's (about 2 minutes of NVVM time)."""
-        _check_ptx(_ptx_of_launches(monkeypatch, 64), 64)
+    def test_ptx_sm90_gpu_preset(monkeypatch, variant) -> None:
+        """Head size 64, the `gpu` preset's (about 2 minutes of NVVM time per variant)."""
+        _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, variant)
 
     def test_in_simulator() -> None:
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -154,23 +201,39 @@ else:
         np.testing.assert_allclose(d, want, rtol=2**-23, atol=2**-22)  # float32 rounding
         assert np.abs(d - (a.astype(np.float64) @ b + c)).max() > 1e-5  # TF32 is coarser
 
+    def _check_attention(B, T, H, G, E, forward: bool = True) -> None:
+        """attention_tc's forward and backward (or the backward alone, from the reference's
+        out and lse) at the current knobs against the float64 reference."""
+        rng = np.random.default_rng(1)
+        qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
+        dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
+        ref = reference(qkv, dout, H, G, E)
+        if forward:
+            out = np.full((B, T, H * E), np.nan, np.float32)
+            lse = np.full((B, H, T), np.nan, np.float32)
+            attention_tc.attention_forward(out, lse, qkv, H, G, E)
+        else:
+            out, lse = (x.astype(np.float32) for x in ref[:2])
+        dqkv = np.full_like(qkv, np.nan)
+        dsum = np.full((B, H, T), np.nan, np.float32)
+        attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
+        for name, got, want in zip(("out", "lse", "dqkv"), (out, lse, dqkv), ref, strict=True):
+            tol = TOL * np.abs(want).max()
+            err = np.abs(got - want).max()  # NaN (a slot left unwritten) fails too
+            assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
+
     @pytest.mark.parametrize(
         "B,T,H,G,E",
         [(1, 19, 2, 1, 32), (1, 70, 1, 1, 8)],
         ids=["one-diagonal-tile", "two-query-tiles-with-tail"],
     )
     def test_attention_tc(B, T, H, G, E) -> None:
-        rng = np.random.default_rng(1)
-        qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
-        dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
-        out = np.full((B, T, H * E), np.nan, np.float32)
-        lse = np.full((B, H, T), np.nan, np.float32)
-        attention_tc.attention_forward(out, lse, qkv, H, G, E)
-        dqkv = np.full_like(qkv, np.nan)
-        dsum = np.zeros((B, H, T), np.float32)
-        attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
-        for name, got, want in zip(("out", "lse", "dqkv"), (out, lse, dqkv),
-                                   reference(qkv, dout, H, G, E), strict=True):  # fmt: skip
-            tol = TOL * np.abs(want).max()
-            err = np.abs(got - want).max()  # NaN (a slot left unwritten) fails too
-            assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
+        _check_attention(B, T, H, G, E)
+
+    @pytest.mark.parametrize("name", [n for n in VARIANTS if n != "default"])
+    def test_attention_tc_variant(monkeypatch, name) -> None:
+        """Two query tiles with a tail, two query heads per kv head; the forward where the
+        variant's differs from every variant's checked before (PIPELINE's, once)."""
+        for knob, value in VARIANTS[name].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_attention(1, 70, 2, 1, 8, forward=name == "pipeline")

@@ -17,7 +17,7 @@ backward_dq: per 64 query rows, D = rowsum(dO O) (saved to dsum), then per key t
   S = Q K^T, dP = dO V^T, dS = P (dP - D) with P = exp(S - lse), dQ += dS K.
 backward_dkv: per 64 key rows of one kv head, over the query tiles of every head of its
   group: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
-Each kernel owns what it writes (no atomics, deterministic), as in attention_tiles.
+Each kernel owns what it writes (no atomics, deterministic) unless ATOMIC_DQ (below).
 
 P and dS go from C fragments straight into the next product's A fragments, with no
 shared-memory round trip: the 8 keys of a C fragment's column block are summed over in
@@ -35,12 +35,33 @@ out, once per head size E (8, 16, 32 or 64), and shared-memory offsets are uint6
 then emits no negative-index test per load). The simulator has no warp shuffles: there
 the quad reductions go through shared memory (the generated source differs only there).
 
+Generation knobs (module constants, read when kernels() builds; the defaults are the
+measured kernels above, the others wait for bench/attention_tc_gpu.py --variants):
+
+PIPELINE: the loop's tiles go through cp.async (async_copy.py) into two buffers: at the
+  top of iteration j a thread waits for its copies of tile j, a barrier, then it issues
+  tile j + 1 into the other buffer (free: every warp passed the barrier, so is done with
+  tile j - 1) and computes on tile j while those copies fly. The first tile's copies are
+  issued before the once-per-block staging (Q; Q, dO; K, V) into the second buffer (K into
+  its own tile with ATOMIC_DQ).
+  The copies carry raw float32, so the B fragment loads round to TF32 (one cvt.rna per
+  value, as the staging did) and nothing can be scaled on the way: the dkv kernel scales
+  K at its staging instead of Q, and dK as it is written. dkv's loop runs over (head,
+  query tile) pairs, so the next tile may be the next head's; lse and dsum come with
+  4-byte copies. Shared memory is dynamic (shared_bytes, over 48 KB at E = 64: the
+  launcher raises the limit as attention.py does), and tiles must start on 16 bytes.
+ATOMIC_DQ: no dq kernel: attention.backward_prep_kernel writes dsum and zeroes dQ, and
+  the dkv kernel, after dS^T of a tile pair, stores it to shared memory ([key][query],
+  rows padded to 68) and each warp adds dQ = dS K (scaled) for 16 queries into dqkv
+  with atomics: 5 tile products per tile pair instead of 7, nondeterministic sums.
+MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
+
 Measured on an H200 (bench/attention_tc_gpu.py, B=32, H=12, G=4, E=64; errors against a
 float64 reference within 4e-4 of the values' scale): T=512 forward 0.59 ms, backward
 1.50 ms (exact fp32 kernels: 0.76 and 2.86; torch SDPA fp32: 0.51 and 1.41); T=2048
 6.0 and 15.2 ms. About 22-34 TFLOP/s: latency-bound (221, 198 and 255 registers per
 thread, one block's staging loads not overlapped with its products), far from the
-tensor cores' rate; cp.async double buffering of the K/V (Q/dO) tiles is the next step.
+tensor cores' rate; PIPELINE overlaps them.
 """
 
 from __future__ import annotations
@@ -602,9 +623,12 @@ ASYNC_IMPORT = (
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "")
-    if MIN_BLOCKS:
-        return compile_generated(name, src, header, launch_bounds=(THREADS, MIN_BLOCKS))
-    return compile_generated(name, src, header)
+    if not MIN_BLOCKS:
+        return compile_generated(name, src, header)
+    # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
+    header += f"\n\n# launch_bounds ({THREADS}, {MIN_BLOCKS})"
+    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, MIN_BLOCKS)}  # no register cap there
+    return compile_generated(name, src, header, **opts)
 
 
 def knobs() -> dict:
@@ -647,8 +671,9 @@ def _check_async(*arrays) -> None:
     rows are a whole number of 16 bytes (E is a multiple of 8) starting on 16 bytes."""
     for a in arrays:
         assert a.flags["C_CONTIGUOUS"] and a.shape[-1] % 4 == 0
-        if not SIMULATOR:
-            assert a.__cuda_array_interface__["data"][0] % 16 == 0
+        if not SIMULATOR:  # whose arrays have no device address
+            face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+            assert face["data"][0] % 16 == 0
 
 
 def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
