@@ -667,10 +667,10 @@ def _check(qkv, H, G, E) -> tuple[int, int]:
 
 
 def _check_async(*arrays) -> None:
-    """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous arrays whose
+    """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous 3-d arrays whose
     rows are a whole number of 16 bytes (E is a multiple of 8) starting on 16 bytes."""
     for a in arrays:
-        assert a.flags["C_CONTIGUOUS"] and a.shape[-1] % 4 == 0
+        assert a.flags["C_CONTIGUOUS"] and a.shape[2] % 4 == 0  # (B, T, C)
         if not SIMULATOR:  # whose arrays have no device address
             face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
             assert face["data"][0] % 16 == 0
