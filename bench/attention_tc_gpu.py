@@ -17,12 +17,12 @@ recorded as {"error": ...}) loses nothing measured before it:
     python bench/attention_tc_gpu.py --variants --out attention-tc-variants.json
 
 measures attention_tc's generation knobs instead: for each VARIANTS entry (default first,
-then the best candidates) it sets the knobs, rebuilds the kernels (about 2 minutes of NVVM
-per variant at E = 64, less where a kernel's source is one already compiled: the disk
-cache is keyed on the source), and records a "variant" line (knobs, shared bytes), a check
-of a tail shape and of T = 512 and 2048 against the float64 reference, the times of
-attention_tc alone (every line carries the variant's name), and registers per kernel.
-About 8 minutes for the three variants on an H200.
+then the best candidates), in a process of its own, it sets the knobs, builds the kernels
+(about 2 minutes of NVVM per variant at E = 64, less where a kernel's source is one
+already compiled: the disk cache is keyed on the source), and records a "variant" line
+(knobs, shared bytes), a check of a tail shape and of T = 512 and 2048 against the
+float64 reference, the times of attention_tc alone (every line carries the variant's
+name), and registers per kernel. About 8 minutes for the three variants on an H200.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -268,14 +271,15 @@ def registers(out: Path | None, **tag) -> None:
         emit(out, kind="registers", **tag, **regs)
 
 
-def run_variants(args, Ts: list[int]) -> None:
-    """Each VARIANTS entry: knobs set, checked (a tail shape, then each T) and timed."""
+def run_variants(args, Ts: list[int], variants: list[tuple]) -> None:
+    """Each of variants (VARIANTS entries): knobs set, checked (a tail shape, then each T)
+    and timed."""
     defaults = attention_tc.knobs()
     small = guarded(args.out, "setup", T=100)(lambda: Case(2, 100, 4, 2, 64))
     cases = {
         T: guarded(args.out, "setup", T=T)(lambda T=T: Case(args.batch, T, 12, 4, 64)) for T in Ts
     }
-    for name, knobs in VARIANTS:
+    for name, knobs in variants:
         for knob, value in {**defaults, **knobs}.items():
             setattr(attention_tc, knob, value)
         tag = dict(variant=name)
@@ -292,6 +296,26 @@ def run_variants(args, Ts: list[int]) -> None:
         setattr(attention_tc, knob, value)
 
 
+def run_isolated(args) -> None:
+    """--variants: each VARIANTS entry in a process of its own (--variant), whose lines print
+    as they come; its records join --out's after it ends. A faulting kernel (a misaligned
+    cp.async, say) poisons its CUDA context: this way it costs only its own variant."""
+    for name, _ in VARIANTS:
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        part = Path(tmp)
+        cmd = [sys.executable, __file__, "--variant", name, "--out", tmp, "--T", args.T,
+               "--batch", str(args.batch), "--reps", str(args.reps)]  # fmt: skip
+        rc = subprocess.run(cmd).returncode
+        recs = json.loads(part.read_text()) if part.stat().st_size else []
+        part.unlink()
+        RECORDS.extend(r for r in recs if r.get("kind") != "device")
+        if rc:
+            emit(args.out, kind="error", what=f"variant {name}", error=f"exit status {rc}")
+        elif args.out:
+            args.out.write_text(json.dumps(RECORDS, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="512,2048", help="sequence lengths of the big cases")
@@ -300,6 +324,7 @@ def main() -> None:
     ap.add_argument("--no-exact", action="store_true", help="skip the exact fp32 kernels")
     ap.add_argument("--no-small", action="store_true", help="skip the small correctness cases")
     ap.add_argument("--variants", action="store_true", help="measure attention_tc's VARIANTS")
+    ap.add_argument("--variant", choices=[n for n, _ in VARIANTS], help="just this one, here")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     exact = not args.no_exact
@@ -307,7 +332,10 @@ def main() -> None:
     emit(args.out, kind="device", name=str(dev.name), cc=list(dev.compute_capability))
     Ts = [int(t) for t in args.T.split(",")]
     if args.variants:
-        run_variants(args, Ts)
+        run_isolated(args)
+        return
+    if args.variant:
+        run_variants(args, Ts, [v for v in VARIANTS if v[0] == args.variant])
         return
     if not args.no_small:  # tail tiles (T not a multiple of 64), both head sizes, groups
         for B, T, H, G, E in ((2, 100, 4, 2, 64), (2, 131, 4, 1, 32), (1, 64, 2, 2, 64)):
