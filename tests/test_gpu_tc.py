@@ -11,7 +11,8 @@ Each combination of attention_tc's generation knobs (VARIANTS) compiles to PTX w
 instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ) and is checked in the
 simulator on the two-query-tile shape with two query heads per kv head, where the
 pipelined dkv loop crosses from one head to the next (the backward only, from the
-reference's out and lse, where its forward is a variant already checked).
+reference's out and lse, where its forward is a variant already checked). The quick suite
+takes the default and the all-knobs variant; `-m slow -k simulator` the others.
 
 Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
 (4.9e-4) relative; a sum of such products errs by about that times the scale of its
@@ -37,13 +38,21 @@ TOL = 2e-3  # of the largest reference value, see the module docstring
 # attention_tc knob settings, by name; the default's are the module's own
 VARIANTS = {
     "default": {},
+    "pipeline-atomic-dq": {"PIPELINE": True, "ATOMIC_DQ": True},
     "pipeline": {"PIPELINE": True},
     "atomic-dq": {"ATOMIC_DQ": True},
-    "pipeline-atomic-dq": {"PIPELINE": True, "ATOMIC_DQ": True},
 }
+# The first two (today's kernels and the new code paths all together) run in the quick
+# suite; the others' kernels are parts of theirs, so they wait for -m slow (the simulator
+# takes about a minute a variant).
+QUICK = ("default", "pipeline-atomic-dq")
 
 
-@pytest.fixture(params=list(VARIANTS))
+def _marked(names) -> list:
+    return [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.fixture(params=_marked(VARIANTS))
 def variant(request, monkeypatch) -> dict:
     """Sets one VARIANTS entry's knobs on attention_tc for the test; returns them."""
     from euler.gpu import attention_tc
@@ -157,12 +166,23 @@ if not IN_SIMULATOR:
         """Head size 64, the `gpu` preset's (about 2 minutes of NVVM time per variant)."""
         _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, variant)
 
-    def test_in_simulator() -> None:
+    def _in_simulator(marks: str) -> None:
+        """This file's simulator tests selected by marks, in a subprocess."""
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", marks]
         root = Path(__file__).resolve().parents[1]
-        r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [*cmd, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=900
+        )
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+
+    def test_in_simulator() -> None:
+        _in_simulator("not slow")
+
+    @pytest.mark.slow
+    def test_in_simulator_slow() -> None:
+        """The variants outside QUICK (about a minute each)."""
+        _in_simulator("slow")
 
 else:
     from numba import cuda
@@ -230,10 +250,10 @@ else:
     def test_attention_tc(B, T, H, G, E) -> None:
         _check_attention(B, T, H, G, E)
 
-    @pytest.mark.parametrize("name", [n for n in VARIANTS if n != "default"])
+    @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))
     def test_attention_tc_variant(monkeypatch, name) -> None:
-        """Two query tiles with a tail, two query heads per kv head; the forward where the
-        variant's differs from every variant's checked before (PIPELINE's, once)."""
+        """Two query tiles with a tail, two query heads per kv head; the forward only where
+        the variant's differs from the kernels of the quick suite (PIPELINE's, once)."""
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 70, 2, 1, 8, forward=name == "pipeline")
+        _check_attention(1, 70, 2, 1, 8, forward=name == "pipeline-atomic-dq")
