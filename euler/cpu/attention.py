@@ -1,5 +1,8 @@
 """Causal grouped-query FlashAttention on the CPU.
 
+The backend runs it for sequences longer than attention_dense.DENSE_MAX_T, and at every
+length when it was given a tile; shorter sequences go through attention_dense.py.
+
 Forward: queries are taken eight rows at a time; keys are visited in tiles of `tile`; an
 online softmax keeps each row's running max m, sum l and output accumulator, rescaled once
 per tile, and saves the row's logsumexp m + log(l). Backward: probabilities are recomputed
