@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 # below this many multiply-adds a product runs whole on the calling thread: the hand-off
-# to a worker (~30 us) would cost more than the split saves
+# to a worker (~25 us) would cost more than the split saves
 SPLIT_MIN_MACS = 1 << 21
 
 _SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
@@ -148,7 +148,7 @@ class SplitMatmul:
         return self.workers if self.split else 1
 
     def map_blocks(self, fn, n: int) -> None:
-        """fn(lo, hi) over `workers` blocks of range(n), concurrently; returns when all are done.
+        """fn(lo, hi) over `threads` blocks of range(n), concurrently; returns when all are done.
 
         fn must release the GIL for its heavy work (BLAS, nogil Numba kernels).
         """
@@ -159,7 +159,7 @@ class SplitMatmul:
     def _run(self, calls) -> None:
         """Each (fn, args): the first on this thread, the others on the pool's workers at
         the same time (one after another where there are too few); returns when all are."""
-        n = min(len(calls) - 1, len(self._pool))
+        n = max(0, min(len(calls) - 1, len(self._pool)))
         for worker, (fn, args) in zip(self._pool[:n], calls[1 : 1 + n], strict=True):
             worker.submit(fn, *args)
         try:
