@@ -279,6 +279,32 @@ def test_split_matmul_equals_numpy(trans_a, trans_b, accumulate):
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
+def test_matmul_pool_runs_every_block_once_and_passes_errors_on():
+    from euler.cpu.blas import SplitMatmul
+
+    mm = SplitMatmul(workers=3)
+    assert mm.split and mm.threads == 3
+    for n in (0, 1, 2, 7):
+        seen = []
+        mm.map_blocks(lambda lo, hi: seen.extend(range(lo, hi)), n)
+        assert sorted(seen) == list(range(n))
+
+    def fail(lo, hi):
+        if lo > 0:
+            raise ZeroDivisionError(lo)
+
+    with pytest.raises(ZeroDivisionError):
+        mm.map_blocks(fail, 6)
+    seen = []
+    mm.map_blocks(lambda lo, hi: seen.append((lo, hi)), 6)  # the workers still answer
+    assert sorted(seen) == [(0, 2), (2, 4), (4, 6)]
+    a, b = np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(4, 2)
+    ab, ba = np.zeros((3, 2)), np.zeros((2, 3))
+    mm.pair((ab, a, b, False, False, False), (ba, b, a, True, True, False))
+    np.testing.assert_array_equal(ab, a @ b)
+    np.testing.assert_array_equal(ba, (a @ b).T)
+
+
 def test_compiled_kernels_live_in_a_folder_named_by_the_sources(tmp_path):
     """Numba checks a cached kernel against its own file only; the folder name covers the
     helpers it inlines from other files. A user's NUMBA_CACHE_DIR wins."""
