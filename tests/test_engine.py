@@ -286,7 +286,7 @@ def test_matmul_pool_runs_every_block_once_and_passes_errors_on():
     assert mm.split and mm.threads == 3
     for n in (0, 1, 2, 7):
         seen = []
-        mm.map_blocks(lambda lo, hi: seen.extend(range(lo, hi)), n)
+        mm.map_blocks(lambda lo, hi, seen=seen: seen.extend(range(lo, hi)), n)
         assert sorted(seen) == list(range(n))
 
     def fail(lo, hi):
