@@ -50,7 +50,7 @@ def _expf(x):
     if x > T(88.37626):  # 2^n would overflow the exponent field
         return T(np.inf)
     # n = floor(z) through an int32, so that n stays a float32: math.floor returns an int64,
-    # which would promote the whole polynomial to float64 (measured on the CPU: 2.9x slower
+    # which would promote the whole polynomial to float64 (measured on the CPU: 2.1x slower
     # per element), and np.floor does not compile for the GPU
     z = x * T(1.4426950408889634) + T(0.5)
     n = T(np.int32(z))  # truncates toward zero; |z| < 130 here

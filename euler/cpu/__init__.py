@@ -7,7 +7,7 @@ unless the user chose otherwise. This must happen before the OpenMP runtime load
 
 Every kernel compiles with error_model="numpy": under Numba's default ("python") each float
 division checks for zero to raise ZeroDivisionError, and that branch stops LLVM vectorising
-the loop around it (measured: AdamW 8x slower). A division by zero now gives inf or nan, as
+the loop around it (measured: AdamW 7x slower). A division by zero now gives inf or nan, as
 in NumPy; the training loop stops on a non-finite loss.
 """
 
