@@ -161,10 +161,17 @@ if not IN_SIMULATOR:
             assert re.search(r"\.maxntid 128, 1, 1", text), name
             assert re.search(r"\.minnctapersm 3\b", text), name
 
-    @pytest.mark.slow
-    def test_ptx_sm90_gpu_preset(monkeypatch, variant) -> None:
-        """Head size 64, the `gpu` preset's (about 2 minutes of NVVM time per variant)."""
-        _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, variant)
+    @pytest.mark.parametrize(
+        "name", [n if n == "default" else pytest.param(n, marks=pytest.mark.slow) for n in VARIANTS]
+    )
+    def test_ptx_sm90_gpu_preset(monkeypatch, name) -> None:
+        """Head size 64, the `gpu` preset's (1-2 minutes of NVVM time per variant): the
+        default's kernels, which train, in the quick suite."""
+        from euler.gpu import attention_tc
+
+        for knob, value in VARIANTS[name].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, VARIANTS[name])
 
     def _in_simulator(marks: str) -> None:
         """This file's simulator tests selected by marks, in a subprocess."""
