@@ -71,7 +71,7 @@ import math
 from numba import float32
 
 from euler.gpu import attention
-from euler.gpu.generated import compile_generated
+from euler.gpu.generated import Source, compile_generated
 from euler.gpu.mma import SIMULATOR
 
 THREADS = 128  # 4 warps
@@ -102,23 +102,6 @@ def supports(E: int) -> bool:
     return E in (8, 16, 32, 64)
 
 
-class _Src:
-    """Lines of generated Python with an indentation level."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self.level = 0
-
-    def __call__(self, *lines: str) -> None:
-        self.lines.extend("    " * self.level + line for line in lines)
-
-    def indent(self, n: int = 1) -> None:
-        self.level += n
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 class _Gen:
     """Source generator for head size E: shared-memory layout and the fragment helpers.
 
@@ -130,7 +113,7 @@ class _Gen:
 
     def __init__(self, E: int):
         self.E, self.NE, self.LD = E, E // 8, E + 4
-        self.w = _Src()
+        self.w = Source()
 
     def u(self, n: int) -> str:
         return f"uint64({n})"

@@ -29,7 +29,7 @@ visit the most tiles start in the first wave rather than trailing the last one.
 
 from __future__ import annotations
 
-from euler.gpu.generated import compile_generated
+from euler.gpu.generated import Source, compile_generated
 
 THREADS = 128
 LD = 65  # padded row of a staged tile, in floats
@@ -57,29 +57,14 @@ def supports(E: int) -> bool:
     return E in (8, 16, 32, 64)
 
 
-class _Src:
-    """Lines of generated Python with an indentation level."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self.level = 0
-
-    def __call__(self, *lines: str) -> None:
-        for line in lines:
-            self.lines.append("    " * self.level + line)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def _prologue(w: _Src) -> None:
+def _prologue(w: Source) -> None:
     w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty4 = (tid // 8) * 4")
     w("sm = cuda.shared.array(0, float32)")
     w(*(f"r{i} = ty4 + {i}" for i in range(4)))
     w(*(f"c{j} = tx + {8 * j}" for j in range(8)))
 
 
-def _stage(w: _Src, E: int, tiles: list[tuple]) -> None:
+def _stage(w: Source, E: int, tiles: list[tuple]) -> None:
     """Stage 64-row tiles (off, row0, col, src, scale) of src (B, T, C) as X^T at sm[off].
 
     Thread tid takes column tid % E of rows tid // E + 128 / E * it: all of a chunk's loads
@@ -171,7 +156,7 @@ def _write_tile(w, off: str, acc: str) -> None:
 def _forward_source(E: int) -> str:
     NJ = E // 8
     Q, KP, V = 0, E * LD, E * LD + max(E, 64) * LD
-    w = _Src()
+    w = Source()
     w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
     w.level += 1
     w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (B H, T / 64), 128 threads."""')
@@ -223,7 +208,7 @@ def _forward_source(E: int) -> str:
 def _dq_source(E: int) -> str:
     NJ = E // 8
     Q, DO, K, V, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD
-    w = _Src()
+    w = Source()
     w("def backward_dq_tiled_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):")
     w.level += 1
     w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (B H, T / 64), 128 threads."""')
@@ -278,7 +263,7 @@ def _dkv_source(E: int) -> str:
     NJ = E // 8
     K, V, Q, DO, P, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD, (4 * E + 64) * LD
     LS, DD = (4 * E + 128) * LD, (4 * E + 128) * LD + 64
-    w = _Src()
+    w = Source()
     w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
     w.level += 1
     w('"""dK, dV (and dQ, atomic) parts of dqkv; grid (B G, T / 64), 128 threads; rows: keys."""')

@@ -21,6 +21,23 @@ from euler.cache import cache_root
 from euler.gpu.reduce import SIMULATOR
 
 
+class Source:
+    """Lines of generated Python with an indentation level (the kernel generators' writer)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.level = 0
+
+    def __call__(self, *lines: str) -> None:
+        self.lines.extend("    " * self.level + line for line in lines)
+
+    def indent(self, n: int = 1) -> None:
+        self.level += n
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
 def _source_folder() -> Path:
     """Numba's cache folder (named by our source digest; see euler.cache), or ours."""
     base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else cache_root() / "numba"
