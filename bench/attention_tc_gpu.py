@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from euler.gpu import attention, attention_tc  # noqa: E402
+from tests.numpy_reference import attention_with_grads  # noqa: E402
 
 RECORDS: list[dict] = []
 # attention_tc knob settings measured by --variants, default first, then best candidates:
@@ -77,36 +77,6 @@ def guarded(out: Path | None, what: str, **ctx):
             return None
 
     return wrap
-
-
-def reference(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
-    """(out, lse, dqkv) in float64 by dense causal attention (NumPy)."""
-    qkv = qkv.astype(np.float64)
-    B, T, _ = qkv.shape
-    rep = H // G
-    q = qkv[..., : H * E].reshape(B, T, H, E)
-    k = np.repeat(qkv[..., H * E : (H + G) * E].reshape(B, T, G, E), rep, axis=2)
-    v = np.repeat(qkv[..., (H + G) * E :].reshape(B, T, G, E), rep, axis=2)
-    s = np.einsum("bihe,bjhe->bhij", q, k, optimize=True) / math.sqrt(E)
-    s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf
-    m = s.max(-1, keepdims=True)
-    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
-    p = np.exp(s - lse[..., None])
-    o = np.einsum("bhij,bjhe->bihe", p, v, optimize=True)
-    do = dout.astype(np.float64).reshape(B, T, H, E)
-    dv = np.einsum("bhij,bihe->bjhe", p, do, optimize=True)
-    ds = p * (
-        np.einsum("bihe,bjhe->bhij", do, v, optimize=True)
-        - np.einsum("bihe,bihe->bhi", do, o, optimize=True)[..., None]
-    )
-    dq = np.einsum("bhij,bjhe->bihe", ds, k, optimize=True) / math.sqrt(E)
-    dk = np.einsum("bhij,bihe->bjhe", ds, q, optimize=True) / math.sqrt(E)
-
-    def group(x):  # a kv head's gradient sums over its group's query heads
-        return x.reshape(B, T, G, rep, E).sum(3).reshape(B, T, G * E)
-
-    dqkv = np.concatenate([dq.reshape(B, T, H * E), group(dk), group(dv)], -1)
-    return o.reshape(B, T, H * E), lse, dqkv
 
 
 class Case:
@@ -176,7 +146,7 @@ def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) 
     nb = c.B if ref_batch is None else ref_batch
     key = (*shape.values(), c.seed, nb)
     if key not in REFERENCES:
-        REFERENCES[key] = reference(c.qkv_h[:nb], c.dout_h[:nb], c.H, c.G, c.E)
+        REFERENCES[key] = attention_with_grads(c.qkv_h[:nb], c.dout_h[:nb], c.H, c.G, c.E)
     err = max_errors([x[:nb] for x in tc], REFERENCES[key])
     finite = all(bool(np.isfinite(x).all()) for x in tc)
     emit(out, kind="check", against=f"numpy float64, batch[:{nb}]", finite=finite,

@@ -88,6 +88,37 @@ def naive_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("bhts,bshe->bthe", p, v)
 
 
+def attention_with_grads(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
+    """(out, lse, dqkv) of causal grouped-query attention in float64, dense: qkv (B, T,
+    (H + 2G) E) and dout (B, T, H E); the oracle of the GPU attention kernels' tests."""
+    qkv = qkv.astype(np.float64)
+    B, T, _ = qkv.shape
+    rep = H // G
+    q = qkv[..., : H * E].reshape(B, T, H, E)
+    k = np.repeat(qkv[..., H * E : (H + G) * E].reshape(B, T, G, E), rep, axis=2)
+    v = np.repeat(qkv[..., (H + G) * E :].reshape(B, T, G, E), rep, axis=2)
+    s = np.einsum("bihe,bjhe->bhij", q, k, optimize=True) / math.sqrt(E)
+    s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf
+    m = s.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
+    p = np.exp(s - lse[..., None])
+    o = np.einsum("bhij,bjhe->bihe", p, v, optimize=True)
+    do = dout.astype(np.float64).reshape(B, T, H, E)
+    dv = np.einsum("bhij,bihe->bjhe", p, do, optimize=True)
+    ds = p * (
+        np.einsum("bihe,bjhe->bhij", do, v, optimize=True)
+        - np.einsum("bihe,bihe->bhi", do, o, optimize=True)[..., None]
+    )
+    dq = np.einsum("bhij,bjhe->bihe", ds, k, optimize=True) / math.sqrt(E)
+    dk = np.einsum("bhij,bihe->bjhe", ds, q, optimize=True) / math.sqrt(E)
+
+    def group(x):  # a kv head's gradient sums over its group's query heads
+        return x.reshape(B, T, G, rep, E).sum(3).reshape(B, T, G * E)
+
+    dqkv = np.concatenate([dq.reshape(B, T, H * E), group(dk), group(dv)], -1)
+    return o.reshape(B, T, H * E), lse, dqkv
+
+
 def make_targets(window: np.ndarray, T: int, K: int) -> np.ndarray:
     """(B, W) int -> (K, B, T) int: targets[k, b, t] = window[b, t+1+k], -1 past the window end.
 

@@ -22,7 +22,6 @@ wrong fragment layout, mask or key permutation errs by O(1).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import subprocess
@@ -32,6 +31,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
+from tests.numpy_reference import attention_with_grads
 
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TOL = 2e-3  # of the largest reference value, see the module docstring
@@ -60,33 +61,6 @@ def variant(request, monkeypatch) -> dict:
     for name, value in VARIANTS[request.param].items():
         monkeypatch.setattr(attention_tc, name, value)
     return VARIANTS[request.param]
-
-
-def reference(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
-    """(out, lse, dqkv) of causal grouped-query attention, in float64 (dense NumPy)."""
-    qkv = qkv.astype(np.float64)
-    B, T, _ = qkv.shape
-    rep = H // G
-    q = qkv[..., : H * E].reshape(B, T, H, E)
-    k = np.repeat(qkv[..., H * E : (H + G) * E].reshape(B, T, G, E), rep, axis=2)
-    v = np.repeat(qkv[..., (H + G) * E :].reshape(B, T, G, E), rep, axis=2)
-    s = np.einsum("bihe,bjhe->bhij", q, k) / math.sqrt(E)
-    s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf
-    m = s.max(-1, keepdims=True)
-    lse = m[..., 0] + np.log(np.exp(s - m).sum(-1))
-    p = np.exp(s - lse[..., None])
-    o = np.einsum("bhij,bjhe->bihe", p, v)
-    do = dout.astype(np.float64).reshape(B, T, H, E)
-    dv = np.einsum("bhij,bihe->bjhe", p, do)
-    ds = p * (np.einsum("bihe,bjhe->bhij", do, v) - np.einsum("bihe,bihe->bhi", do, o)[..., None])
-    dq = np.einsum("bhij,bjhe->bihe", ds, k) / math.sqrt(E)
-    dk = np.einsum("bhij,bihe->bjhe", ds, q) / math.sqrt(E)
-
-    def group(x):  # a kv head's gradient sums over its group's query heads
-        return x.reshape(B, T, G, rep, E).sum(3).reshape(B, T, G * E)
-
-    dqkv = np.concatenate([dq.reshape(B, T, H * E), group(dk), group(dv)], -1)
-    return o.reshape(B, T, H * E), lse, dqkv
 
 
 if not IN_SIMULATOR:
@@ -234,7 +208,7 @@ else:
         rng = np.random.default_rng(1)
         qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
         dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
-        ref = reference(qkv, dout, H, G, E)
+        ref = attention_with_grads(qkv, dout, H, G, E)
         if forward:
             out = np.full((B, T, H * E), np.nan, np.float32)
             lse = np.full((B, H, T), np.nan, np.float32)
