@@ -25,8 +25,9 @@ class RecomputeDecoder:
 
     def __init__(self, cfg: ModelConfig, params: np.ndarray, backend):
         self.cfg = cfg
-        self.model = Model(cfg, backend, flat_params=np.asarray(params, np.float32))
-        self.heads = ParamLayout(cfg).views(np.asarray(params, np.float32))["mtp_heads"]
+        params = np.asarray(params, np.float32)
+        self.model = Model(cfg, backend, flat_params=params)
+        self.heads = ParamLayout(cfg).views(params)["mtp_heads"]
         self.tokens = np.zeros((1, cfg.context), np.int32)
         self.length = 0
 
