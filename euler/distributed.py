@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Protocol
@@ -177,6 +178,22 @@ def rank0_first(comm: Comm):
         comm.barrier()
 
 
+ERROR_DIR_ENV = "EULER_RANK_ERRORS"  # set by relaunch: where a failing rank leaves its message
+
+
+def _report(message: str, rank: int) -> None:
+    """A failing rank's message: to stderr, and to the launcher's folder when relaunch set one.
+
+    MPI_Abort can kill mpiexec's output forwarding before it passes the rank's stderr on,
+    so the launcher prints the message from the file itself after mpiexec exits.
+    """
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if folder is None:
+        print(message, file=sys.stderr, flush=True)
+        return
+    (Path(folder) / f"rank{rank}.txt").write_text(message + "\n")
+
+
 @contextlib.contextmanager
 def abort_on_error():
     """Under mpiexec, a rank that fails takes all ranks down (MPI_Abort) with its message.
@@ -191,14 +208,15 @@ def abort_on_error():
             raise
         from mpi4py import MPI
 
+        rank = MPI.COMM_WORLD.Get_rank()
         if isinstance(e, EulerError):
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            _report(f"error: {e}", rank)
             code = 2
         elif isinstance(e, KeyboardInterrupt):
-            print("interrupted", file=sys.stderr, flush=True)
+            _report("interrupted", rank)
             code = 130
         else:
-            traceback.print_exc()
+            _report(traceback.format_exc().rstrip(), rank)
             code = 1
         MPI.COMM_WORLD.Abort(code)
 
@@ -241,9 +259,16 @@ def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -
     for pool in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(pool, str(threads))
     cmd = [mpiexec_path(), "-n", str(nproc), sys.executable, "-m", "euler.cli", *argv]
-    proc = subprocess.Popen(cmd, env=env)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return proc.wait()
-    finally:
-        signal.signal(signal.SIGINT, old)
+    with tempfile.TemporaryDirectory(prefix="euler-ranks-") as errors:
+        env[ERROR_DIR_ENV] = errors
+        proc = subprocess.Popen(cmd, env=env)
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = proc.wait()
+        finally:
+            signal.signal(signal.SIGINT, old)
+        # one line per distinct message: every rank may fail the same way
+        messages = dict.fromkeys(f.read_text() for f in sorted(Path(errors).glob("rank*.txt")))
+        for message in messages:
+            sys.stderr.write(message)
+    return code
