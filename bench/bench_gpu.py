@@ -89,7 +89,8 @@ def train_step(model: Model, tokens, targets, state, step: int):
     loss = model.forward(tokens, targets, need_grad=True)
     model.backward()
     m, v = state
-    model.be.adamw_step(model.params, model.grads, m, v, Hyper, 3e-4, step, model.layout.n_decay)
+    hyper = model.be.stage_scalars("adamw", [3e-4, 1 - Hyper.beta1**step, 1 - Hyper.beta2**step])
+    model.be.adamw_step(model.params, model.grads, m, v, Hyper, hyper, model.layout.n_decay)
     return loss
 
 

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             raise EulerError(f"--json: folder does not exist: {json_out.parent}")
         console = Console()
         if not console.is_terminal:
-            console.width = max(console.width, 120)  # piped output: keep the tables unwrapped
+            console.width = max(console.width, 140)  # piped output: keep the tables unwrapped
         result = run_bench(opts, log=lambda line: console.print(f"[dim]{line}[/dim]"))
         print_report(result, console)
         if json_out is not None:

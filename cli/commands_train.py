@@ -37,6 +37,13 @@ Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already 
 Tf32 = Annotated[
     bool, typer.Option(help="cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32).")
 ]
+CudaGraph = Annotated[
+    bool,
+    typer.Option(
+        help="cuda: replay each step's kernels as CUDA graphs (--no-cuda-graph: launch "
+        "them one by one)."
+    ),
+]
 ExactAttention = Annotated[
     bool,
     typer.Option(help="cuda with TF32: attention in exact fp32 instead of on tensor cores."),
@@ -92,6 +99,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "cpu",
         tf32: Tf32 = True,
         exact_attention: ExactAttention = False,
+        cuda_graph: CudaGraph = True,
         batch_size: BatchSize = 8,
         seq_len: SeqLen = 0,
         grad_accum: GradAccum = 1,
@@ -117,7 +125,8 @@ def register(app: typer.Typer) -> None:
 
         tc = TrainConfig(
             out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
-            device=device, tf32=tf32, exact_attention=exact_attention, batch_size=batch_size,
+            device=device, tf32=tf32, exact_attention=exact_attention, cuda_graph=cuda_graph,
+            batch_size=batch_size,
             seq_len=seq_len, grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr,
             min_lr=min_lr, warmup_steps=warmup,
             weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
@@ -139,6 +148,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "cpu",
         tf32: Tf32 = True,
         exact_attention: ExactAttention = False,
+        cuda_graph: CudaGraph = True,
         batch_size: BatchSize = 8,
         grad_accum: GradAccum = 1,
         steps: Steps = 300,
@@ -166,7 +176,8 @@ def register(app: typer.Typer) -> None:
         tc = TrainConfig(
             out_dir=str(out), kind="sft", data=str(data) if data else None,
             init_from=str(from_) if from_ else None, device=device, tf32=tf32,
-            exact_attention=exact_attention, batch_size=batch_size, grad_accum=grad_accum,
+            exact_attention=exact_attention, cuda_graph=cuda_graph, batch_size=batch_size,
+            grad_accum=grad_accum,
             steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
             warmup_steps=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
             eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,

@@ -32,6 +32,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from euler import step_graph
 from euler.bench_kernels import attention_batch, compare_attention, time_layers, tokenizer_speed
 from euler.bench_peer import LR, load_torch_peer, time_peer_in_own_process
 from euler.bench_timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
@@ -146,20 +147,29 @@ def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
     return window[:, :T], make_targets(window, T, cfg.n_mtp)
 
 
-def time_engine(cfg: ModelConfig, be, device: str, tokens, targets, steps: int, warmup: int):
+def time_engine(
+    cfg: ModelConfig, be, device: str, tokens, targets, steps: int, warmup: int,
+    graph: bool = True,
+) -> dict:  # fmt: skip
     """Our float32 training step (forward, backward, clip, AdamW) on tokens (B, T), targets
-    (K, B, T): time_steps' statistics plus memory."""
+    (K, B, T), as the trainer runs it (CUDA graphs on a GPU unless graph=False):
+    time_steps' statistics plus memory."""
     rss0 = reset_peak_rss() if device == "cpu" else None
+    if device == "cuda":
+        be.release_unused()  # an earlier engine's buffers must not count in this one's memory
     model = Model(cfg, backend=be, dtype=np.float32, seed=0)
     opt = AdamW(model)
+    graphs = step_graph.StepGraphs(be, enabled=graph)
 
     def step() -> float:
-        loss = model.forward(tokens, targets, need_grad=True)
-        model.backward()
-        opt.step(LR)
+        model.stage(tokens, targets)
+        loss = step_graph.forward_backward(graphs, model)
+        step_graph.update(graphs, opt, LR)
         return loss
 
     stats = time_steps(step, be.synchronize, steps, warmup)  # the first step compiles
+    stats["cuda_graph_nodes"] = graphs.nodes()
+    graphs.close()
     if device == "cpu":
         stats["peak_memory_mib"] = peak_rss_mib()
         stats["rss_at_start_mib"] = rss0
@@ -210,6 +220,11 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     step: dict[str, dict] = {}
     log(f"ours: {opts.warmup + 1} untimed + {opts.steps} timed steps at B={B} T={T}")
     step["ours"] = time_engine(cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup)
+    if opts.device == "cuda":
+        log("ours without CUDA graphs: every kernel launched from Python")
+        step["ours_no_graph"] = time_engine(
+            cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup, graph=False
+        )
     peer, why = load_torch_peer() if opts.peer else (None, "--no-peer")
     if peer is None:
         notes.append(f"PyTorch peer skipped: {why}")

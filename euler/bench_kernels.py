@@ -42,6 +42,7 @@ def layer_cases(be, cfg: ModelConfig, B: int, T: int) -> dict[str, Callable[[], 
     gu, h, dgu = r(N, 2 * F), r(N, F), r(N, 2 * F)
     logits, losses = r(N, V), r(N)
     targets = be.to_device(rng.integers(0, V, N).astype(np.int32))
+    head_scale = be.stage_scalars("bench_head_scale", [1.0 / N])
     tokens = be.to_device(rng.integers(0, V, N).astype(np.int32))
     wte, dwte, wqkv = r(V, D), r(V, D), r(cfg.qkv_dim, D)
     cos, sin = (be.to_device(a) for a in rope_tables(cfg, np.float32))
@@ -61,7 +62,7 @@ def layer_cases(be, cfg: ModelConfig, B: int, T: int) -> dict[str, Callable[[], 
         "swiglu_backward": lambda: be.swiglu_backward(dgu, h, gu),
         "residual_forward": lambda: be.residual_forward(y, x, dx),
         "cross_entropy_forward_backward": lambda: be.cross_entropy_forward_backward(
-            losses, logits, targets, 1.0 / N
+            losses, logits, targets, head_scale, 0
         ),
         "matmul_qkv_forward": lambda: be.matmul(qkv.reshape(N, -1), x, wqkv, trans_b=True),
     }

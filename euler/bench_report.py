@@ -17,9 +17,11 @@ PEER = "torch_eager"  # the engine every ratio divides by
 def step_table(res: BenchResult) -> Table:
     """One row per engine: tokens/s, ms/step, MFU, peak memory (with the process's memory
     as the engine started, which that peak includes), the ratio to the peer, the first step's
-    seconds (compilation), CPU seconds per wall second over the timed steps (below the
-    thread count: other processes had the cores) and the last loss (same weights, batch and
-    steps: the engines' losses agree)."""
+    seconds (compilation), the host's milliseconds until a step's work was issued (on a GPU,
+    Python's share; `ours` replays CUDA graphs there, `ours_no_graph` launches every kernel),
+    CPU seconds per wall second over the timed steps (below the thread count: other
+    processes had the cores) and the last loss (same weights, batch and steps: the engines'
+    losses agree)."""
     m = res.meta
     title = (
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
@@ -27,7 +29,7 @@ def step_table(res: BenchResult) -> Table:
     )
     t = Table(title=title)
     cols = ("engine", "tokens/s", "ms/step", "MFU", "peak MiB (start)", "vs torch eager")
-    cols += ("1st s", "cpu/wall", "last loss")
+    cols += ("1st s", "host ms", "cpu/wall", "last loss")
     for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right")
     base = res.step.get(PEER, {}).get("tokens_per_s")
@@ -45,6 +47,7 @@ def step_table(res: BenchResult) -> Table:
             + (f" ({s['rss_at_start_mib']:.0f})" if s.get("rss_at_start_mib") else ""),
             ratio,
             f"{s['first_step_s']:.1f}",
+            f"{s['host_ms_per_step']:.1f}" if "host_ms_per_step" in s else "-",
             f"{s['cpu_s_per_wall_s']:.2f}",
             f"{s['loss_last']:.4f}",
         )

@@ -43,16 +43,19 @@ def time_steps(
     first_s = time.perf_counter() - t0
     for _ in range(warmup):
         step()
-    times, loss = [], math.nan
+    times, host, loss = [], [], math.nan
     cpu0 = time.process_time()
     for _ in range(steps):
         t0 = time.perf_counter()
         loss = step()
+        host.append(time.perf_counter() - t0)
         sync()
         times.append(time.perf_counter() - t0)
     return {
         "steps_timed": steps,
         "ms_per_step": 1e3 * float(np.median(times)),
+        # until step() returned: Python's share on a GPU, which then waits for the device
+        "host_ms_per_step": 1e3 * float(np.median(host)),
         "ms_per_step_min": 1e3 * min(times),
         "ms_per_step_mean": 1e3 * float(np.mean(times)),
         "first_step_s": first_s,

@@ -210,7 +210,7 @@ def _layer_checks(cfg: ModelConfig, be, rng: np.random.Generator, samples: int) 
 
     def ce_b(i, dy):
         d = i["logits"].copy()
-        be.cross_entropy_forward_backward(np.empty(N), d, targets, scale)
+        be.cross_entropy_forward_backward(np.empty(N), d, targets, np.array([scale]), 0)
         return {"logits": d}
 
     logits = {"logits": randn(N, V) * 3}

@@ -152,6 +152,9 @@ class Model:
         self.acts: Activations | None = None
         self._tokens = None
         self._accumulate = False
+        self._has_targets = False
+        self._scales = None  # staged head weights (K,)
+        self.arena_version = 0  # counts arena allocations: a captured step holds its addresses
 
     # ------------------------------------------------------------------ helpers
     def _matmul_pair(self, first: tuple, second: tuple) -> None:
@@ -168,6 +171,7 @@ class Model:
         if self.acts is None or (self.acts.B, self.acts.T) != (B, T):
             self.acts = None  # free the old arena before the new one is allocated
             self.acts = Activations(self.cfg, self.be, self.dtype, B, T)
+            self.arena_version += 1
         return self.acts
 
     def _check_inputs(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
@@ -202,14 +206,39 @@ class Model:
         A data-parallel rank passes weights from the whole batch's target counts (see
         euler.distributed.shard_batch), so the mean over ranks is the whole batch's loss.
         """
+        self.stage(tokens, targets, head_scale)
+        return self.run(need_grad, accumulate)
+
+    def stage(
+        self,
+        tokens: np.ndarray,
+        targets: np.ndarray | None = None,
+        head_scale: np.ndarray | None = None,
+    ) -> None:
+        """Check a batch and upload it (tokens, targets, head weights) into the arena.
+
+        The first half of forward(): run() then computes on what is staged, with device work
+        only, so that a CUDA graph can capture it (euler/step_graph.py).
+        """
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         self._check_inputs(tokens, targets)
-        cfg, be = self.cfg, self.be
         B, T = tokens.shape
-        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
         a = self._arena(B, T)
-        p = self.p
-        be.copy_(a.tokens, tokens.reshape(-1))
+        self.be.copy_(a.tokens, tokens.reshape(-1))
+        self._has_targets = targets is not None
+        if targets is not None:
+            scales = head_scales(targets) if head_scale is None else head_scale
+            K = self.cfg.n_mtp
+            self.be.copy_(a.targets, np.ascontiguousarray(targets, dtype=np.int32).reshape(K, -1))
+            self._scales = self.be.stage_scalars("head_scale", scales)
+
+    def run(self, need_grad: bool = False, accumulate: bool = False):
+        """The forward on the staged batch; the loss (with targets staged), else None.
+
+        On the GPU the loss is a DeviceScalar: float() waits for it.
+        """
+        cfg, be, a, p = self.cfg, self.be, self.acts, self.p
+        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
         self._tokens = a.tokens
         be.embedding_forward(_2d(a.x[0]), self._tokens, p["tok_emb"])
         for layer in range(cfg.n_layer):
@@ -236,33 +265,28 @@ class Model:
         be.rmsnorm_forward(
             _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
         )
-        if targets is None:
+        if not self._has_targets:
             return None
-        return self._heads(targets, need_grad, accumulate, head_scale)
+        return self._heads(need_grad, accumulate)
 
-    def _heads(
-        self, targets: np.ndarray, need_grad: bool, accumulate: bool, head_scale=None
-    ) -> float:
+    def _heads(self, need_grad: bool, accumulate: bool):
         """Loss over the K heads; with need_grad, also dW_heads and dxf (fused backward)."""
         be, a = self.be, self.acts
-        scales = head_scales(targets) if head_scale is None else head_scale
         xf = _2d(a.xf)
-        K = self.cfg.n_mtp
-        be.copy_(a.targets, np.ascontiguousarray(targets, dtype=np.int32).reshape(K, -1))
-        for k in range(K):
+        for k in range(self.cfg.n_mtp):
             tk = a.targets[k]
             w = self.p["mtp_heads"][k]  # (V, D)
             be.matmul(a.logits, xf, w, trans_b=True)  # (B T, V)
             if not need_grad:
                 be.cross_entropy_forward(a.losses[k], a.logits, tk)
                 continue
-            be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, scales[k])
+            be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, self._scales, k)
             self._matmul_pair(
                 (_2d(a.dxf), a.logits, w, False, False, k > 0),
                 (self.g["mtp_heads"][k], a.logits, xf, True, False, accumulate),
             )
         self._accumulate = accumulate
-        return be.loss_value(a.losses, scales)
+        return be.loss_value(a.losses, self._scales)
 
     def head_logits(self, k: int = 0) -> np.ndarray:
         """Logits (B, T, V) of head k for the last forward's input, as a host array."""

@@ -26,14 +26,28 @@ class AdamW:
         self.m = model.be.zeros((size,), model.dtype)
         self.v = model.be.zeros((size,), model.dtype)
         self.step_count = 0
+        self._hyper = None  # staged by prepare()
 
-    def step(self, lr: float) -> float:
-        """Clip the model's gradients by global norm and update its parameters in place.
-
-        Returns the gradient norm before clipping.
-        """
+    def prepare(self, lr: float) -> None:
+        """Count the step and stage its scalars (lr and the bias corrections) on the device."""
         self.step_count += 1
+        hp, t = self.hp, self.step_count
+        self._hyper = self.model.be.stage_scalars(
+            "adamw", [lr, 1.0 - hp.beta1**t, 1.0 - hp.beta2**t]
+        )
+
+    def apply(self):
+        """Clip the gradients by global norm and update the parameters with the staged scalars.
+
+        Device work only (a CUDA graph can capture it); returns the norm before clipping
+        (a DeviceScalar on the GPU).
+        """
         m = self.model
         return m.be.adamw_step(
-            m.params, m.grads, self.m, self.v, self.hp, lr, self.step_count, m.layout.n_decay
+            m.params, m.grads, self.m, self.v, self.hp, self._hyper, m.layout.n_decay
         )
+
+    def step(self, lr: float):
+        """prepare(lr), then apply(): one optimizer step; returns the gradient norm."""
+        self.prepare(lr)
+        return self.apply()

@@ -23,6 +23,10 @@ rank takes the same optimizer step. Rank 0 owns the run folder (logs, metrics,
 checkpoints); all ranks start from rank 0's parameters and moments, and each evaluates the
 whole validation batches itself. The batches, losses and checkpoints do not depend on the
 number of ranks, so a run may resume on another.
+
+CUDA graphs (euler/step_graph.py): each step stages its inputs from the host (the batch,
+the learning rate) and then runs device work only, the forward and backward of each
+micro-batch and the clipped AdamW update; on a GPU those are captured once and replayed.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from euler import checkpoint, distributed
+from euler import checkpoint, distributed, step_graph
 from euler.config import ModelConfig, get_preset
 from euler.errors import EulerError
 from euler.model import Model, arena_bytes, make_targets
@@ -66,6 +70,7 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda"
     tf32: bool = True  # cuda: TF32 tensor cores for matrix products; False = exact fp32
     exact_attention: bool = False  # cuda with TF32: attention in exact fp32, not tensor cores
+    cuda_graph: bool = True  # cuda: replay each step's device work as CUDA graphs
     batch_size: int = 8  # B: sequences per micro-batch
     seq_len: int = 0  # T: tokens per sequence; 0 = the model's context
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -495,6 +500,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         f"data {data.folder}"
     )
     display = Display(console, total, start, tc.log_every)
+    graphs = step_graph.StepGraphs(backend, enabled=tc.cuda_graph)
     train_seconds, train_tokens, loss = 0.0, 0, float("nan")
     val = [float("nan")] * (1 + cfg.n_mtp)  # last evaluation: mean of heads, then per head
     interrupted = False
@@ -510,19 +516,17 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                 for micro in range(tc.grad_accum):
                     tokens, targets = data.get("train", step * tc.grad_accum + micro, tc.seed)
                     tokens, targets, scale = distributed.shard_batch(tokens, targets, comm)
+                    model.stage(tokens, targets, scale)  # host -> device, then device work:
                     # float(): a GPU backend returns the loss lazily, in a buffer it reuses
-                    micro_loss = float(model.forward(tokens, targets, need_grad=True,
-                                                     accumulate=micro > 0,
-                                                     head_scale=scale))  # fmt: skip
+                    micro_loss = float(step_graph.forward_backward(graphs, model, micro > 0))
                     if not math.isfinite(micro_loss):
                         _stop_nonfinite("loss", micro_loss, step + 1, saved_step, run)
-                    model.backward()
                     loss += micro_loss / tc.grad_accum
                 if tc.grad_accum > 1:  # the heads' loss scale is per micro-batch: average
                     _scale_grads(model, 1.0 / tc.grad_accum)
                 comm.allreduce_mean(model.grads)  # the global batch's gradient, on every rank
                 loss = distributed.global_mean(comm, loss)
-                norm = float(opt.step(lr))
+                norm = float(step_graph.update(graphs, opt, lr))
                 if not math.isfinite(norm):
                     _stop_nonfinite("gradient norm", norm, step + 1, saved_step, run)
                 model.be.synchronize()
@@ -552,6 +556,8 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                     )
                     break
     finally:
+        graph_nodes = graphs.nodes()
+        graphs.close()
         display.close()
         metrics.close()
     summary = {
@@ -565,6 +571,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         "train_seconds": train_seconds,
         "tokens_per_second": train_tokens / train_seconds if train_seconds else 0.0,
         "interrupted": interrupted,
+        "graph_nodes": graph_nodes,  # kernels and copies in the captured CUDA graphs (0: none)
     }
     if not interrupted:
         log(

@@ -120,11 +120,11 @@ def check_cross_entropy(cpu, gpu, rng, s) -> None:
     targets[1::5] = -1
     losses = np.zeros(N, np.float32)
     run_both(cpu, gpu, "cross_entropy_forward", [losses, logits, targets], {"losses": 0})
-    args = [losses, logits, targets, 0.37]
+    args = [losses, logits, targets, np.array([0.1, 0.37]), 1]
     run_both(cpu, gpu, "cross_entropy_forward_backward", args, {"losses": 0, "dlogits": 1})
     all_losses, scales = _f32(rng, 3, N), np.array([0.5, 0.0, 0.25])
     want = cpu.loss_value(all_losses, scales)
-    got = float(gpu.loss_value(gpu.to_device(all_losses), scales))
+    got = float(gpu.loss_value(gpu.to_device(all_losses), gpu.to_device(scales)))
     report("loss_value", np.array(got), np.array(want), rtol=1e-12, atol=1e-12)
 
 
@@ -146,8 +146,9 @@ def check_adamw(cpu, gpu, rng, s) -> None:
         params, grads = _f32(rng, P), _f32(rng, P, scale=0.1)
         m, v = _f32(rng, P, scale=0.01), np.abs(_f32(rng, P, scale=1e-4))
         dev = [gpu.to_device(a) for a in (params, grads, m, v)]
-        want = cpu.adamw_step(params, grads, m, v, hp, 3e-4, 7, P // 2)
-        got = float(gpu.adamw_step(*dev, hp, 3e-4, 7, P // 2))
+        hyper = np.array([3e-4, 1 - 0.9**7, 1 - 0.95**7])  # lr, bias corrections at step 7
+        want = cpu.adamw_step(params, grads, m, v, hp, hyper, P // 2)
+        got = float(gpu.adamw_step(*dev, hp, gpu.to_device(hyper), P // 2))
         report(f"adamw.norm(clip={clip})", np.array(got), np.array(want), rtol=1e-9)
         for name, c, g in zip(
             ("params", "m", "v"), (params, m, v), (dev[0], dev[2], dev[3]), strict=True
@@ -222,7 +223,8 @@ def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: 
                 rtol=grad_rtol, atol=grad_rtol * scale,
             )  # fmt: skip
         for name, m in (("cpu", cpu_m), ("gpu", gpu_m)):
-            m.be.adamw_step(m.params, m.grads, *state[name], hp, lr, step, m.layout.n_decay)
+            hyper = m.be.stage_scalars("adamw", [lr, 1 - 0.9**step, 1 - 0.95**step])
+            m.be.adamw_step(m.params, m.grads, *state[name], hp, hyper, m.layout.n_decay)
         # Adam divides by sqrt(v) + eps, so for |g| near eps (1e-8) an absolute rounding
         # error e in g moves the step by about lr e / eps: parameters agree to a fraction of
         # one step, not to rounding (the AdamW check with identical inputs is the strict one;
@@ -325,3 +327,27 @@ def test_missing_gpu_or_cublas_is_a_one_line_error(monkeypatch) -> None:
     monkeypatch.setattr(cublas, "_candidates", lambda: ["/nonexistent/libcublas.so"])
     with pytest.raises(EulerError, match=r"cuBLAS not found.*nanoeuler\[gpu\]"):
         cublas.load_library()
+
+
+@pytest.mark.gpu
+def test_cuda_graph_steps_train_as_launched_steps(tmp_path_factory, monkeypatch) -> None:
+    """`euler train --device cuda` with its steps replayed as CUDA graphs (the default) gives
+    the losses and gradient norms of the same run launching every kernel itself."""
+    _gpu_backend()  # skips at once without a GPU
+    from euler import train as train_mod
+    from euler.gpu.backend import GpuBackend
+    from tests.train_helpers import build_data, read_metrics, tiny_config
+
+    data = build_data(tmp_path_factory) / "pre"
+    runs, summaries = {}, {}
+    for graph in (False, True):
+        backend = GpuBackend(tf32=False, tile=16)  # the one-row attention kernels: quick builds
+        monkeypatch.setattr(train_mod, "make_backend", lambda *a, b=backend, **k: b)
+        out = tmp_path_factory.mktemp(f"graph{graph}")
+        tc = tiny_config(out, data, device="cuda", cuda_graph=graph, steps=6, grad_accum=2)
+        summaries[graph] = train_mod.train(tc)
+        runs[graph] = [(r["loss"], r["grad_norm"]) for r in read_metrics(out) if "loss" in r]
+    assert summaries[False]["graph_nodes"] == 0 and summaries[True]["graph_nodes"] > 100
+    # the same kernels in the same order; only float atomics (embedding backward) may differ
+    np.testing.assert_allclose(runs[True], runs[False], rtol=1e-5)
+    assert summaries[True]["val_loss"] == pytest.approx(summaries[False]["val_loss"], rel=1e-5)

@@ -37,6 +37,10 @@ from euler.gpu import (  # noqa: E402
 
 F64_ALLOWED = {"loss_sum_kernel", "grad_sumsq_kernel", "norm_and_scale_kernel", "adamw_kernel"}
 F64_OP = re.compile(r"\.f64\b")
+# kernels that read a float64 scalar staged by the host (a head's loss scale) and convert
+# it once; any float64 arithmetic in them still fails
+F64_SCALAR_READS = {"cross_entropy_forward_backward_kernel"}
+F64_READ = re.compile(r"^(\.reg \.f64|ld\.global\.f64|cvt\.rn\.f32\.f64)\b")
 
 
 def _launches(monkeypatch) -> list[tuple[object, tuple]]:
@@ -63,7 +67,7 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         f32(N, D), f32(D), f32(N, D), f32(N, D), f32(N, D), f32(D), f32(N), True, f32(3, D)
     )
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
-    cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, 0.5)
+    cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, np.ones(K), 1)
     cross_entropy.loss_sum(np.zeros(1), f32(K, N), np.ones(K))
     host = SimpleNamespace(to_device=lambda a: a, zeros=np.zeros, stream=0)
     host.matmul_batched = lambda *a, **k: None
@@ -73,7 +77,7 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     P = 100
     stats, partial = np.zeros(2), np.zeros(4)
     adamw.grad_norm(stats, partial, f32(P), 1.0)
-    adamw.adamw_update(f32(P), f32(P), f32(P), f32(P), stats, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 50)
+    adamw.adamw_update(f32(P), f32(P), f32(P), f32(P), stats, np.ones(3), 0.9, 0.95, 1e-8, 0.1, 50)
     for E, tile in ((64, 64), (32, 64), (8, 0)):
         # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
         # sizes; the generated register-tiled ones (tile 0) at a small head size, since
@@ -110,6 +114,8 @@ def _compile_all(monkeypatch, calls) -> None:
         assert ".target sm_90" in ptx, name
         if name not in F64_ALLOWED:
             bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
+            if name in F64_SCALAR_READS:
+                bad = [line for line in bad if not F64_READ.match(line)]
             assert not bad, f"{name}{sig}: float64 in PTX: {bad[:3]}"
 
 

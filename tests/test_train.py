@@ -166,18 +166,18 @@ def test_sft_run_starts_from_the_checkpoint(data_root, tmp_path):
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_path, monkeypatch):
     run = tmp_path / "nan"
-    real_forward = Model.forward
+    real_run = Model.run
     calls = {"n": 0}
 
-    def forward(self, tokens, targets=None, need_grad=False, accumulate=False, **kw):
-        loss = real_forward(self, tokens, targets, need_grad, accumulate, **kw)
+    def run_model(self, need_grad=False, accumulate=False):
+        loss = real_run(self, need_grad, accumulate)
         if need_grad:
             calls["n"] += 1
             if calls["n"] == 6:  # optimizer step 6
                 return float("nan")
         return loss
 
-    monkeypatch.setattr(Model, "forward", forward)
+    monkeypatch.setattr(Model, "run", run_model)
     with pytest.raises(EulerError, match=r"loss is nan at step 6.*checkpoint \(step 4\)"):
         train(tiny_config(run, data_root / "pre"))
     assert checkpoint.load(run).step == 4

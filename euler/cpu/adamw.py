@@ -60,16 +60,16 @@ def _adamw_slice(params, grads, m, v, lr, b1, b2, eps, wd, bc1, bc2, gs):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def adamw_update(params, grads, m, v, lr, beta1, beta2, eps, wd, step, grad_scale, n_decay):
+def adamw_update(params, grads, m, v, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale, n_decay):
     """In-place AdamW on flat (P,) buffers; weight decay only on the prefix [0, n_decay).
 
-    grad_scale multiplies every gradient first (global-norm clipping); step counts from 1.
+    grad_scale multiplies every gradient first (global-norm clipping); bc1, bc2 are the
+    bias corrections 1 - beta1^step, 1 - beta2^step (step counting from 1).
     """
     P = params.shape[0]
     T = params.dtype.type
     b1, b2 = T(beta1), T(beta2)
-    bc1 = T(1.0 - beta1**step)
-    bc2 = T(1.0 - beta2**step)
+    bc1_, bc2_ = T(bc1), T(bc2)
     lr_, eps_, gs = T(lr), T(eps), T(grad_scale)
     nchunk = CHUNKS
     for c in prange(nchunk):
@@ -79,7 +79,7 @@ def adamw_update(params, grads, m, v, lr, beta1, beta2, eps, wd, step, grad_scal
         for lo, hi, wd_ in ((i0, d, T(wd)), (d, i1, T(0.0))):
             _adamw_slice(
                 params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi],
-                lr_, b1, b2, eps_, wd_, bc1, bc2, gs,
+                lr_, b1, b2, eps_, wd_, bc1_, bc2_, gs,
             )  # fmt: skip
 
 

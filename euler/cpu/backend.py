@@ -29,6 +29,7 @@ class CpuBackend:
         self.dense_max_t = DENSE_MAX_T if attention_tile is None else 0
         self._matmul = SplitMatmul()
         self._dense = DenseAttention(self._matmul.map_blocks, self._matmul.threads)
+        self._scalars: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:
@@ -130,10 +131,23 @@ class CpuBackend:
         _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
         cross_entropy.cross_entropy_forward(losses, logits, targets)
 
-    def cross_entropy_forward_backward(self, losses, logits, targets, scale) -> None:
-        """losses (N,); logits (N, V) becomes scale * dloss/dlogits."""
+    def cross_entropy_forward_backward(self, losses, logits, targets, scales, k) -> None:
+        """losses (N,); logits (N, V) becomes scales[k] * dloss/dlogits (scales staged, (K,))."""
         _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
-        cross_entropy.cross_entropy_forward_backward(losses, logits, targets, scale)
+        cross_entropy.cross_entropy_forward_backward(losses, logits, targets, float(scales[k]))
+
+    def stage_scalars(self, name: str, values) -> np.ndarray:
+        """values (n,) as float64 in the buffer `name`, refilled in place on every call.
+
+        As on the GPU, a consumer holding the buffer sees the latest values (a recorded step
+        replays with the current learning rate).
+        """
+        values = np.asarray(values, dtype=np.float64)
+        buf = self._scalars.get(name)
+        if buf is None or buf.shape != values.shape:
+            buf = self._scalars[name] = np.empty(values.shape, np.float64)
+        buf[...] = values
+        return buf
 
     def loss_value(self, losses, head_scale) -> float:
         """sum_k head_scale[k] * sum(losses[k]) for losses (K, N), in float64."""
@@ -144,24 +158,18 @@ class CpuBackend:
         """Global L2 norm of the flat gradient."""
         return math.sqrt(adamw.grad_sumsq(grads))
 
-    def adamw_step(self, params, grads, m, v, hp, lr, step, n_decay) -> float:
-        """Clip by global norm, then AdamW in place; returns the norm before clipping."""
+    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay) -> float:
+        """Clip by global norm, then AdamW in place; returns the norm before clipping.
+
+        hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step).
+        """
         norm = self.grad_norm(grads)
         scale = adamw.clip_scale(norm, hp.grad_clip)
+        lr, bc1, bc2 = (float(h) for h in hyper)
         adamw.adamw_update(
-            params,
-            grads,
-            m,
-            v,
-            lr,
-            hp.beta1,
-            hp.beta2,
-            hp.eps,
-            hp.weight_decay,
-            step,
-            scale,
-            n_decay,
-        )
+            params, grads, m, v, lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
+            scale, n_decay,
+        )  # fmt: skip
         return norm
 
 

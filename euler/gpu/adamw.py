@@ -64,10 +64,15 @@ def grad_norm(stats, partial, grads, max_norm, stream=0, threads: int = THREADS)
 
 
 @cuda.jit
-def adamw_kernel(params, grads, m, v, stats, lr, beta1, beta2, eps, wd, bc1, bc2, n_decay):
-    """In-place AdamW on flat (P,) buffers, gradients scaled by stats[1]; decay on [0, n_decay)."""
+def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay):
+    """In-place AdamW on flat (P,) buffers, gradients scaled by stats[1]; decay on [0, n_decay).
+
+    hyper (3,) float64 = (learning rate, 1 - beta1^step, 1 - beta2^step), read on the device
+    so that a captured step (CUDA graph) follows the schedule.
+    """
     T = params.dtype.type
     gs = T(stats[1])
+    lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
     i = cuda.grid(1)
     while i < params.shape[0]:
         wd_ = wd if i < n_decay else T(0.0)
@@ -81,19 +86,17 @@ def adamw_kernel(params, grads, m, v, stats, lr, beta1, beta2, eps, wd, bc1, bc2
 
 
 def adamw_update(
-    params, grads, m, v, stats, lr, beta1, beta2, eps, wd, step, n_decay,
+    params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay,
     stream=0, threads: int = THREADS,
 ) -> None:  # fmt: skip
     """In-place AdamW on flat (P,) buffers; the clip factor is read from stats[1] on the device.
 
-    step counts from 1; weight decay only on the prefix [0, n_decay).
+    hyper (3,) float64 device array: (lr, 1 - beta1^step, 1 - beta2^step), step counting
+    from 1; weight decay only on the prefix [0, n_decay).
     """
     P = params.shape[0]
-    assert grads.shape == m.shape == v.shape == (P,)
+    assert grads.shape == m.shape == v.shape == (P,) and hyper.shape == (3,)
     T = params.dtype.type
-    bc1 = T(1.0 - beta1**step)
-    bc2 = T(1.0 - beta2**step)
     adamw_kernel[grid_for(P, threads, cap=4096), threads, stream](
-        params, grads, m, v, stats, T(lr), T(beta1), T(beta2), T(eps), T(wd), bc1, bc2,
-        np.int64(n_decay),
-    )  # fmt: skip
+        params, grads, m, v, stats, hyper, T(beta1), T(beta2), T(eps), T(wd), np.int64(n_decay)
+    )

@@ -9,6 +9,7 @@ size and reused, so steps after the first allocate nothing.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from euler.errors import EulerError
@@ -33,6 +34,9 @@ def _require_gpu() -> None:
             f"GPU backend: no CUDA GPU found (driver or device missing); {INSTALL_HINT} "
             "on a machine with an NVIDIA GPU"
         )
+
+
+CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
 
 
 class GpuBackend:
@@ -80,8 +84,13 @@ class GpuBackend:
         if blas is None:
             handle = self.stream.handle
             blas = Cublas(int(getattr(handle, "value", handle)), tf32=tf32)
+            # cuBLAS must not allocate its own workspace inside a captured step
+            self._blas_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=self.stream)
+            blas.set_workspace(self._blas_workspace)
         self.blas = blas
         self._scratch: dict[tuple, object] = {}
+        # CUDA graphs (step_graph.py) need the driver: not the simulator, not a cuBLAS stand-in
+        self.can_capture = not numba.config.ENABLE_CUDASIM and hasattr(blas, "set_workspace")
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype):
@@ -126,6 +135,17 @@ class GpuBackend:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def stage_scalars(self, name: str, values):
+        """values (n,) as float64 in the device buffer `name`, uploaded in stream order.
+
+        The buffer's address stays fixed, so kernels captured into a CUDA graph read each
+        step's values (learning rate, head scales) from it.
+        """
+        values = np.asarray(values, dtype=np.float64)
+        buf = self.scratch(name, values.shape, np.float64)
+        self.copy_(buf, values)
+        return buf
+
     def scratch(self, name: str, shape, dtype):
         """A reusable device buffer for (name, shape, dtype), allocated on first use."""
         key = (name, tuple(shape), np.dtype(dtype).str)
@@ -136,6 +156,13 @@ class GpuBackend:
     def free_memory(self) -> int:
         """Bytes of device memory free now, as the driver reports."""
         return cuda.current_context().get_memory_info()[0]
+
+    def release_unused(self) -> None:
+        """Free device buffers nothing refers to any more (Numba defers their release)."""
+        import gc
+
+        gc.collect()
+        cuda.current_context().deallocations.clear()
 
     def peak_memory(self) -> tuple[int, int]:
         """(bytes in use on the device now, total), as the driver reports."""
@@ -216,15 +243,16 @@ class GpuBackend:
     def cross_entropy_forward(self, losses, logits, targets) -> None:
         self.k_ce.cross_entropy_forward(losses, logits, targets, self.stream, self.threads)
 
-    def cross_entropy_forward_backward(self, losses, logits, targets, scale) -> None:
+    def cross_entropy_forward_backward(self, losses, logits, targets, scales, k) -> None:
         self.k_ce.cross_entropy_forward_backward(
-            losses, logits, targets, scale, self.stream, self.threads
+            losses, logits, targets, scales, k, self.stream, self.threads
         )
 
     def loss_value(self, losses, head_scale):
         """sum_k head_scale[k] * sum(losses[k]) for losses (K, N), as a DeviceScalar (float64).
 
-        Nothing waits until float() is taken of the result.
+        head_scale is a staged (K,) array (stage_scalars). Nothing waits until float() is
+        taken of the result.
         """
         out = self.scratch("loss", (1,), np.float64)
         self.k_ce.loss_sum(out, losses, head_scale, self.stream, self.threads)
@@ -243,14 +271,22 @@ class GpuBackend:
         stats = self._norm_stats(grads, 0.0)
         return float(self.memory.DeviceScalar(stats[0:1], self.stream))
 
-    def adamw_step(self, params, grads, m, v, hp, lr, step, n_decay):
+    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay):
         """Clip by global norm, then AdamW in place; returns the norm before clipping.
 
-        The norm and the clip factor stay on the device: the result is a DeviceScalar.
+        hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step). The norm and the clip factor
+        stay on the device: the result is a DeviceScalar.
         """
         stats = self._norm_stats(grads, hp.grad_clip)
         self.k_adamw.adamw_update(
-            params, grads, m, v, stats, lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
-            step, n_decay, self.stream, self.threads,
+            params, grads, m, v, stats, hyper, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+            n_decay, self.stream, self.threads,
         )  # fmt: skip
         return self.memory.DeviceScalar(stats[0:1], self.stream)
+
+    # ------------------------------------------------------------ step graphs
+    def capture(self, fn):
+        """(CUDA graph of the work fn() enqueues, fn's result): see euler/gpu/graph.py."""
+        from euler.gpu import graph
+
+        return graph.capture(self.stream, fn)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda, float32, float64
 
 from euler.gpu.reduce import MAX_THREADS, block_max, block_sum
@@ -33,10 +34,11 @@ def _row_stats(logits, n, buf, T):
 
 
 @cuda.jit
-def cross_entropy_forward_backward_kernel(losses, logits, targets, scale):
-    """losses (N,); logits (N, V) becomes scale * (softmax - onehot(target)); -1 = no target."""
+def cross_entropy_forward_backward_kernel(losses, logits, targets, scales, k):
+    """losses (N,); logits (N, V) becomes scales[k] * (softmax - onehot(target)); -1 = none."""
     N, V = logits.shape
     T = logits.dtype.type
+    scale = T(scales[k])
     buf = cuda.shared.array(MAX_THREADS, float32)
     tid = cuda.threadIdx.x
     n = cuda.blockIdx.x
@@ -62,17 +64,18 @@ def cross_entropy_forward_backward_kernel(losses, logits, targets, scale):
 
 
 def cross_entropy_forward_backward(
-    losses, logits, targets, scale, stream=0, threads: int = THREADS
+    losses, logits, targets, scales, k, stream=0, threads: int = THREADS
 ) -> None:
     """losses (N,) = -log softmax(logits)[target]; logits (N, V) becomes scale * dloss/dlogits.
 
-    targets (N,) int, -1 = no target (loss 0, gradient 0).
+    targets (N,) int, -1 = no target (loss 0, gradient 0); scale = scales[k], read from the
+    (K,) float64 device array on the device (a captured step's heads follow the batch).
     """
     N = logits.shape[0]
     assert losses.shape == (N,) and targets.shape == (N,)
     grid = max(1, min(N, 65535))
     cross_entropy_forward_backward_kernel[grid, threads, stream](
-        losses, logits, targets, logits.dtype.type(scale)
+        losses, logits, targets, scales, np.int64(k)
     )
 
 
@@ -120,7 +123,7 @@ def loss_sum_kernel(out, losses, head_scale):
 
 
 def loss_sum(out, losses, head_scale, stream=0, threads: int = 1024) -> None:
-    """out (1,) float64 = sum_k head_scale[k] * sum(losses[k]); head_scale a (K,) tuple."""
-    assert out.shape == (1,) and len(head_scale) == losses.shape[0]
-    scales = tuple(float(s) for s in head_scale)
-    loss_sum_kernel[1, threads, stream](out, losses, scales)
+    """out (1,) float64 = sum_k head_scale[k] * sum(losses[k]); head_scale (K,) float64 on
+    the device."""
+    assert out.shape == (1,) and head_scale.shape == (losses.shape[0],)
+    loss_sum_kernel[1, threads, stream](out, losses, head_scale)

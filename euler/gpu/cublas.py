@@ -93,6 +93,20 @@ class Cublas:
         self._check(self.lib.cublasSetMathMode(self.handle, mode), "cublasSetMathMode")
         self.tf32 = on
 
+    def set_workspace(self, buf) -> None:
+        """Use the device buffer buf (uint8, >= 4 MiB) as cuBLAS's workspace.
+
+        Without one cuBLAS allocates its own, which stream capture (CUDA graphs) cannot
+        record.
+        """
+        self.lib.cublasSetWorkspace_v2.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+        ]  # fmt: skip
+        self._check(
+            self.lib.cublasSetWorkspace_v2(self.handle, _ptr(buf), buf.nbytes),
+            "cublasSetWorkspace_v2",
+        )
+
     @staticmethod
     def _dims(out, a, b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
         """(M, N, K) of out (M, N) = op(a) (M, K) @ op(b) (K, N), checked; all row-major."""

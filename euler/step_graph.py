@@ -1,0 +1,88 @@
+"""Replaying a training step's device work as CUDA graphs, or running it as it is.
+
+The trainer splits each step into host staging (the batch, the learning rate: uploads) and
+device work (forward and backward; clipping and AdamW), and hands each piece of device
+work to StepGraphs.run with a key. On a backend that can capture (the GPU's), a key's
+first call runs eagerly: kernels compile, scratch buffers are allocated. Its second call is
+captured into a graph, and that call and every later one replay the graph: one launch
+instead of hundreds. Elsewhere (the CPU, the CUDA simulator, `--no-cuda-graph`) every call
+just runs.
+
+A replayed piece returns what its captured call returned: a handle to a fixed device
+buffer (the loss, the gradient norm as DeviceScalars), which the replay refills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from functools import partial
+
+_WARM = object()  # a key that ran once eagerly and is captured on its next call
+
+
+class StepGraphs:
+    """Per-key capture and replay of device work on one backend (see the module doc)."""
+
+    def __init__(self, backend, enabled: bool = True):
+        self.capture = backend.capture if enabled and backend_can_capture(backend) else None
+        self._graphs: dict[Hashable, object] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether run() captures and replays (else it runs every call eagerly)."""
+        return self.capture is not None
+
+    def run(self, key: Hashable, fn: Callable[[], object]) -> object:
+        """fn() for this step: eagerly, or as the replay of its captured graph.
+
+        The key must change whenever what fn enqueues would (other buffers, other flags):
+        the trainer keys on the micro-batch's role and the model's arena version.
+        """
+        if self.capture is None:
+            return fn()
+        entry = self._graphs.get(key)
+        if entry is None:
+            self._graphs[key] = _WARM
+            return fn()
+        if entry is _WARM:
+            entry = self._graphs[key] = self.capture(fn)
+        graph, result = entry
+        graph.replay()
+        return result
+
+    def nodes(self) -> int:
+        """Nodes (kernels, copies) in every captured graph together."""
+        return sum(e[0].nodes for e in self._graphs.values() if e is not _WARM)
+
+    def close(self) -> None:
+        """Free the captured graphs."""
+        for entry in self._graphs.values():
+            if entry is not _WARM:
+                entry[0].close()
+        self._graphs.clear()
+
+
+def forward_backward(graphs: StepGraphs, model, accumulate: bool = False):
+    """Loss of the model's staged micro-batch and its gradients (= or += into the buffer).
+
+    Keyed by the accumulate flag and the arena version: a new arena moves every activation.
+    """
+    key = ("forward_backward", accumulate, model.arena_version)
+    return graphs.run(key, partial(_forward_backward, model, accumulate))
+
+
+def _forward_backward(model, accumulate: bool):
+    loss = model.run(need_grad=True, accumulate=accumulate)
+    model.backward()
+    return loss
+
+
+def update(graphs: StepGraphs, opt, lr: float):
+    """One clipped AdamW step at learning rate lr (staged, then device work); the norm."""
+    opt.prepare(lr)
+    return graphs.run("update", opt.apply)
+
+
+def backend_can_capture(backend) -> bool:
+    """Whether the backend records CUDA graphs (a real GPU; not the CPU or the simulator)."""
+    return bool(getattr(backend, "can_capture", False))
