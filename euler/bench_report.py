@@ -18,7 +18,7 @@ def step_table(res: BenchResult) -> Table:
     """One row per engine: tokens/s, ms/step, MFU, peak memory (with the process's memory
     as the engine started, which that peak includes), the ratio to the peer, the first step's
     seconds (compilation), the host's milliseconds until a step's work was issued (on a GPU,
-    Python's share; `ours` replays CUDA graphs there, `ours_no_graph` launches every kernel),
+    Python's share; `ours` launches every kernel there, `ours_cuda_graph` replays graphs),
     CPU seconds per wall second over the timed steps (below the thread count: other
     processes had the cores) and the last loss (same weights, batch and steps: the engines'
     losses agree)."""

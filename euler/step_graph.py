@@ -23,9 +23,10 @@ _WARM = object()  # a key that ran once eagerly and is captured on its next call
 class StepGraphs:
     """Per-key capture and replay of device work on one backend (see the module doc)."""
 
-    def __init__(self, backend, enabled: bool = True):
+    def __init__(self, backend, enabled: bool = True, log: Callable[[str], None] = print):
         self.capture = backend.capture if enabled and backend_can_capture(backend) else None
         self._graphs: dict[Hashable, object] = {}
+        self.log = log
 
     @property
     def active(self) -> bool:
@@ -45,7 +46,14 @@ class StepGraphs:
             self._graphs[key] = _WARM
             return fn()
         if entry is _WARM:
-            entry = self._graphs[key] = self.capture(fn)
+            try:
+                entry = self._graphs[key] = self.capture(fn)
+            except Exception as e:  # noqa: BLE001 - a driver or library that cannot be captured
+                self.log(f"CUDA graph capture failed ({type(e).__name__}: {e}); "
+                         "launching every kernel from now on")  # fmt: skip
+                self.close()
+                self.capture = None
+                return fn()  # nothing of the failed capture ran: the staged inputs are intact
         graph, result = entry
         graph.replay()
         return result

@@ -331,8 +331,8 @@ def test_missing_gpu_or_cublas_is_a_one_line_error(monkeypatch) -> None:
 
 @pytest.mark.gpu
 def test_cuda_graph_steps_train_as_launched_steps(tmp_path_factory, monkeypatch) -> None:
-    """`euler train --device cuda` with its steps replayed as CUDA graphs (the default) gives
-    the losses and gradient norms of the same run launching every kernel itself."""
+    """`euler train --device cuda --cuda-graph` (steps replayed as CUDA graphs) gives the
+    losses and gradient norms of the same run launching every kernel itself."""
     _gpu_backend()  # skips at once without a GPU
     from euler import train as train_mod
     from euler.gpu.backend import GpuBackend

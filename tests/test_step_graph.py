@@ -96,7 +96,13 @@ def test_replayed_steps_train_as_eager_steps(data_root, tmp_path, monkeypatch, g
     backend = RecordingBackend()
     monkeypatch.setattr(train_mod, "make_backend", lambda *a, **k: backend)
     replayed = train_mod.train(
-        tiny_config(tmp_path / "replayed", data_root / "pre", steps=6, grad_accum=grad_accum)
+        tiny_config(
+            tmp_path / "replayed",
+            data_root / "pre",
+            steps=6,
+            grad_accum=grad_accum,
+            cuda_graph=True,
+        )  # fmt: skip
     )
     # one graph per micro-batch role (first, accumulating) and one for the update
     assert len(backend.graphs) == 1 + (grad_accum > 1) + 1
@@ -127,7 +133,7 @@ def test_a_frozen_learning_rate_would_be_caught(data_root, tmp_path, monkeypatch
     monkeypatch.setattr(train_mod.AdamW, "prepare", prepare)
     backend = RecordingBackend()
     monkeypatch.setattr(train_mod, "make_backend", lambda *a, **k: backend)
-    train_mod.train(tiny_config(tmp_path / "frozen", data_root / "pre", steps=6))
+    train_mod.train(tiny_config(tmp_path / "frozen", data_root / "pre", steps=6, cuda_graph=True))
     losses = lambda run: [r["loss"] for r in read_metrics(run) if "loss" in r]  # noqa: E731
     assert losses(tmp_path / "frozen") != losses(tmp_path / "eager")
 
@@ -156,3 +162,18 @@ def test_a_new_key_warms_up_again_and_close_frees_graphs():
     assert graphs.nodes() == 1
     graphs.close()
     assert backend.graphs[0].calls == [] and graphs.nodes() == 0
+
+
+def test_a_failed_capture_falls_back_to_launching(data_root, tmp_path, monkeypatch, capsys):
+    eager = train_mod.train(tiny_config(tmp_path / "eager", data_root / "pre", steps=4))
+    backend = RecordingBackend()
+
+    def refuse(fn):
+        raise RuntimeError("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+
+    backend.capture = refuse
+    monkeypatch.setattr(train_mod, "make_backend", lambda *a, **k: backend)
+    got = train_mod.train(tiny_config(tmp_path / "fallback", data_root / "pre", steps=4,
+                                      cuda_graph=True))  # fmt: skip
+    assert "CUDA graph capture failed (RuntimeError: CUDA_ERROR_STREAM" in capsys.readouterr().out
+    assert got["val_loss"] == eager["val_loss"] and got["graph_nodes"] == 0
