@@ -59,13 +59,15 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     memory.fill(f32(N), 0)
     embedding.embedding_forward(f32(N, D), tokens, f32(V, D))
     embedding.embedding_backward(f32(V, D), f32(N, D), tokens, True)
-    residual.residual_forward(f32(N, D), f32(N, D), f32(N, D))
-    swiglu.swiglu_forward(f32(N, F), f32(N, 2 * F))
-    swiglu.swiglu_backward(f32(N, 2 * F), f32(N, F), f32(N, 2 * F))
-    rmsnorm.rmsnorm_forward(f32(N, D), f32(N), f32(N, D), f32(D), 1e-5)
-    rmsnorm.rmsnorm_backward(
-        f32(N, D), f32(D), f32(N, D), f32(N, D), f32(N, D), f32(D), f32(N), True, f32(3, D)
-    )
+    for d, f in ((D, F), (D - 1, F - 1)):  # rows of 16-byte pieces (vector.py), and not
+        residual.residual_forward(f32(N, d), f32(N, d), f32(N, d))
+        swiglu.swiglu_forward(f32(N, f), f32(N, 2 * f))
+        swiglu.swiglu_backward(f32(N, 2 * f), f32(N, f), f32(N, 2 * f))
+        rmsnorm.rmsnorm_forward(f32(N, d), f32(N), f32(N, d), f32(d), 1e-5)
+        rmsnorm.rmsnorm_backward(
+            f32(N, d), f32(d), f32(N, d), f32(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
+        )
+    rope.rope_forward(f32(B, T, 8 * 6), f32(T, 3), f32(T, 3), 4, 2, 6)  # 3 pairs: scalar path
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
     cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, np.ones(K), 1)
     cross_entropy.loss_sum(np.zeros(1), f32(K, N), np.ones(K))
@@ -112,6 +114,8 @@ def _compile_all(monkeypatch, calls) -> None:
         seen.add((kernel, sig))
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         assert ".target sm_90" in ptx, name
+        if name.endswith("_vec_kernel"):  # 16-byte accesses, as vector.py promises
+            assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
         if name not in F64_ALLOWED:
             bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
             if name in F64_SCALAR_READS:

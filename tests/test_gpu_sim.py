@@ -32,7 +32,13 @@ if not IN_SIMULATOR:
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 else:
-    from test_gpu_device import LAYER_CHECKS, check_attention
+    from test_gpu_device import (
+        LAYER_CHECKS,
+        check_attention,
+        check_rmsnorm,
+        check_rope,
+        check_swiglu_residual,
+    )
 
     from euler.cpu.backend import CpuBackend
 
@@ -56,6 +62,15 @@ else:
     @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
+
+    # sizes where no row splits into 16-byte pieces: the kernels' scalar paths (vector.py)
+    SCALAR_SIZES = SimpleNamespace(B=1, T=11, D=22, F=18, V=40, H=4, G=2, E=6)
+
+    @pytest.mark.parametrize(
+        "check", [check_rmsnorm, check_rope, check_swiglu_residual], ids=lambda f: f.__name__[6:]
+    )
+    def test_layer_scalar_paths(check, gpu) -> None:
+        check(CpuBackend(), gpu, np.random.default_rng(1), SCALAR_SIZES)
 
     @pytest.mark.parametrize("unsigned, atomic_dq", [(False, False), (True, True)])
     def test_attention_register_tiled(unsigned, atomic_dq, monkeypatch) -> None:
