@@ -35,7 +35,10 @@ from euler.gpu import (  # noqa: E402
     swiglu,
 )
 
-F64_ALLOWED = {"loss_sum_kernel", "grad_sumsq_kernel", "norm_and_scale_kernel", "adamw_kernel"}
+F64_ALLOWED = {
+    "loss_sum_kernel", "grad_sumsq_kernel", "norm_and_scale_kernel", "adamw_kernel",
+    "adamw_vec_kernel",
+}  # fmt: skip
 F64_OP = re.compile(r"\.f64\b")
 # kernels that read a float64 scalar staged by the host (a head's loss scale) and convert
 # it once; any float64 arithmetic in them still fails
@@ -79,7 +82,9 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     P = 100
     stats, partial = np.zeros(2), np.zeros(4)
     adamw.grad_norm(stats, partial, f32(P), 1.0)
-    adamw.adamw_update(f32(P), f32(P), f32(P), f32(P), stats, np.ones(3), 0.9, 0.95, 1e-8, 0.1, 50)
+    for p in (P, P + 1):  # 16-byte pieces (vector.py), and not
+        hyper = np.ones(3)
+        adamw.adamw_update(f32(p), f32(p), f32(p), f32(p), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
     for E, tile in ((64, 64), (32, 64), (8, 0)):
         # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
         # sizes; the generated register-tiled ones (tile 0) at a small head size, since

@@ -34,6 +34,7 @@ if not IN_SIMULATOR:
 else:
     from test_gpu_device import (
         LAYER_CHECKS,
+        check_adamw,
         check_attention,
         check_rmsnorm,
         check_rope,
@@ -67,7 +68,9 @@ else:
     SCALAR_SIZES = SimpleNamespace(B=1, T=11, D=22, F=18, V=40, H=4, G=2, E=6)
 
     @pytest.mark.parametrize(
-        "check", [check_rmsnorm, check_rope, check_swiglu_residual], ids=lambda f: f.__name__[6:]
+        "check",
+        [check_rmsnorm, check_rope, check_swiglu_residual, check_adamw],
+        ids=lambda f: f.__name__[6:],
     )
     def test_layer_scalar_paths(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(1), SCALAR_SIZES)

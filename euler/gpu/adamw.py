@@ -16,6 +16,7 @@ from numba.extending import register_jitable
 from euler.cpu.adamw import clip_scale
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.reduce import MAX_THREADS, block_sum
+from euler.gpu.vector import aligned4, load4, store4
 from euler.layer_math import adamw_scalar
 
 NORM_BLOCKS = 528  # at most this many partial sums of squares: 4 blocks per H200 SM
@@ -85,6 +86,32 @@ def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_dec
         i += cuda.gridsize(1)
 
 
+@cuda.jit
+def adamw_vec_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay):
+    """adamw_kernel with 4 parameters per thread and step (16-byte accesses; P % 4 == 0)."""
+    T = params.dtype.type
+    gs = T(stats[1])
+    lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
+    i = 4 * cuda.grid(1)
+    while i < params.shape[0]:
+        p0, p1, p2, p3 = load4(params, i)
+        g0, g1, g2, g3 = load4(grads, i)
+        m0, m1, m2, m3 = load4(m, i)
+        v0, v1, v2, v3 = load4(v, i)
+        p0, m0, v0 = adamw_scalar(p0, g0 * gs, m0, v0, lr, beta1, beta2, eps,
+                                  wd if i < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
+        p1, m1, v1 = adamw_scalar(p1, g1 * gs, m1, v1, lr, beta1, beta2, eps,
+                                  wd if i + 1 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
+        p2, m2, v2 = adamw_scalar(p2, g2 * gs, m2, v2, lr, beta1, beta2, eps,
+                                  wd if i + 2 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
+        p3, m3, v3 = adamw_scalar(p3, g3 * gs, m3, v3, lr, beta1, beta2, eps,
+                                  wd if i + 3 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
+        store4(params, i, p0, p1, p2, p3)
+        store4(m, i, m0, m1, m2, m3)
+        store4(v, i, v0, v1, v2, v3)
+        i += 4 * cuda.gridsize(1)
+
+
 def adamw_update(
     params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay,
     stream=0, threads: int = THREADS,
@@ -97,6 +124,8 @@ def adamw_update(
     P = params.shape[0]
     assert grads.shape == m.shape == v.shape == (P,) and hyper.shape == (3,)
     T = params.dtype.type
-    adamw_kernel[grid_for(P, threads, cap=4096), threads, stream](
-        params, grads, m, v, stats, hyper, T(beta1), T(beta2), T(eps), T(wd), np.int64(n_decay)
-    )
+    args = (params, grads, m, v, stats, hyper, T(beta1), T(beta2), T(eps), T(wd), np.int64(n_decay))
+    if aligned4(params, grads, m, v):
+        adamw_vec_kernel[grid_for(P // 4, threads, cap=4096), threads, stream](*args)
+        return
+    adamw_kernel[grid_for(P, threads, cap=4096), threads, stream](*args)
