@@ -146,13 +146,14 @@ class _Gen:
             )
             w(f"ca = uint64(ra * {LD} + cc)")
 
-    def stage(self, tiles: list[tuple], chunk: int = LOAD_CHUNK) -> None:
+    def stage(self, tiles: list[tuple], chunk: int = LOAD_CHUNK, branchless: bool = True) -> None:
         """Stage 64-row tiles (region, row0, col, src, scale) of src (B, T, C) at sm[region]
         as row-major [row][e], TF32-rounded; rows past the sequence are zeros.
 
         Thread tid takes column tid % E of rows tid // E + 128 / E * it; a chunk's loads are
         all issued before its stores, so their latencies overlap (a row past the end reads
-        the last row, and its store writes zero instead).
+        the last row, and its store writes zero instead: through select(), which halves the
+        kernel's compile time, unless branchless is False).
         """
         w, E, LD = self.w, self.E, self.LD
         step, n = THREADS // E, TILE * E // THREADS
@@ -168,7 +169,11 @@ class _Gen:
                 for it in its:
                     row = f"{tiles[k][1]} + rb + {it * step}"
                     dst = f"sm[sb{k} + {self.u(it * step * LD)}]"
-                    w(f"{dst} = tf32(v{k}_{it}) if {row} < Tn else T(0.0)")
+                    value = f"tf32(v{k}_{it})"
+                    if branchless:
+                        w(f"{dst} = select({row} < Tn, {value}, T(0.0))")
+                    else:
+                        w(f"{dst} = {value} if {row} < Tn else T(0.0)")
 
     def stage_async(self, tiles: list[tuple], buf: str) -> None:
         """Start cp.async copies of 64-row tiles (region, row0, col, src) of src (B, T, C) to
@@ -182,7 +187,7 @@ class _Gen:
                 row = f"{row0} + ra + {it * step}"
                 dst = f"{buf} + ca + {self.u(region + it * step * LD)}"
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
-                self.w(f"cp_async16(sm, {dst}, {src_at}, 16 if {row} < Tn else 0)")
+                self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
 
     def pipeline_top(self, more: str, buf: int, issue) -> None:
         """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
@@ -241,7 +246,7 @@ class _Gen:
             for i in range(4):
                 d = 8 * n + (i & 1) - 8 * (i >> 1)  # column minus row is dg + d
                 cond = f"dg > {-d}" if rows_are_queries else f"dg < {-d}"
-                self.w(f"if {cond}:", f"    {acc}{n}_{i} = T(-math.inf)")
+                self.w(f"{acc}{n}_{i} = select({cond}, T(-math.inf), {acc}{n}_{i})")
 
     def quad(self, op: str, names: list[str], red: int) -> None:
         """Each name becomes op over the 4 lanes of its quad (the lanes holding its row)."""
@@ -473,14 +478,16 @@ def _dkv_source(E: int) -> str:
             w("if tid < 64:" if lo == 0 else "else:")
             at = f"{buf} + uint64({region - lo} + tid)"
             row = f"{i} + tid - {lo}"
-            w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), 4 if {row} < Tn else 0)")
+            n = f"select({row} < Tn, 4, 0)"
+            w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), {n})")
 
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0))
         w("cp_async_commit()")
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
     vs = BUF + DOS if PIPELINE else DOS
-    gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")])
+    # ptxas 13 spills 20 bytes of this kernel (255 registers) when its staging uses select()
+    gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
     w("cuda.syncthreads()")
     gen.load_a("ka", ks)
     gen.load_a("va", vs)
@@ -512,7 +519,7 @@ def _dkv_source(E: int) -> str:
         w("for i0 in range(j0, Tn, 64):")
         w.indent()
         tiles = [(QS, "i0", "qo", "qkv", qsc), (DOS, "i0", "qo", "dout", "")]
-        gen.stage(tiles, LOAD_CHUNK_DKV)
+        gen.stage(tiles, LOAD_CHUNK_DKV, branchless=False)
         w("if tid < 64:")
         w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
@@ -597,6 +604,7 @@ HEADER = """import math
 
 from numba import cuda, float32, uint64
 
+from euler.gpu.branchless import select
 from euler.gpu.mma import mma_tf32, tf32
 from euler.gpu.reduce import FULL_MASK"""
 ASYNC_IMPORT = (

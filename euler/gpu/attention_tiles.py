@@ -138,7 +138,7 @@ def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
     for i in range(4):
         for j in range(8):
             cond = f"c{j} > r{i}" if rows_are_queries else f"r{i} > c{j}"
-            w(f"if {cond}:", f"    {acc}{i}_{j} = T(-math.inf)")
+            w(f"{acc}{i}_{j} = select({cond}, T(-math.inf), {acc}{i}_{j})")
 
 
 def _write_tile_t(w, off: str, acc: str) -> None:
@@ -341,6 +341,7 @@ HEADER = """import math
 
 from numba import cuda, float32, uint64
 
+from euler.gpu.branchless import select
 from euler.gpu.reduce import FULL_MASK, SIMULATOR
 from euler.layer_math import online_softmax_rescale"""
 
