@@ -195,9 +195,10 @@ def test_attention_head_sizes(E) -> None:
     check_attention(CpuBackend(), _gpu_backend(), np.random.default_rng(E), sizes)
 
 
-def train_step_matches(gpu, preset: str, B: int, T: int, steps: int, grad_rtol: float) -> None:
-    """`steps` training steps of `preset` on both backends: equal losses, grads and params."""
-    cfg = PRESETS[preset]
+def train_step_matches(gpu, preset, B: int, T: int, steps: int, grad_rtol: float) -> None:
+    """`steps` training steps of `preset` (a name or a ModelConfig) on both backends: equal
+    losses, grads and params."""
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
     rng = np.random.default_rng(1)
     cpu_m, gpu_m = Model(cfg, dtype=np.float32), Model(cfg, backend=gpu, dtype=np.float32)
     hp = SimpleNamespace(grad_clip=1.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

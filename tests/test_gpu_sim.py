@@ -39,6 +39,7 @@ else:
         check_rmsnorm,
         check_rope,
         check_swiglu_residual,
+        train_step_matches,
     )
 
     from euler.cpu.backend import CpuBackend
@@ -63,6 +64,16 @@ else:
     @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
+
+    def test_training_steps(gpu) -> None:
+        """Whole steps of a small model through Model and AdamW on the GPU backend: staged
+        batches, head weights and learning rate read from device buffers; rows in 16-byte
+        pieces (vector.py), as at the presets."""
+        from euler.config import ModelConfig
+
+        cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
+                          context=16, ffn_hidden=24)  # fmt: skip
+        train_step_matches(gpu, cfg, B=1, T=8, steps=2, grad_rtol=1e-4)
 
     # sizes where no row splits into 16-byte pieces: the kernels' scalar paths (vector.py)
     SCALAR_SIZES = SimpleNamespace(B=1, T=11, D=22, F=18, V=40, H=4, G=2, E=6)

@@ -127,7 +127,7 @@ class GpuBackend:
         """(pinned host buffer, event recorded after its last upload) for this shape."""
         key = ("pinned", tuple(shape), np.dtype(dtype).str)
         if key not in self._scratch:
-            done = cuda.event(timing=False)
+            done = cuda.event() if numba.config.ENABLE_CUDASIM else cuda.event(timing=False)
             done.record(self.stream)
             self._scratch[key] = (cuda.pinned_array(shape, dtype), done)
         return self._scratch[key]
