@@ -516,14 +516,14 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                 for micro in range(tc.grad_accum):
                     tokens, targets = data.get("train", step * tc.grad_accum + micro, tc.seed)
                     tokens, targets, scale = distributed.shard_batch(tokens, targets, comm)
-                    model.stage(tokens, targets, scale)  # host -> device, then device work:
+                    # each micro-batch's head weights carry 1 / grad_accum: the gradients
+                    # accumulate into their mean, with no pass over the buffer afterwards
+                    model.stage(tokens, targets, scale / tc.grad_accum)
                     # float(): a GPU backend returns the loss lazily, in a buffer it reuses
                     micro_loss = float(step_graph.forward_backward(graphs, model, micro > 0))
                     if not math.isfinite(micro_loss):
                         _stop_nonfinite("loss", micro_loss, step + 1, saved_step, run)
-                    loss += micro_loss / tc.grad_accum
-                if tc.grad_accum > 1:  # the heads' loss scale is per micro-batch: average
-                    _scale_grads(model, 1.0 / tc.grad_accum)
+                    loss += micro_loss
                 comm.allreduce_mean(model.grads)  # the global batch's gradient, on every rank
                 loss = distributed.global_mean(comm, loss)
                 norm = float(step_graph.update(graphs, opt, lr))
@@ -581,14 +581,6 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
             f"{run / checkpoint.CHECKPOINT_NAME}"
         )
     return summary
-
-
-def _scale_grads(model: Model, s: float) -> None:
-    """grads *= s (on the device through a host round trip when not on the CPU)."""
-    if model.be.name == "cpu":
-        model.grads *= model.dtype.type(s)
-    else:
-        model.be.copy_(model.grads, model.be.to_host(model.grads) * model.dtype.type(s))
 
 
 def _stop_nonfinite(what: str, value: float, step: int, saved: int | None, run: Path) -> None:

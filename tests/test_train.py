@@ -12,7 +12,7 @@ import pytest
 from euler import checkpoint
 from euler import train as train_mod
 from euler.errors import EulerError
-from euler.model import Model
+from euler.model import Model, head_scales
 from euler.train import Batches, TrainConfig, lr_at, train
 from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
 
@@ -108,20 +108,23 @@ def test_grad_accumulation_matches_one_big_batch(data_root, tmp_path):
     cfg = _cfg(data_root)
     tc = tiny_config(tmp_path, data_root / "pre", batch_size=4)
     tokens, targets = Batches(tc, cfg, print).get("train", 0, 0)
-    grads = {}
+    grads, losses = {}, {}
     for name in ("big", "accum"):
         model = Model(cfg, seed=0)
         if name == "big":
-            model.forward(tokens, targets, need_grad=True)
+            losses[name] = model.forward(tokens, targets, need_grad=True)
             model.backward()
-        else:
+        else:  # as the trainer does: each micro-batch's head weights halved
+            losses[name] = 0.0
             for a in range(2):
                 rows = slice(2 * a, 2 * a + 2)
-                model.forward(tokens[rows], targets[:, rows], need_grad=True, accumulate=a > 0)
+                scale = head_scales(targets[:, rows]) / 2
+                losses[name] += model.forward(tokens[rows], targets[:, rows], need_grad=True,
+                                              accumulate=a > 0, head_scale=scale)  # fmt: skip
                 model.backward()
-            train_mod._scale_grads(model, 0.5)
         grads[name] = model.grads.copy()
     np.testing.assert_allclose(grads["accum"], grads["big"], rtol=1e-4, atol=1e-7)
+    assert losses["accum"] == pytest.approx(losses["big"], rel=1e-6)
 
 
 def _cfg(_root):
