@@ -494,13 +494,15 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         display.print(f"step {step}: val loss {val:.4f} (head 0: {heads[0]:.4f}) | {sample!r}")
         return [val, *heads]
 
+    graphs = step_graph.StepGraphs(backend, enabled=tc.cuda_graph, log=log)
+    on = f"{tc.device} (CUDA graphs)" if graphs.active else tc.device
     log(
-        f"{tc.kind} {cfg.n_params():,} parameters on {tc.device}: steps {start}->{total}, "
+        f"{tc.kind} {cfg.n_params():,} parameters on {on}: steps {start}->{total}, "
         f"{tokens_per_step:,} tokens/step (B={tc.batch_size}, T={T}, accum={tc.grad_accum}), "
         f"data {data.folder}"
     )
     display = Display(console, total, start, tc.log_every)
-    graphs = step_graph.StepGraphs(backend, enabled=tc.cuda_graph, log=display.print)
+    graphs.log = display.print  # above the progress bar
     train_seconds, train_tokens, loss = 0.0, 0, float("nan")
     val = [float("nan")] * (1 + cfg.n_mtp)  # last evaluation: mean of heads, then per head
     interrupted = False
