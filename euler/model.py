@@ -152,8 +152,7 @@ class Model:
         self.acts: Activations | None = None
         self._tokens = None
         self._accumulate = False
-        self._has_targets = False
-        self._scales = None  # staged head weights (K,)
+        self._scales = None  # staged head weights (K,); None when no targets are staged
         self.arena_version = 0  # counts arena allocations: a captured step holds its addresses
 
     # ------------------------------------------------------------------ helpers
@@ -225,7 +224,7 @@ class Model:
         B, T = tokens.shape
         a = self._arena(B, T)
         self.be.copy_(a.tokens, tokens.reshape(-1))
-        self._has_targets = targets is not None
+        self._scales = None
         if targets is not None:
             scales = head_scales(targets) if head_scale is None else head_scale
             K = self.cfg.n_mtp
@@ -265,7 +264,7 @@ class Model:
         be.rmsnorm_forward(
             _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
         )
-        if not self._has_targets:
+        if self._scales is None:
             return None
         return self._heads(need_grad, accumulate)
 

@@ -32,17 +32,17 @@ in both.
 
 from __future__ import annotations
 
-from numba import config, cuda, float32, types
+from numba import cuda, float32, types
 from numba.core.errors import TypingError
 
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+from euler.gpu.reduce import SIMULATOR
 
 if not SIMULATOR:
     from llvmlite import ir
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
-    def _element_ptr(context, builder, aryty, ary, inds, indtys):
+    def element_ptr(context, builder, aryty, ary, inds, indtys):
         """Pointer to ary[inds] (no wraparound, no bounds check)."""
         arr = context.make_array(aryty)(context, builder, ary)
         ix = [context.cast(builder, v, t, types.intp) for v, t in zip(inds, indtys, strict=True)]
@@ -65,8 +65,8 @@ if not SIMULATOR:
 
             def codegen(context, builder, sig, args):
                 t = sig.args
-                d = _element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
-                s = _element_ptr(context, builder, t[2], args[2], args[3:6], t[3:6])
+                d = element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
+                s = element_ptr(context, builder, t[2], args[2], args[3:6], t[3:6])
                 shared = builder.addrspacecast(d, ir.PointerType(d.type.pointee, 3))
                 i32, i64 = ir.IntType(32), ir.IntType(64)
                 nbytes = context.cast(builder, args[6], t[6], types.int32)

@@ -189,6 +189,28 @@ class _Gen:
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
                 self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
 
+    def kv_tiles(self, row0: str) -> list[tuple]:
+        """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
+        return [(0, row0, "ko", "qkv"), (TILE * self.LD, row0, "vo", "qkv")]
+
+    def key_tile_loop(self, buf: int) -> tuple[str, str]:
+        """Open the loop over the causal key tiles j0 <= i0 with tile j0's K and V in shared
+        memory (with PIPELINE, copied ahead into the buffers at sm[0] and sm[buf]); returns
+        the names of the B-fragment temporaries for product_nt and product_nn."""
+        w = self.w
+        if PIPELINE:
+            w("cur = uint64(0)  # tile j0's buffer")
+        w("for j0 in range(0, i0 + 64, 64):")
+        w.indent()
+        if PIPELINE:
+            self.pipeline_top(
+                "j0 < i0", buf, lambda: self.stage_async(self.kv_tiles("j0 + 64"), "nxt")
+            )
+        else:
+            self.stage([(*tile, "") for tile in self.kv_tiles("j0")])
+            w("cuda.syncthreads()")
+        return ("bn", "bp") if PIPELINE else ("lb", "lp")
+
     def pipeline_top(self, more: str, buf: int, issue) -> None:
         """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
         a barrier (every thread's copies visible; every warp done with the other buffer),
@@ -309,11 +331,8 @@ def _forward_source(E: int) -> str:
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
 
-    def kv(row0: str) -> list[tuple]:
-        return [(KS, row0, "ko", "qkv"), (VS, row0, "vo", "qkv")]
-
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
-        gen.stage_async(kv("0"), gen.u(0))
+        gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
     qs = BUF if PIPELINE else KS
     gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
@@ -323,16 +342,7 @@ def _forward_source(E: int) -> str:
         w("cuda.syncthreads()  # Q is in registers; its space takes K")
     w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
     gen.zero("o", range(NE))
-    if PIPELINE:
-        w("cur = uint64(0)  # tile j0's buffer")
-    w("for j0 in range(0, i0 + 64, 64):")
-    w.indent()
-    if PIPELINE:
-        gen.pipeline_top("j0 < i0", BUF, lambda: gen.stage_async(kv("j0 + 64"), "nxt"))
-    else:
-        gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
-        w("cuda.syncthreads()")
-    bn, bp = ("bn", "bp") if PIPELINE else ("lb", "lp")
+    bn, bp = gen.key_tile_loop(BUF)
     gen.zero("s", range(8))
     gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE)
     w("if j0 == i0:")
@@ -385,11 +395,8 @@ def _dq_source(E: int) -> str:
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
 
-    def kv(row0: str) -> list[tuple]:
-        return [(KS, row0, "ko", "qkv"), (VS, row0, "vo", "qkv")]
-
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q, dO are staged in buffer 1
-        gen.stage_async(kv("0"), gen.u(0))
+        gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
     qs, dos = (BUF + KS, BUF + VS) if PIPELINE else (KS, VS)
     gen.stage([(qs, "i0", "qo", "qkv", " * scale"), (dos, "i0", "qo", "dout", "")])
@@ -409,16 +416,7 @@ def _dq_source(E: int) -> str:
     for r in range(2):
         w(f"if t == 0 and r0 + {8 * r} < Tn:", f"    dsum[b, h, r0 + {8 * r}] = d{r}")
     gen.zero("q", range(NE))
-    if PIPELINE:
-        w("cur = uint64(0)  # tile j0's buffer")
-    w("for j0 in range(0, i0 + 64, 64):")
-    w.indent()
-    if PIPELINE:
-        gen.pipeline_top("j0 < i0", BUF, lambda: gen.stage_async(kv("j0 + 64"), "nxt"))
-    else:
-        gen.stage([(KS, "j0", "ko", "qkv", ""), (VS, "j0", "vo", "qkv", "")])
-        w("cuda.syncthreads()")
-    bn, bp = ("bn", "bp") if PIPELINE else ("lb", "lp")
+    bn, bp = gen.key_tile_loop(BUF)
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)

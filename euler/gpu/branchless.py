@@ -11,10 +11,12 @@ In the CUDA simulator it is the conditional expression.
 
 from __future__ import annotations
 
-from numba import config, cuda, types
+from numba import cuda, types
 from numba.core.errors import TypingError
 
-if not config.ENABLE_CUDASIM:
+from euler.gpu.reduce import SIMULATOR
+
+if not SIMULATOR:
     from numba.cuda.extending import intrinsic
 
     @intrinsic

@@ -97,6 +97,24 @@ def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
     rmsnorm_forward_kernel[grid, warps * WARP, stream](y, rstd, x, w, eps)
 
 
+@cuda.jit(device=True, inline=True)
+def _zero_warp_row(acc, q, D, lane, T):
+    """acc[q D : (q + 1) D] = 0, by the 32 lanes of warp q."""
+    for d in range(lane, D, WARP):
+        acc[q * D + d] = T(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def _sum_warp_rows(partial, acc, c, W, D, T):
+    """After a barrier, partial[c] (D,) = the sum of the W warps' rows of acc, in order."""
+    cuda.syncthreads()
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        s = T(0.0)
+        for qq in range(W):
+            s += acc[qq * D + d]
+        partial[c, d] = s
+
+
 @cuda.jit
 def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
     """dx (N, D) = dres + J^T dy; partial (C, D) = sum over block c's rows of dy x rstd.
@@ -113,8 +131,7 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
     tid = cuda.threadIdx.x
     lane, q = tid % WARP, tid // WARP
     c = cuda.blockIdx.x
-    for d in range(lane, D, WARP):
-        acc[q * D + d] = T(0.0)
+    _zero_warp_row(acc, q, D, lane, T)
     r0, r1 = c * N // C, (c + 1) * N // C
     for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
         dot = T(0.0)
@@ -128,12 +145,7 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
             for d in range(lane, D, WARP):
                 acc[q * D + d] += dy[n, d] * x[n, d] * r
                 dx[n, d] = dres[n, d] + r * (dy[n, d] * w[d] - x[n, d] * k)
-    cuda.syncthreads()
-    for d in range(tid, D, cuda.blockDim.x):
-        s = T(0.0)
-        for qq in range(W):
-            s += acc[qq * D + d]
-        partial[c, d] = s
+    _sum_warp_rows(partial, acc, c, W, D, T)
 
 
 @cuda.jit
@@ -149,8 +161,7 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
     tid = cuda.threadIdx.x
     lane, q = tid % WARP, tid // WARP
     c = cuda.blockIdx.x
-    for d in range(lane, D, WARP):
-        acc[q * D + d] = T(0.0)
+    _zero_warp_row(acc, q, D, lane, T)
     r0, r1 = c * N // C, (c + 1) * N // C
     for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
         dot = T(0.0)
@@ -179,12 +190,7 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
                     e0 + r * (g0 * w0 - x0 * k), e1 + r * (g1 * w1 - x1 * k),
                     e2 + r * (g2 * w2 - x2 * k), e3 + r * (g3 * w3 - x3 * k),
                 )  # fmt: skip
-    cuda.syncthreads()
-    for d in range(tid, D, cuda.blockDim.x):
-        s = T(0.0)
-        for qq in range(W):
-            s += acc[qq * D + d]
-        partial[c, d] = s
+    _sum_warp_rows(partial, acc, c, W, D, T)
 
 
 @cuda.jit

@@ -18,10 +18,10 @@ In the CUDA simulator they are plain element loops.
 from __future__ import annotations
 
 import numpy as np
-from numba import config, cuda, types
+from numba import cuda, types
 from numba.core.errors import TypingError
 
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+from euler.gpu.reduce import SIMULATOR
 
 
 def aligned4(*arrays) -> bool:
@@ -38,16 +38,15 @@ def aligned4(*arrays) -> bool:
 
 if not SIMULATOR:
     from llvmlite import ir
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
+
+    from euler.gpu.async_copy import element_ptr
 
     _V4 = ir.VectorType(ir.FloatType(), 4)
 
     def _vector_ptr(context, builder, aryty, ary, i, ity):
         """<4 x float> addrspace(1)* to ary[i] (no wraparound, no bounds check)."""
-        arr = context.make_array(aryty)(context, builder, ary)
-        ix = context.cast(builder, i, ity, types.intp)
-        p = cgutils.get_item_pointer(context, builder, aryty, arr, [ix], wraparound=False)
+        p = element_ptr(context, builder, aryty, ary, [i], [ity])
         p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, 1))  # global memory
         return builder.bitcast(p, ir.PointerType(_V4, 1))
 

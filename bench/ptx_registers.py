@@ -1,0 +1,83 @@
+"""Compile time, registers and spills of the generated attention kernels, with no GPU.
+
+    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both]
+
+Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90
+PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
+`ptxas` is on PATH, assembled with `ptxas -v` for its registers and spill bytes. NVVM 13.5
+writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
+version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numba
+import numba.cuda.dispatcher as dispatcher
+import numpy as np
+from numba import cuda
+
+from euler.gpu import attention, attention_tc
+
+
+def launches(kind: str, E: int) -> list[tuple]:
+    """(kernel, args) of each launch of attention forward and backward at head size E."""
+    calls = []
+    dispatcher.CUDADispatcher.__getitem__ = lambda self, cfg: (
+        lambda *args: calls.append((self, args))
+    )
+    attention._raise_shared_limit = lambda *a: None  # needs a loaded module, so a GPU
+    f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    B, T, H, G = 2, 3, 4, 2
+    qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
+    if kind == "tc":
+        attention_tc.attention_forward(out, lse, qkv, H, G, E)
+        attention_tc.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse)
+    else:
+        attention.attention_forward(out, lse, qkv, H, G, E, 0, 0)
+        attention.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse, 0, 0)
+    return [(k, a) for k, a in calls if "prep" not in k.py_func.__name__]
+
+
+def ptxas_report(ptx: str) -> str:
+    """ptxas -v's register and spill lines for one kernel's PTX, or why there are none."""
+    if shutil.which("ptxas") is None:
+        return "(no ptxas on PATH)"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
+        r = subprocess.run(
+            ["ptxas", "-arch=sm_90", "-v", str(path), "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+        )
+    lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()]
+    return "; ".join(ln for ln in lines if "registers" in ln or "spill" in ln) or r.stderr
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head-size", type=int, default=64)
+    ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
+    args = ap.parse_args()
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
+    kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
+    for kind in kinds:
+        for kernel, kargs in launches(kind, args.head_size):
+            sig = tuple(numba.typeof(a) for a in kargs)
+            bounds = kernel.targetoptions.get("launch_bounds")
+            t0 = time.perf_counter()
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), launch_bounds=bounds)
+            dt = time.perf_counter() - t0
+            print(f"{kernel.py_func.__name__:28s} {dt:6.1f} s  {ptxas_report(ptx)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
