@@ -21,13 +21,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 
 case "${1:-check}" in
 check)
+    log "euler bench (ours, ours_cuda_graph, torch eager)"
+    timeout 240 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-compile \
+        --json "$OUT/bench.json" 2>&1 | tail -60 | tee -a "$OUT/log.txt"
     log "gpu tests"
-    python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 | tail -25 | tee -a "$OUT/log.txt"
+    timeout 230 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 | tail -25 \
+        | tee -a "$OUT/log.txt"
     log "bench_gpu (per-method times)"
     python3 bench/bench_gpu.py --out "$OUT/gpu.json" 2>&1 | tail -40 | tee -a "$OUT/log.txt"
-    log "euler bench"
-    python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --json "$OUT/bench.json" \
-        2>&1 | tail -60 | tee -a "$OUT/log.txt"
     ;;
 variants)
     log "tensor-core variants"
