@@ -31,9 +31,14 @@ check)
     python3 bench/bench_gpu.py --out "$OUT/gpu.json" 2>&1 | tail -40 | tee -a "$OUT/log.txt"
     ;;
 variants)
-    log "tensor-core variants"
-    python3 bench/attention_tc_gpu.py --variants --out "$OUT/attention-tc-variants.json" \
-        2>&1 | tail -40 | tee -a "$OUT/log.txt"
+    log "matmul layer check, in full"
+    timeout 60 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "layer and matmul" \
+        2>&1 | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    for v in pipeline-atomic-dq pipeline; do
+        log "tensor-core variant $v"
+        timeout 270 python3 bench/attention_tc_gpu.py --variant $v --out "$OUT/attention-tc-$v.json" \
+            2>&1 | tail -20 | tee -a "$OUT/log.txt"
+    done
     ;;
 curves)
     log "TF32-attention run (Ctrl-C at 9 minutes: a checkpoint, then --resume; --exact-attention for the other curve)"

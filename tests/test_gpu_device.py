@@ -32,7 +32,11 @@ def report(name: str, got: np.ndarray, want: np.ndarray, rtol=RTOL, atol=ATOL) -
     excess = np.abs(got - want) - (atol + rtol * np.abs(want))
     if not np.all(np.isfinite(got)) or excess.max(initial=-1.0) > 0:
         i = np.unravel_index(np.nanargmax(np.where(np.isfinite(got), excess, np.inf)), got.shape)
-        raise AssertionError(f"{name}: worst element {i}: gpu {got[i]!r} vs cpu {want[i]!r}")
+        tol = atol + rtol * abs(want[i])
+        raise AssertionError(
+            f"{name}: worst element {i}: gpu {got[i]!r} vs cpu {want[i]!r} "
+            f"(|diff| {abs(got[i] - want[i]):.3g}, allowed {tol:.3g})"
+        )
 
 
 def run_both(cpu, gpu, method: str, args: list, outputs: dict[str, int], **tol) -> None:
