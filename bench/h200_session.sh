@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One lent H200 call of the plan in bench/notes_gpu.md ("Left for the next session").
 # Run from the repository root through the device tool, with carry [".whl"] (numpy 2.3.5:
-# the image's numpy 2.5 breaks numba-cuda) and, for `curves`, "runs/gpu-data":
+# the image's numpy 2.5 breaks numba-cuda) and, for `curves`, ".carry" (the data, xz):
 #     bash bench/h200_session.sh check      # gpu tests, per-method times, euler bench (~9 min)
 #     bash bench/h200_session.sh variants   # tensor-core attention variants (~8 min)
-#     bash bench/h200_session.sh curves     # TF32-attention training run, 8 minutes
+#     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished.
 set -u
@@ -41,9 +41,24 @@ variants)
     done
     ;;
 curves)
-    log "TF32-attention run (Ctrl-C at 9 minutes: a checkpoint, then --resume; --exact-attention for the other curve)"
-    timeout -s INT 540 python3 -m euler.cli train --device cuda --preset gpu --data runs/gpu-data \
-        --batch-size 32 --out "$OUT/tf32" --log-every 50 2>&1 | tail -30 | tee -a "$OUT/log.txt"
+    # TF32 attention and exact attention, the same steps, side by side on the one GPU (each
+    # gets about half of it): 9 minutes, then Ctrl-C (each saves a checkpoint and stops).
+    # The data travels compressed: .carry/gpu-data.tar.xz (tar -C runs -cJf ... gpu-data).
+    mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
+    common=(--device cuda --preset gpu --data runs/gpu-data --batch-size 32 --steps 4000
+        --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 250 --eval-batches 20
+        --ckpt-every 100000 --log-every 50)
+    log "curves: tf32 and exact attention, side by side, 9 minutes"
+    for run in tf32 exact; do
+        flag=$([ $run = exact ] && echo --exact-attention || echo --no-exact-attention)
+        timeout -s INT 535 python3 -m euler.cli train "${common[@]}" $flag --out /tmp/runs/$run \
+            >"$OUT/train-$run.txt" 2>&1 &
+    done
+    wait
+    for run in tf32 exact; do
+        cp /tmp/runs/$run/metrics.jsonl "$OUT/metrics-$run.jsonl"
+        tail -5 "$OUT/train-$run.txt" | tee -a "$OUT/log.txt"
+    done
     ;;
 *)
     echo "usage: $0 check|variants|curves" >&2

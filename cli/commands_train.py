@@ -40,8 +40,8 @@ Tf32 = Annotated[
 CudaGraph = Annotated[
     bool,
     typer.Option(
-        help="cuda: capture each step's kernels once as CUDA graphs and replay them "
-        "(default: launch them one by one)."
+        help="cuda: capture each step's kernels once as CUDA graphs and replay them; "
+        "--no-cuda-graph launches them one by one."
     ),
 ]
 ExactAttention = Annotated[
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "cpu",
         tf32: Tf32 = True,
         exact_attention: ExactAttention = False,
-        cuda_graph: CudaGraph = False,
+        cuda_graph: CudaGraph = True,
         batch_size: BatchSize = 8,
         seq_len: SeqLen = 0,
         grad_accum: GradAccum = 1,
@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
         device: Device = "cpu",
         tf32: Tf32 = True,
         exact_attention: ExactAttention = False,
-        cuda_graph: CudaGraph = False,
+        cuda_graph: CudaGraph = True,
         batch_size: BatchSize = 8,
         grad_accum: GradAccum = 1,
         steps: Steps = 300,

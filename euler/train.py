@@ -70,7 +70,7 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" or "cuda"
     tf32: bool = True  # cuda: TF32 tensor cores for matrix products; False = exact fp32
     exact_attention: bool = False  # cuda with TF32: attention in exact fp32, not tensor cores
-    cuda_graph: bool = False  # cuda: replay each step's device work as CUDA graphs
+    cuda_graph: bool = True  # cuda: replay each step's device work as CUDA graphs
     batch_size: int = 8  # B: sequences per micro-batch
     seq_len: int = 0  # T: tokens per sequence; 0 = the model's context
     grad_accum: int = 1  # micro-batches per optimizer step

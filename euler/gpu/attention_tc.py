@@ -36,7 +36,7 @@ then emits no negative-index test per load). The simulator has no warp shuffles:
 the quad reductions go through shared memory (the generated source differs only there).
 
 Generation knobs (module constants, read when kernels() builds; the defaults are the
-measured kernels above, the others wait for bench/attention_tc_gpu.py --variants):
+fastest combination measured, bench/attention_tc_gpu.py --variants):
 
 PIPELINE: the loop's tiles go through cp.async (async_copy.py) into two buffers: at the
   top of iteration j a thread waits for its copies of tile j, a barrier, then it issues
@@ -56,12 +56,13 @@ ATOMIC_DQ: no dq kernel: attention.backward_prep_kernel writes dsum and zeroes d
   with atomics: 5 tile products per tile pair instead of 7, nondeterministic sums.
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
 
-Measured on an H200 (bench/attention_tc_gpu.py, B=32, H=12, G=4, E=64; errors against a
-float64 reference within 4e-4 of the values' scale): T=512 forward 0.59 ms, backward
-1.50 ms (exact fp32 kernels: 0.76 and 2.86; torch SDPA fp32: 0.51 and 1.41); T=2048
-6.0 and 15.2 ms. About 22-34 TFLOP/s: latency-bound (221, 198 and 255 registers per
-thread, one block's staging loads not overlapped with its products), far from the
-tensor cores' rate; PIPELINE overlaps them.
+Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
+errors against a float64 reference within 4e-4 of the values' scale), forward and
+backward ms at T=512 (T=2048):
+  PIPELINE and ATOMIC_DQ (default)   0.311 0.782 (2.51 7.46)   41 TFLOP/s forward (82)
+  PIPELINE alone                     0.312 0.881 (2.52 7.72)
+  neither (staged loads, dq kernel)  0.401 1.059 (3.91 9.98)
+exact fp32 kernels (attention_tiles): 0.77 and 2.10; torch SDPA fp32: 0.51 and 1.41.
 """
 
 from __future__ import annotations
@@ -89,11 +90,11 @@ LDS = TILE + 4  # padded row of ATOMIC_DQ's 64 x 64 dS^T tile
 # with cp.async into two buffers, tile j + 1 landing while tile j's products run; staged
 # raw, so their fragment loads round to TF32. Two buffers need dynamic shared memory over
 # 48 KB at E = 64 (shared_bytes).
-PIPELINE = False
+PIPELINE = True
 # ATOMIC_DQ: no dq kernel; the dkv kernel writes its tile's dS to shared memory and adds
 # dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep_kernel has zeroed
 # dQ and written dsum: 5 tile products per tile pair instead of 7.
-ATOMIC_DQ = False
+ATOMIC_DQ = True
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
