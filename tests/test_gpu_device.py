@@ -32,7 +32,7 @@ def report(name: str, got: np.ndarray, want: np.ndarray, rtol=RTOL, atol=ATOL) -
     excess = np.abs(got - want) - (atol + rtol * np.abs(want))
     if not np.all(np.isfinite(got)) or excess.max(initial=-1.0) > 0:
         i = np.unravel_index(np.nanargmax(np.where(np.isfinite(got), excess, np.inf)), got.shape)
-        tol = atol + rtol * abs(want[i])
+        tol = np.broadcast_to(atol, got.shape)[i] + rtol * abs(want[i])
         raise AssertionError(
             f"{name}: worst element {i}: gpu {got[i]!r} vs cpu {want[i]!r} "
             f"(|diff| {abs(got[i] - want[i]):.3g}, allowed {tol:.3g})"
@@ -133,14 +133,24 @@ def check_cross_entropy(cpu, gpu, rng, s) -> None:
 
 
 def check_matmul(cpu, gpu, rng, s) -> None:
+    """Both backends against float64, within fp32's rounding of a K-term dot product:
+    about sqrt(K) u sum_k |a_ik b_kj| (u = 2^-24; summation orders differ, split-K
+    included, so a fixed tolerance between the two would be luck). TF32 would be 2^13 u."""
     M, K, N = s.B * s.T, s.D, s.F
     for ta in (False, True):
         for tb in (False, True):
             a = _f32(rng, *((K, M) if ta else (M, K)))
             b = _f32(rng, *((N, K) if tb else (K, N)))
+            a64, b64 = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
             for acc in (False, True):
                 out = _f32(rng, M, N)
-                run_both(cpu, gpu, "matmul", [out, a, b, ta, tb, acc], {"out": 0})
+                want = a64 @ b64 + (out if acc else 0.0)
+                atol = 4 * np.sqrt(K) * 2.0**-24 * (np.abs(a64) @ np.abs(b64) + np.abs(want))
+                for name, be in (("cpu", cpu), ("gpu", gpu)):
+                    dev = be.to_device(out.copy())  # the CPU "device" is the array itself
+                    be.matmul(dev, be.to_device(a), be.to_device(b), ta, tb, acc)
+                    report(f"matmul.{name}(ta={ta}, tb={tb}, acc={acc})", be.to_host(dev), want,
+                           rtol=0.0, atol=atol)  # fmt: skip
 
 
 def check_adamw(cpu, gpu, rng, s) -> None:
