@@ -5,6 +5,7 @@
 #     bash bench/h200_session.sh check      # gpu tests, per-method times, euler bench (~9 min)
 #     bash bench/h200_session.sh variants   # tensor-core attention variants (~8 min)
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
+#     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished.
 set -u
@@ -60,8 +61,16 @@ curves)
         tail -5 "$OUT/train-$run.txt" | tee -a "$OUT/log.txt"
     done
     ;;
+final)
+    log "euler bench (ours, ours_cuda_graph, torch eager and compiled)"
+    timeout 280 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 \
+        --json "$OUT/bench.json" 2>&1 | tail -45 | tee -a "$OUT/log.txt"
+    log "gpu tests"
+    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    ;;
 *)
-    echo "usage: $0 check|variants|curves" >&2
+    echo "usage: $0 check|variants|curves|final" >&2
     exit 2
     ;;
 esac
