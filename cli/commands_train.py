@@ -268,13 +268,19 @@ def register(app: typer.Typer) -> None:
 
     @app.command("plot")
     def plot_command(
-        run: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl.")],
+        runs: Annotated[
+            list[Path],
+            typer.Argument(help="Run folders holding metrics.jsonl (several: overlaid)."),
+        ],
         out: Annotated[
-            Path | None, typer.Option("--out", "-o", help="PNG path (default: RUN/loss.png).")
+            Path | None,
+            typer.Option("--out", "-o", help="PNG path (default: the first RUN/loss.png)."),
         ] = None,
     ) -> None:
-        """Write a PNG of the training and validation loss of a run."""
-        path = plot_run(run, out or run / "loss.png")
+        """Write a PNG of the training and validation loss of a run, or of runs overlaid."""
+        from euler.cli.plot import plot_runs
+
+        path = plot_runs(runs, out or runs[0] / "loss.png")
         print(f"wrote {path}")
 
 
@@ -342,54 +348,3 @@ def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> N
             f" tok/s plain greedy (best of 3): {speed:.2f}x; output {same}"
         )
     print(line, flush=True)
-
-
-def plot_run(run: Path, out: Path) -> Path:
-    """Training loss (raw and smoothed) and validation loss against tokens seen, as a PNG."""
-    import json
-
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EulerError("euler plot needs matplotlib: pip install -e '.[plot]'") from None
-    path = Path(run) / "metrics.jsonl"
-    if not path.is_file():
-        raise EulerError(f"no metrics to plot: {path} not found")
-    train, val, per_step = [], [], 0
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if "loss" in r:
-            train.append((r["step"], r["loss"]))
-            per_step = r["tokens"] / r["step"]
-        elif "val_loss" in r:
-            val.append((r["step"], r["val_loss"], r.get("val_loss_heads", [None])[0]))
-    if not train:
-        raise EulerError(f"{path} holds no training steps yet")
-    steps, losses = map(list, zip(*train, strict=True))
-    smooth, ema = [], 0.0
-    for i, x in enumerate(losses, 1):
-        ema = 0.95 * ema + 0.05 * x
-        smooth.append(ema / (1.0 - 0.95**i))  # debiased, as Adam's moments, so it starts at x
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
-    ax.plot(steps, smooth, color="tab:blue", lw=1.5, label="train (EMA 0.95)")
-    if val:
-        vs, vl, v0 = zip(*val, strict=True)
-        ax.plot(vs, vl, "o-", color="tab:orange", ms=3, label="validation")
-        if None not in v0:
-            ax.plot(vs, v0, "s--", color="tab:green", ms=3, label="validation, head 0 (next token)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean over the MTP heads, nats)")
-    ax.set_title(f"{Path(run).name}: {per_step:,.0f} tokens per step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return Path(out)

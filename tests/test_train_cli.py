@@ -145,5 +145,12 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
         return
     assert code == 0, err
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    other = tmp_path / "other"  # a shorter run: the overlay stops at its last step
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(other), "--steps", "2"]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    code, _, err = run_cli(monkeypatch, capsys, "plot", str(run), str(other), "-o",
+                           str(tmp_path / "both.png"))  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "nowhere"))
     _one_line_error(code, err, "no metrics to plot")
