@@ -6,7 +6,10 @@ Measures on the current CUDA GPU (TF32 matmuls, as training runs):
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
-- time per backend method over one step, from CUDA events around each call;
+- time per backend method over one step, from CUDA events around each call, twice: as the
+  step is launched (the host's launch gaps fall between the events) and with the whole
+  step queued behind a busy kernel first ("device only": the device then runs it back to
+  back, so each method's events hold its kernels' time alone);
 - our FlashAttention forward and backward against a naive attention that materialises the
   (B H, T, T) scores (batched cuBLAS GEMMs and a row softmax kernel) at each `--attn-t`.
 """
@@ -85,6 +88,25 @@ class TimedBackend:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+@cuda.jit
+def _busy(out, n):
+    """One thread, n dependent integer multiply-adds (a few ns each): holds the stream."""
+    x = out[0]
+    for _ in range(n):
+        x = x * np.uint32(1103515245) + np.uint32(12345)
+    out[0] = x
+
+
+def hold_stream(be: GpuBackend, ms: float) -> float:
+    """Start a kernel that keeps the stream busy for about ms milliseconds (calibrated
+    here); returns its calibrated length in ms."""
+    scratch = be.zeros((1,), np.uint32)
+    n = 1 << 20
+    per_iter = timed(be, lambda: _busy[1, 1, be.stream](scratch, n), 3) / n
+    _busy[1, 1, be.stream](scratch, int(ms / per_iter))
+    return int(ms / per_iter) * per_iter
+
+
 def train_step(model: Model, tokens, targets, state, step: int):
     loss = model.forward(tokens, targets, need_grad=True)
     model.backward()
@@ -110,6 +132,11 @@ def bench_step(args) -> dict:
     timer.totals()
     train_step(model, tokens, targets, state, 2)
     per_method = timer.totals()
+    held = hold_stream(be, 1000.0)  # the host queues the step while this runs
+    h0 = time.perf_counter()
+    train_step(model, tokens, targets, state, 3)
+    queued_ms = (time.perf_counter() - h0) * 1e3
+    per_method_device = timer.totals()
     model.be = be  # untimed from here on
     be.synchronize()
     host, steps = [], args.steps
@@ -139,6 +166,12 @@ def bench_step(args) -> dict:
         "device_mem_in_use_gib": used / 2**30,
         "device_mem_total_gib": total / 2**30,
         "per_method_ms_one_step": per_method,
+        "per_method_device_only_ms": per_method_device,
+        "device_only_sum_ms": sum(per_method_device.values()),
+        # the device-only times hold if the host queued the whole step before the hold ended
+        "device_only_queued_ms": queued_ms,
+        "device_only_hold_ms": held,
+        "device_only_clean": queued_ms < 0.9 * held,
     }
 
 

@@ -1,6 +1,6 @@
 """Compile time, registers and spills of the generated attention kernels, with no GPU.
 
-    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both]
+    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set KNOB=N]
 
 Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90
 PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
@@ -66,7 +66,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-size", type=int, default=64)
     ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KNOB=N",
+        help="an attention_tc generation knob (e.g. SPLIT_TF32=1); repeatable",
+    )  # fmt: skip
     args = ap.parse_args()
+    for item in args.set:
+        knob, _, value = item.partition("=")
+        if knob not in attention_tc.knobs() or not value.lstrip("-").isdigit():
+            ap.error(f"--set {item}: want KNOB=N, KNOB one of {', '.join(attention_tc.knobs())}")
+        setattr(attention_tc, knob, type(attention_tc.knobs()[knob])(int(value)))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
     kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
     for kind in kinds:

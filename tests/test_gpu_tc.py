@@ -8,16 +8,18 @@ TF32-rounded operands, and the forward and backward on tiny shapes (one diagonal
 two query tiles with a tail) match a float64 NumPy reference within TF32 tolerance.
 
 Each combination of attention_tc's generation knobs (VARIANTS) compiles to PTX with its own
-instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ) and is checked in the
-simulator on the two-query-tile shape with two query heads per kv head, where the
-pipelined dkv loop crosses from one head to the next (the backward only, from the
-reference's out and lse, where its forward is a variant already checked). The quick suite
-takes the default and the all-knobs variant; `-m slow -k simulator` the others.
+instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ, three mma a product
+with SPLIT_TF32) and is checked in the simulator on the two-query-tile shape with two
+query heads per kv head, where the pipelined dkv loop crosses from one head to the next
+(the backward only, from the reference's out and lse, where its forward is the default's).
+The quick suite takes the default (the kernels that train), the staged kernels and 3xTF32;
+`-m slow -k simulator` the others.
 
 Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
 (4.9e-4) relative; a sum of such products errs by about that times the scale of its
 terms. We allow 2e-3 of the largest reference value of each output (4 TF32 units); a
-wrong fragment layout, mask or key permutation errs by O(1).
+wrong fragment layout, mask or key permutation errs by O(1). 3xTF32 drops only the lo lo
+term (2^-22 relative): 2e-6, which TF32 alone misses by 200x.
 """
 
 from __future__ import annotations
@@ -36,17 +38,19 @@ from tests.numpy_reference import attention_with_grads
 
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TOL = 2e-3  # of the largest reference value, see the module docstring
-# attention_tc knob settings, by name; the default's are the module's own
+TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4e-4
+# attention_tc knob settings, by name; "default" must be the module's own (a test checks)
 VARIANTS = {
-    "default": {},
-    "pipeline-atomic-dq": {"PIPELINE": True, "ATOMIC_DQ": True},
-    "pipeline": {"PIPELINE": True},
-    "atomic-dq": {"ATOMIC_DQ": True},
+    "default": {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": False},
+    "staged": {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False},
+    "pipeline": {"PIPELINE": True, "ATOMIC_DQ": False, "SPLIT_TF32": False},
+    "atomic-dq": {"PIPELINE": False, "ATOMIC_DQ": True, "SPLIT_TF32": False},
+    "3xtf32": {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
 }
-# The first two (today's kernels and the new code paths all together) run in the quick
-# suite; the others' kernels are parts of theirs, so they wait for -m slow (the simulator
-# takes about a minute a variant).
-QUICK = ("default", "pipeline-atomic-dq")
+# The first three (the kernels that train, the staged code paths, and 3xTF32) run in the
+# quick suite; the others' kernels are parts of theirs, so they wait for -m slow (the
+# simulator takes about a minute a variant).
+QUICK = ("default", "staged", "3xtf32")
 
 
 def _marked(names) -> list:
@@ -100,10 +104,11 @@ if not IN_SIMULATOR:
         return ptx
 
     def _check_ptx(ptx: dict[str, str], E: int, knobs: dict) -> None:
-        pipeline, atomic = knobs.get("PIPELINE", False), knobs.get("ATOMIC_DQ", False)
+        pipeline, atomic, split = knobs["PIPELINE"], knobs["ATOMIC_DQ"], knobs["SPLIT_TF32"]
         # per 64 x 64 tile and warp: 8 E / 8 products for each of S and O (forward), of S,
-        # dP and dQ (dq), of S, dP, dV and dK (dkv; and dQ with ATOMIC_DQ), all written out
-        per_product = 8 * E // 8
+        # dP and dQ (dq), of S, dP, dV and dK (dkv; and dQ with ATOMIC_DQ), all written
+        # out; three mma each with SPLIT_TF32
+        per_product = 8 * E // 8 * (3 if split else 1)
         want = {"forward": 2, "dkv": 4 + atomic} | ({} if atomic else {"dq": 3})
         assert len(ptx) == len(want), sorted(ptx)
         for name, n in want.items():
@@ -121,6 +126,14 @@ if not IN_SIMULATOR:
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             adds = re.findall(r"(?:red|atom)\.global\.add\.f32", text)
             assert len(adds) == (4 * E // 8 if atomic and name == "dkv" else 0), (name, len(adds))
+
+    def test_default_variant_is_the_modules() -> None:
+        """VARIANTS["default"] names the knobs the package trains with."""
+        from euler.gpu import attention_tc
+
+        knobs = attention_tc.knobs()
+        assert {k: knobs[k] for k in VARIANTS["default"]} == VARIANTS["default"]
+        assert all(set(v) == set(VARIANTS["default"]) for v in VARIANTS.values())
 
     def test_ptx_sm90(monkeypatch, variant) -> None:
         """Head size 8: seconds of NVVM time per variant."""
@@ -204,7 +217,8 @@ else:
 
     def _check_attention(B, T, H, G, E, forward: bool = True) -> None:
         """attention_tc's forward and backward (or the backward alone, from the reference's
-        out and lse) at the current knobs against the float64 reference."""
+        out and lse) at the current knobs against the float64 reference (to TOL, or to
+        TOL_SPLIT with 3xTF32)."""
         rng = np.random.default_rng(1)
         qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
         dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
@@ -218,8 +232,9 @@ else:
         dqkv = np.full_like(qkv, np.nan)
         dsum = np.full((B, H, T), np.nan, np.float32)
         attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
+        rel = TOL_SPLIT if attention_tc.SPLIT_TF32 else TOL
         for name, got, want in zip(("out", "lse", "dqkv"), (out, lse, dqkv), ref, strict=True):
-            tol = TOL * np.abs(want).max()
+            tol = rel * np.abs(want).max()
             err = np.abs(got - want).max()  # NaN (a slot left unwritten) fails too
             assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
 
@@ -234,7 +249,7 @@ else:
     @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))
     def test_attention_tc_variant(monkeypatch, name) -> None:
         """Two query tiles with a tail, two query heads per kv head; the forward only where
-        the variant's differs from the kernels of the quick suite (PIPELINE's, once)."""
+        the variant's differs from the default's (staged, 3xTF32)."""
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 70, 2, 1, 8, forward=name == "pipeline-atomic-dq")
+        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32"))

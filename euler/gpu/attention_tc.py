@@ -95,6 +95,10 @@ PIPELINE = True
 # dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep_kernel has zeroed
 # dQ and written dsum: 5 tile products per tile pair instead of 7.
 ATOMIC_DQ = True
+# SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
+# a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
+# are staged and P, dS kept unrounded for it; errors fall to fp32's level at 3x the mma.
+SPLIT_TF32 = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
@@ -118,6 +122,17 @@ class _Gen:
 
     def u(self, n: int) -> str:
         return f"uint64({n})"
+
+    def rnd(self, expr: str) -> str:
+        """expr rounded to TF32 where it becomes an operand; unrounded with SPLIT_TF32,
+        whose products split it themselves."""
+        return expr if SPLIT_TF32 else f"tf32({expr})"
+
+    def split(self, names: list[str]) -> None:
+        """With SPLIT_TF32: each name's hi (name + "h") and lo (name + "l") TF32 parts."""
+        if SPLIT_TF32:
+            for n in names:
+                self.w(f"{n}h = tf32({n})", f"{n}l = tf32({n} - {n}h)")
 
     def prologue(self, name: str, args: str, doc: str, smem: int, dynamic: bool) -> None:
         """smem: floats of shared memory (the simulator's scratch goes after them); dynamic:
@@ -170,7 +185,7 @@ class _Gen:
                 for it in its:
                     row = f"{tiles[k][1]} + rb + {it * step}"
                     dst = f"sm[sb{k} + {self.u(it * step * LD)}]"
-                    value = f"tf32(v{k}_{it})"
+                    value = self.rnd(f"v{k}_{it}")
                     if branchless:
                         w(f"{dst} = select({row} < Tn, {value}, T(0.0))")
                     else:
@@ -231,17 +246,27 @@ class _Gen:
         for kk in range(self.NE):
             for i, off in enumerate((0, 8 * LD, 4, 8 * LD + 4)):
                 self.w(f"{name}{kk}_{i} = sm[la + {self.u(region + 8 * kk + off)}]")
+            self.split([f"{name}{kk}_{i}" for i in range(4)])
 
     def zero(self, acc: str, cols) -> None:
         self.w(*(f"{acc}{n}_{i} = T(0.0)" for n in cols for i in range(4)))
 
     def _mma(self, acc: str, n: int, a: list[str]) -> None:
-        c = [f"{acc}{n}_{i}" for i in range(4)]
-        self.w(f"{', '.join(c)} = mma_tf32({', '.join(a)}, b0, b1, {', '.join(c)})")
+        """acc{n} += A B for A fragments a (names; split by split() with SPLIT_TF32), B in
+        b0, b1 (_load_b)."""
+        c = ", ".join(f"{acc}{n}_{i}" for i in range(4))
+        if not SPLIT_TF32:
+            self.w(f"{c} = mma_tf32({', '.join(a)}, b0, b1, {c})")
+            return
+        for ap, bp in (("l", "h"), ("h", "l"), ("h", "h")):  # the small terms first
+            frags = ", ".join([x + ap for x in a] + [f"b0{bp}", f"b1{bp}"])
+            self.w(f"{c} = mma_tf32({frags}, {c})")
 
     def _load_b(self, at: list[str], raw: bool) -> None:
+        """b0, b1 from sm[at]; raw: a cp.async copy, rounded here (split with SPLIT_TF32)."""
         for k, a in enumerate(at):
-            self.w(f"b{k} = tf32(sm[{a}])" if raw else f"b{k} = sm[{a}]")
+            self.w(f"b{k} = {self.rnd(f'sm[{a}]') if raw else f'sm[{a}]'}")
+        self.split(["b0", "b1"])
 
     def product_nt(self, acc: str, a: str, region: int, cols, base="lb", raw=False) -> None:
         """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region."""
@@ -258,6 +283,7 @@ class _Gen:
         LD = self.LD
         for kk in ks:
             a = [f"{p}{kk}_{i}" for i in (0, 2, 1, 3)]
+            self.split(a)
             for n in range(self.NE):
                 off = region + 8 * kk * LD + 8 * n
                 self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + LD)}"], raw)
@@ -357,7 +383,8 @@ def _forward_source(E: int) -> str:
         # mn is finite (every tile a row visits has a key at or before it), so the first
         # tile's m = -inf gives al = exp(-inf) = 0
         w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = math.exp(m{r} - mn{r})")
-        w(*(f"s{n}_{k} = tf32(math.exp(s{n}_{k} - mn{r}))" for n in range(8) for k in (i, j)))
+        for n in range(8):
+            w(*(f"s{n}_{k} = {gen.rnd(f'math.exp(s{n}_{k} - mn{r})')}" for k in (i, j)))
         w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
         w(f"m{r} = mn{r}")
         w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
@@ -431,7 +458,7 @@ def _dq_source(E: int) -> str:
         for n in cols:
             for i in range(4):
                 r = i >> 1
-                w(f"s{n}_{i} = tf32(math.exp(s{n}_{i} - ls{r}) * (p{n}_{i} - d{r}))")
+                w(f"s{n}_{i} = {gen.rnd(f'math.exp(s{n}_{i} - ls{r}) * (p{n}_{i} - d{r})')}")
         gen.product_nn("q", "s", KS, cols, bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
@@ -540,7 +567,8 @@ def _dkv_source(E: int) -> str:
                 w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
                 for i in (j, j + 2):
                     w(f"s{n}_{i} = math.exp(s{n}_{i} - lq)")
-                    w(f"p{n}_{i} = tf32(s{n}_{i} * (p{n}_{i} - dd))", f"s{n}_{i} = tf32(s{n}_{i})")
+                    w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)')}")
+                    w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}')}")
         if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
             for n in cols:
                 for i in range(4):
@@ -585,6 +613,7 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
         for kk in range(8):
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
+            gen.split(["a0", "a1", "a2", "a3"])
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
@@ -623,8 +652,9 @@ def _compile(name: str, src: str):
 
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
-    return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, MIN_BLOCKS=MIN_BLOCKS,
-                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
+    return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
+                MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
+                LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
 def sources(E: int) -> dict[str, str]:
