@@ -52,6 +52,7 @@ RECORDS: list[dict] = []
 # alone (its forward is the same kernel as the first's, so only its backward compiles).
 VARIANTS = [
     ("default", {}),  # PIPELINE and ATOMIC_DQ, measured fastest on 2026-11-29
+    ("fast-exp", {"FAST_EXP": True}),
     ("3xtf32", {"SPLIT_TF32": True}),
     ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),
 ]

@@ -2,8 +2,8 @@
 # One lent H200 call of the plan in bench/notes_gpu.md ("Left for the next session").
 # Run from the repository root through the device tool, with carry [".whl"] (numpy 2.3.5:
 # the image's numpy 2.5 breaks numba-cuda) and, for `curves`, ".carry" (the data, xz):
-#     bash bench/h200_session.sh check      # gpu tests, per-method times, euler bench (~9 min)
-#     bash bench/h200_session.sh variants   # tensor-core attention variants (~8 min)
+#     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
+#     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -22,23 +22,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 
 case "${1:-check}" in
 check)
-    log "euler bench (ours, ours_cuda_graph, torch eager)"
-    timeout 240 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-compile \
-        --json "$OUT/bench.json" 2>&1 | tail -60 | tee -a "$OUT/log.txt"
     log "gpu tests"
-    timeout 230 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 | tail -25 \
+    timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    log "bench_gpu (per-method times, launched and device only)"
+    timeout 200 python3 bench/bench_gpu.py --out "$OUT/gpu.json" 2>&1 | tail -40 \
         | tee -a "$OUT/log.txt"
-    log "bench_gpu (per-method times)"
-    python3 bench/bench_gpu.py --out "$OUT/gpu.json" 2>&1 | tail -40 | tee -a "$OUT/log.txt"
     ;;
 variants)
-    log "matmul layer check, in full"
-    timeout 60 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "layer and matmul" \
-        2>&1 | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
-    for v in pipeline-atomic-dq pipeline; do
-        log "tensor-core variant $v"
-        timeout 270 python3 bench/attention_tc_gpu.py --variant $v --out "$OUT/attention-tc-$v.json" \
-            2>&1 | tail -20 | tee -a "$OUT/log.txt"
+    shift
+    for v in "${@:-fast-exp 3xtf32}"; do
+        for name in $v; do
+            log "tensor-core variant $name"
+            timeout 270 python3 bench/attention_tc_gpu.py --variant "$name" \
+                --out "$OUT/attention-tc-$name.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
+        done
     done
     ;;
 curves)

@@ -40,24 +40,28 @@ IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TOL = 2e-3  # of the largest reference value, see the module docstring
 TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4e-4
 # attention_tc knob settings, by name; "default" must be the module's own (a test checks)
+_OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False}
 VARIANTS = {
-    "default": {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": False},
-    "staged": {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False},
-    "pipeline": {"PIPELINE": True, "ATOMIC_DQ": False, "SPLIT_TF32": False},
-    "atomic-dq": {"PIPELINE": False, "ATOMIC_DQ": True, "SPLIT_TF32": False},
-    "3xtf32": {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
+    "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
+    "staged": _OFF,
+    "pipeline": _OFF | {"PIPELINE": True},
+    "atomic-dq": _OFF | {"ATOMIC_DQ": True},
+    "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
+    "fast-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True},
 }
 # The first three (the kernels that train, the staged code paths, and 3xTF32) run in the
 # quick suite; the others' kernels are parts of theirs, so they wait for -m slow (the
-# simulator takes about a minute a variant).
+# simulator takes about a minute a variant). FAST_EXP's PTX is quick too (in the
+# simulator exp_approx is math.exp: nothing new to run there).
 QUICK = ("default", "staged", "3xtf32")
+QUICK_PTX = (*QUICK, "fast-exp")
 
 
-def _marked(names) -> list:
-    return [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in names]
+def _marked(names, quick=QUICK) -> list:
+    return [n if n in quick else pytest.param(n, marks=pytest.mark.slow) for n in names]
 
 
-@pytest.fixture(params=_marked(VARIANTS))
+@pytest.fixture(params=_marked(VARIANTS, QUICK_PTX))
 def variant(request, monkeypatch) -> dict:
     """Sets one VARIANTS entry's knobs on attention_tc for the test; returns them."""
     from euler.gpu import attention_tc
@@ -105,6 +109,7 @@ if not IN_SIMULATOR:
 
     def _check_ptx(ptx: dict[str, str], E: int, knobs: dict) -> None:
         pipeline, atomic, split = knobs["PIPELINE"], knobs["ATOMIC_DQ"], knobs["SPLIT_TF32"]
+        fast_exp = knobs["FAST_EXP"]
         # per 64 x 64 tile and warp: 8 E / 8 products for each of S and O (forward), of S,
         # dP and dQ (dq), of S, dP, dV and dK (dkv; and dQ with ATOMIC_DQ), all written
         # out; three mma each with SPLIT_TF32
@@ -117,6 +122,9 @@ if not IN_SIMULATOR:
             mmas = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
             assert len(mmas) == n * per_product, (name, len(mmas))
             assert "cvt.rna.tf32.f32" in text, name
+            # libdevice's expf reduces its argument with fma.rm; exp_approx is ex2 alone
+            assert ("fma.rm.f32" not in text) == fast_exp, name
+            assert "ex2.approx.ftz.f32" in text, name
             assert not re.search(r"\.f64\b", text), f"{name}: float64 arithmetic"
             assert ".local" not in text, f"{name}: a register tile spilled to local memory"
             copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", text)
@@ -249,7 +257,7 @@ else:
     @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))
     def test_attention_tc_variant(monkeypatch, name) -> None:
         """Two query tiles with a tail, two query heads per kv head; the forward only where
-        the variant's differs from the default's (staged, 3xTF32)."""
+        the variant's differs from the default's (staged, 3xTF32, fast exp)."""
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32"))
+        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32", "fast-exp"))

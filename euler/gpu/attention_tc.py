@@ -99,6 +99,10 @@ ATOMIC_DQ = True
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
 # are staged and P, dS kept unrounded for it; errors fall to fp32's level at 3x the mma.
 SPLIT_TF32 = False
+# FAST_EXP: probabilities from exp_approx (approx.py: ex2.approx, 2 instructions) instead
+# of math.exp (libdevice, about 9): the forward's 64 x 64 exps per tile are a large share
+# of its instructions, and their results are rounded to TF32 anyway.
+FAST_EXP = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
@@ -119,6 +123,7 @@ class _Gen:
     def __init__(self, E: int):
         self.E, self.NE, self.LD = E, E // 8, E + 4
         self.w = Source()
+        self.presplit: set[str] = set()  # A fragments held as hi and lo (SPLIT_TF32)
 
     def u(self, n: int) -> str:
         return f"uint64({n})"
@@ -127,6 +132,10 @@ class _Gen:
         """expr rounded to TF32 where it becomes an operand; unrounded with SPLIT_TF32,
         whose products split it themselves."""
         return expr if SPLIT_TF32 else f"tf32({expr})"
+
+    def exp(self, expr: str) -> str:
+        """e^expr: exp_approx with FAST_EXP, else math.exp."""
+        return f"exp_approx({expr})" if FAST_EXP else f"math.exp({expr})"
 
     def split(self, names: list[str]) -> None:
         """With SPLIT_TF32: each name's hi (name + "h") and lo (name + "l") TF32 parts."""
@@ -240,24 +249,34 @@ class _Gen:
         w.indent(-1)
         w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
 
-    def load_a(self, name: str, region: int) -> None:
-        """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]."""
+    def load_a(self, name: str, region: int, presplit: bool = False) -> None:
+        """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]; with
+        SPLIT_TF32 and presplit, held as their hi and lo parts (fewer instructions, more
+        registers: the forward's one A operand fits, the dkv kernel's two spill)."""
         LD = self.LD
         for kk in range(self.NE):
-            for i, off in enumerate((0, 8 * LD, 4, 8 * LD + 4)):
-                self.w(f"{name}{kk}_{i} = sm[la + {self.u(region + 8 * kk + off)}]")
-            self.split([f"{name}{kk}_{i}" for i in range(4)])
+            names = [f"{name}{kk}_{i}" for i in range(4)]
+            for x, off in zip(names, (0, 8 * LD, 4, 8 * LD + 4), strict=True):
+                self.w(f"{x} = sm[la + {self.u(region + 8 * kk + off)}]")
+            if presplit and SPLIT_TF32:
+                self.split(names)
+                self.presplit.update(names)
 
     def zero(self, acc: str, cols) -> None:
         self.w(*(f"{acc}{n}_{i} = T(0.0)" for n in cols for i in range(4)))
 
     def _mma(self, acc: str, n: int, a: list[str]) -> None:
-        """acc{n} += A B for A fragments a (names; split by split() with SPLIT_TF32), B in
-        b0, b1 (_load_b)."""
+        """acc{n} += A B for A fragments a (names), B in b0, b1 (_load_b). With SPLIT_TF32
+        A is split here, at each product, unless load_a held it split."""
         c = ", ".join(f"{acc}{n}_{i}" for i in range(4))
         if not SPLIT_TF32:
             self.w(f"{c} = mma_tf32({', '.join(a)}, b0, b1, {c})")
             return
+        if not self.presplit.issuperset(a):
+            for i, x in enumerate(a):
+                self.w(f"x{i} = {x}")
+            a = [f"x{i}" for i in range(4)]
+            self.split(a)
         for ap, bp in (("l", "h"), ("h", "l"), ("h", "h")):  # the small terms first
             frags = ", ".join([x + ap for x in a] + [f"b0{bp}", f"b1{bp}"])
             self.w(f"{c} = mma_tf32({frags}, {c})")
@@ -283,7 +302,6 @@ class _Gen:
         LD = self.LD
         for kk in ks:
             a = [f"{p}{kk}_{i}" for i in (0, 2, 1, 3)]
-            self.split(a)
             for n in range(self.NE):
                 off = region + 8 * kk * LD + 8 * n
                 self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + LD)}"], raw)
@@ -364,7 +382,7 @@ def _forward_source(E: int) -> str:
     qs = BUF if PIPELINE else KS
     gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
     w("cuda.syncthreads()")
-    gen.load_a("qa", qs)
+    gen.load_a("qa", qs, presplit=True)
     if not PIPELINE:
         w("cuda.syncthreads()  # Q is in registers; its space takes K")
     w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
@@ -382,9 +400,9 @@ def _forward_source(E: int) -> str:
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         # mn is finite (every tile a row visits has a key at or before it), so the first
         # tile's m = -inf gives al = exp(-inf) = 0
-        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = math.exp(m{r} - mn{r})")
+        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = {gen.exp(f'm{r} - mn{r}')}")
         for n in range(8):
-            w(*(f"s{n}_{k} = {gen.rnd(f'math.exp(s{n}_{k} - mn{r})')}" for k in (i, j)))
+            w(*(f"s{n}_{k} = {gen.rnd(gen.exp(f's{n}_{k} - mn{r}'))}" for k in (i, j)))
         w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
         w(f"m{r} = mn{r}")
         w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
@@ -458,7 +476,8 @@ def _dq_source(E: int) -> str:
         for n in cols:
             for i in range(4):
                 r = i >> 1
-                w(f"s{n}_{i} = {gen.rnd(f'math.exp(s{n}_{i} - ls{r}) * (p{n}_{i} - d{r})')}")
+                e = gen.exp(f"s{n}_{i} - ls{r}")
+                w(f"s{n}_{i} = {gen.rnd(f'{e} * (p{n}_{i} - d{r})')}")
         gen.product_nn("q", "s", KS, cols, bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
@@ -566,7 +585,7 @@ def _dkv_source(E: int) -> str:
                 off = 8 * n + j
                 w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
                 for i in (j, j + 2):
-                    w(f"s{n}_{i} = math.exp(s{n}_{i} - lq)")
+                    w(f"s{n}_{i} = {gen.exp(f's{n}_{i} - lq')}")
                     w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)')}")
                     w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}')}")
         if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
@@ -613,7 +632,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
         for kk in range(8):
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
-            gen.split(["a0", "a1", "a2", "a3"])
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
@@ -638,10 +656,11 @@ from euler.gpu.reduce import FULL_MASK"""
 ASYNC_IMPORT = (
     "\nfrom euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait"
 )
+EXP_IMPORT = "\nfrom euler.gpu.approx import exp_approx"
 
 
 def _compile(name: str, src: str):
-    header = HEADER + (ASYNC_IMPORT if PIPELINE else "")
+    header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -653,7 +672,7 @@ def _compile(name: str, src: str):
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
     return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
-                MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
+                FAST_EXP=FAST_EXP, MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
                 LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
