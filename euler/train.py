@@ -510,25 +510,36 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         with _StopRequest() as stop:
             if start == 0:
                 val = run_eval(0)
+            batch = data.get("train", start * tc.grad_accum, tc.seed)
             for step in range(start, total):
                 # one optimizer step over grad_accum micro-batches
                 t0 = time.perf_counter()
                 lr = lr_at(step, tc, total)
-                loss = 0.0
+                losses = []
                 for micro in range(tc.grad_accum):
-                    tokens, targets = data.get("train", step * tc.grad_accum + micro, tc.seed)
-                    tokens, targets, scale = distributed.shard_batch(tokens, targets, comm)
+                    if micro:
+                        batch = data.get("train", step * tc.grad_accum + micro, tc.seed)
+                    tokens, targets, scale = distributed.shard_batch(*batch, comm)
                     # each micro-batch's head weights carry 1 / grad_accum: the gradients
                     # accumulate into their mean, with no pass over the buffer afterwards
                     model.stage(tokens, targets, scale / tc.grad_accum)
-                    # float(): a GPU backend returns the loss lazily, in a buffer it reuses
-                    micro_loss = float(step_graph.forward_backward(graphs, model, micro > 0))
+                    losses.append(step_graph.forward_backward(graphs, model, micro > 0))
+                    if micro + 1 < tc.grad_accum:
+                        # a GPU backend returns the loss lazily, in a buffer the next
+                        # micro-batch reuses: read it now
+                        losses[-1] = float(losses[-1])
+                comm.allreduce_mean(model.grads)  # the global batch's gradient, on every rank
+                norm = step_graph.update(graphs, opt, lr)
+                if step + 1 < total:  # the next batch, read while the device works
+                    batch = data.get("train", (step + 1) * tc.grad_accum, tc.seed)
+                # float() waits for the device. A non-finite loss stops the run before
+                # anything is saved: the update already applied in memory is dropped
+                losses = [float(x) for x in losses]
+                for micro_loss in losses:
                     if not math.isfinite(micro_loss):
                         _stop_nonfinite("loss", micro_loss, step + 1, saved_step, run)
-                    loss += micro_loss
-                comm.allreduce_mean(model.grads)  # the global batch's gradient, on every rank
-                loss = distributed.global_mean(comm, loss)
-                norm = float(step_graph.update(graphs, opt, lr))
+                loss = distributed.global_mean(comm, sum(losses))
+                norm = float(norm)
                 if not math.isfinite(norm):
                     _stop_nonfinite("gradient norm", norm, step + 1, saved_step, run)
                 model.be.synchronize()
