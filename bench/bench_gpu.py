@@ -10,6 +10,8 @@ Measures on the current CUDA GPU (TF32 matmuls, as training runs):
   step is launched (the host's launch gaps fall between the events) and with the whole
   step queued behind a busy kernel first ("device only": the device then runs it back to
   back, so each method's events hold its kernels' time alone);
+- each distinct matrix product of the step (shape, transposes) alone: ms, TFLOP/s, and
+  how many a step makes;
 - our FlashAttention forward and backward against a naive attention that materialises the
   (B H, T, T) scores (batched cuBLAS GEMMs and a row softmax kernel) at each `--attn-t`.
 """
@@ -63,6 +65,8 @@ class TimedBackend:
     def __init__(self, be: GpuBackend):
         self.be = be
         self.events: list[tuple[str, object, object]] = []
+        # (M, N, K, trans_a, trans_b, accumulate) -> [count, arguments of its first call]
+        self.gemms: dict[tuple, list] = {}
 
     def __getattr__(self, name):
         fn = getattr(self.be, name)
@@ -70,6 +74,8 @@ class TimedBackend:
             return fn
 
         def wrapper(*args, **kw):
+            if name == "matmul":
+                self._count_gemm(*args, **kw)
             start, stop = cuda.event(), cuda.event()
             start.record(self.be.stream)
             out = fn(*args, **kw)
@@ -78,6 +84,13 @@ class TimedBackend:
             return out
 
         return wrapper
+
+    def _count_gemm(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
+        M, N = out.shape
+        K = a.shape[0] if trans_a else a.shape[1]
+        entry = self.gemms.setdefault((M, N, K, trans_a, trans_b, accumulate), [0, None])
+        entry[0] += 1
+        entry[1] = (out, a, b, trans_a, trans_b, accumulate)
 
     def totals(self) -> dict[str, float]:
         self.be.synchronize()
@@ -107,6 +120,18 @@ def hold_stream(be: GpuBackend, ms: float) -> float:
     return int(ms / per_iter) * per_iter
 
 
+def gemm_table(be: GpuBackend, gemms: dict, steps: int, reps: int) -> list[dict]:
+    """Each distinct product of `steps` recorded steps alone (on its own arrays): median ms,
+    TFLOP/s, calls per step, and ms per step; slowest total first."""
+    rows = []
+    for (M, N, K, ta, tb, acc), (count, args) in gemms.items():
+        ms = timed(be, lambda args=args: be.matmul(*args), reps)
+        rows.append(dict(M=M, N=N, K=K, trans_a=ta, trans_b=tb, accumulate=acc,
+                         per_step=count / steps, ms=ms, tflops=2 * M * N * K / ms / 1e9,
+                         ms_per_step=ms * count / steps))  # fmt: skip
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
 def train_step(model: Model, tokens, targets, state, step: int):
     loss = model.forward(tokens, targets, need_grad=True)
     model.backward()
@@ -130,6 +155,7 @@ def bench_step(args) -> dict:
     loss0 = float(train_step(model, tokens, targets, state, 1))  # compiles every kernel
     compile_s = time.perf_counter() - t0
     timer.totals()
+    timer.gemms.clear()
     train_step(model, tokens, targets, state, 2)
     per_method = timer.totals()
     held = hold_stream(be, 1000.0)  # the host queues the step while this runs
@@ -137,6 +163,7 @@ def bench_step(args) -> dict:
     train_step(model, tokens, targets, state, 3)
     queued_ms = (time.perf_counter() - h0) * 1e3
     per_method_device = timer.totals()
+    gemms = gemm_table(be, timer.gemms, 2, args.reps)
     model.be = be  # untimed from here on
     be.synchronize()
     host, steps = [], args.steps
@@ -172,6 +199,8 @@ def bench_step(args) -> dict:
         "device_only_queued_ms": queued_ms,
         "device_only_hold_ms": held,
         "device_only_clean": queued_ms < 0.9 * held,
+        "gemms_alone": gemms,
+        "gemms_alone_ms_per_step": sum(r["ms_per_step"] for r in gemms),
     }
 
 
