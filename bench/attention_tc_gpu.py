@@ -12,8 +12,9 @@ recorded as {"error": ...}) loses nothing measured before it:
   attention.py. Errors are TF32-sized (~1e-3 of the values' scale), not fp32-sized
   (the 3xtf32 variant's should be fp32-sized).
 - "time": median ms over --reps runs (CUDA events, after a warm-up run) of forward and
-  backward for attention_tc, the exact kernels, and torch SDPA when torch has CUDA; TFLOP/s
-  of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
+  backward for attention_tc (TF32, and 3xTF32 at the big shapes), the exact kernels, torch
+  SDPA when torch has CUDA, and the naive attention (scores in memory) at the big shapes;
+  TFLOP/s of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
 
     python bench/attention_tc_gpu.py --variants --out attention-tc-variants.json
 
@@ -29,6 +30,7 @@ NVVM (`--variant NAME` runs one, here).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -44,12 +46,13 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from euler.gpu import attention, attention_tc  # noqa: E402
+from euler.gpu.backend import GpuBackend  # noqa: E402
+from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
 from tests.numpy_reference import attention_with_grads  # noqa: E402
 
 RECORDS: list[dict] = []
-# attention_tc knob settings measured by --variants, default first, then best candidates:
-# cp.async double buffering with the 5-product atomic-dQ backward, then double buffering
-# alone (its forward is the same kernel as the first's, so only its backward compiles).
+# attention_tc knob settings measured by --variants: the default first, then candidates
+# (the fast exponential; 3xTF32; the staged kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE and ATOMIC_DQ, measured fastest on 2026-11-29
     ("fast-exp", {"FAST_EXP": True}),
@@ -159,17 +162,36 @@ def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) 
             emit(out, kind="check", against="exact fp32 kernels", **shape, **max_errors(tc, ex))
 
 
-def time_case(c: Case, out: Path | None, reps: int, exact: bool, torch=True, **tag) -> None:
-    """Times of attention_tc, the exact kernels (if exact) and torch SDPA (if torch); tag:
-    extra fields of the records."""
+@contextlib.contextmanager
+def knobs_set(**knobs):
+    """attention_tc's generation knobs set to these values inside the block."""
+    saved = attention_tc.knobs()
+    for knob, value in knobs.items():
+        setattr(attention_tc, knob, value)
+    try:
+        yield
+    finally:
+        for knob, value in saved.items():
+            setattr(attention_tc, knob, value)
+
+
+def time_case(
+    c: Case, out: Path | None, reps: int, exact: bool, torch=True, more=False, **tag
+) -> None:  # fmt: skip
+    """Times of attention_tc, the exact kernels (if exact), torch SDPA (if torch) and, if
+    more, attention_tc in 3xTF32 and the naive attention (scores materialised, TF32 cuBLAS);
+    tag: extra fields of the records."""
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     useful = 4 * c.B * c.H * c.T * c.T * c.E / 2
-    impls = [("tc", attention_tc)] + ([("exact", attention)] if exact else [])
-    for name, mod in impls:
+    impls = [("tc", attention_tc, {})] + ([("exact", attention, {})] if exact else [])
+    if more:
+        impls.insert(1, ("tc 3xtf32", attention_tc, {"SPLIT_TF32": True}))
+    for name, mod, knobs in impls:
 
-        def run(mod=mod):
-            f = timed(c.stream, lambda: c.fwd(mod), reps)
-            b = timed(c.stream, lambda: c.bwd(mod), reps)
+        def run(mod=mod, knobs=knobs):
+            with knobs_set(**knobs):
+                f = timed(c.stream, lambda: c.fwd(mod), reps)
+                b = timed(c.stream, lambda: c.bwd(mod), reps)
             return f, b
 
         r = guarded(out, f"time {name}", **shape, **tag)(run)
@@ -189,6 +211,18 @@ def time_case(c: Case, out: Path | None, reps: int, exact: bool, torch=True, **t
             )
     if torch:
         guarded(out, "time torch sdpa", **shape)(lambda: time_torch(c, out, reps, useful, shape))
+    if more:
+        guarded(out, "time naive", **shape)(lambda: time_naive(c, out, reps, useful, shape))
+
+
+def time_naive(c: Case, out: Path | None, reps: int, useful: float, shape: dict) -> None:
+    """The naive attention (euler/gpu/naive_attention.py) on the same data."""
+    be = GpuBackend(tf32=True)
+    naive = NaiveAttention(be, c.qkv_h, c.dout_h, c.H, c.G, c.E)
+    f, b = timed(be.stream, naive.forward, reps), timed(be.stream, naive.backward, reps)
+    emit(out, kind="time", impl="naive (scores in memory, TF32 cuBLAS)", fwd_ms=f, bwd_ms=b,
+         bwd_over_fwd=b / f, fwd_tflops=useful / f / 1e9, bwd_tflops=2.5 * useful / b / 1e9,
+         scores_gib=naive.scores_bytes() / 2**30, **shape)  # fmt: skip
 
 
 def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict) -> None:
@@ -319,7 +353,9 @@ def main() -> None:
         if c is None:
             continue
         check(c, args.out, exact, ref_batch=1)
-        time_case(c, args.out, args.reps, exact)
+        with knobs_set(SPLIT_TF32=True):
+            check(c, args.out, False, ref_batch=1, variant="3xtf32")
+        time_case(c, args.out, args.reps, exact, more=True)
         registers(args.out)
         del c
 
