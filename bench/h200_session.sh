@@ -4,6 +4,7 @@
 # the image's numpy 2.5 breaks numba-cuda) and, for `curves`, ".carry" (the data, xz):
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
+#     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -39,6 +40,11 @@ variants)
         done
     done
     ;;
+attention)
+    log "attention table: tc, tc 3xtf32, exact, torch SDPA, naive at T=512 and 2048"
+    timeout 500 python3 bench/attention_tc_gpu.py --out "$OUT/attention-tc.json" 2>&1 \
+        | grep -v Warning | tail -40 | tee -a "$OUT/log.txt"
+    ;;
 curves)
     # TF32 attention and exact attention, the same steps, side by side on the one GPU (each
     # gets about half of it): 9 minutes, then Ctrl-C (each saves a checkpoint and stops).
@@ -68,7 +74,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|curves|final" >&2
+    echo "usage: $0 check|variants|attention|curves|final" >&2
     exit 2
     ;;
 esac
