@@ -280,26 +280,23 @@ def registers(out: Path | None, **tag) -> None:
 def run_variants(args, Ts: list[int], variants: list[tuple]) -> None:
     """Each of variants (VARIANTS entries): knobs set, checked (a tail shape, then each T)
     and timed."""
-    defaults = attention_tc.knobs()
     small = guarded(args.out, "setup", T=100)(lambda: Case(2, 100, 4, 2, 64))
     cases = {
         T: guarded(args.out, "setup", T=T)(lambda T=T: Case(args.batch, T, 12, 4, 64)) for T in Ts
     }
     for name, knobs in variants:
-        for knob, value in {**defaults, **knobs}.items():
-            setattr(attention_tc, knob, value)
-        tag = dict(variant=name)
-        bytes_ = attention_tc.shared_bytes(64)
-        emit(args.out, kind="variant", **tag, knobs=attention_tc.knobs(), shared_bytes=bytes_)
-        if small:
-            check(small, args.out, False, None, **tag)
-        for c in cases.values():
-            if c:
-                check(c, args.out, False, 1, **tag)
-                time_case(c, args.out, args.reps, False, torch=False, **tag)
-        registers(args.out, **tag)
-    for knob, value in defaults.items():
-        setattr(attention_tc, knob, value)
+        with knobs_set(**knobs):
+            tag = dict(variant=name)
+            bytes_ = attention_tc.shared_bytes(64)
+            emit(args.out, kind="variant", **tag, knobs=attention_tc.knobs(),
+                 shared_bytes=bytes_)  # fmt: skip
+            if small:
+                check(small, args.out, False, None, **tag)
+            for c in cases.values():
+                if c:
+                    check(c, args.out, False, 1, **tag)
+                    time_case(c, args.out, args.reps, False, torch=False, **tag)
+            registers(args.out, **tag)
 
 
 def run_isolated(args) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,7 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     curves = [read_curves(r) for r in runs]
     last = min(c.steps[-1] for c in curves)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for c, color in zip(curves, COLORS * len(curves), strict=False):
+    for c, color in zip(curves, itertools.cycle(COLORS), strict=False):
         n = sum(1 for s in c.steps if s <= last)
         label = "train" if len(curves) == 1 else c.name
         ax.plot(c.steps[:n], c.losses[:n], color=color, alpha=0.2, lw=0.8)
