@@ -3,6 +3,8 @@
     python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
 
 Measures on the current CUDA GPU (TF32 matmuls, as training runs):
+- the trainer's step with the weight gradients on a side stream (GpuBackend(overlap=True))
+  and in line, replayed as CUDA graphs and launched (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
@@ -84,6 +86,11 @@ class TimedBackend:
             return out
 
         return wrapper
+
+    def matmul_pair(self, first, second) -> None:
+        """Both products in line on the main stream, each timed and counted as a matmul."""
+        for args in (first, second):
+            self.matmul(*args)
 
     def _count_gemm(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         M, N = out.shape
@@ -204,6 +211,27 @@ def bench_step(args) -> dict:
     }
 
 
+def overlap_steps(args) -> dict[str, dict]:
+    """The trainer's step (euler.bench.time_engine), its weight gradients on the side stream
+    (overlap) or in line, each replayed as CUDA graphs and launched: time_steps' statistics
+    plus tokens/s."""
+    from euler.bench import synthetic_batch, time_engine
+
+    cfg = PRESETS[args.preset]
+    tokens, targets = synthetic_batch(cfg, args.batch, args.seq)
+    rows = {}
+    for overlap in (True, False):
+        be = GpuBackend(tf32=True, overlap=overlap)
+        for graph in (True, False):
+            s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
+            s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
+            name = f"{'overlap' if overlap else 'in_line'}_{'graph' if graph else 'launched'}"
+            print(name, json.dumps(s), flush=True)
+            rows[name] = s
+        del be
+    return rows
+
+
 def bench_attention(be: GpuBackend, T: int, args) -> dict:
     """FlashAttention vs naive (materialised scores), forward and backward, at length T."""
     B, H, G, E = args.batch, 12, 4, 64
@@ -295,6 +323,7 @@ def main() -> None:
     ap.add_argument("--peak", type=float, default=495.0, help="dense TF32 TFLOP/s")
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--steps-only", action="store_true", help="just the overlap_steps table")
     ap.add_argument(
         "--tiles",
         default="",
@@ -313,6 +342,12 @@ def main() -> None:
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
     }
+    result["steps"] = overlap_steps(args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.steps_only:
+        return
     result["train_step"] = bench_step(args)
     print(json.dumps(result["train_step"], indent=1), flush=True)
     be = GpuBackend(tf32=True)

@@ -5,6 +5,7 @@
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
+#     bash bench/h200_session.sh overlap    # side-stream weight gradients, GEMM lab, gpu tests
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -32,7 +33,7 @@ check)
     ;;
 variants)
     shift
-    for v in "${@:-fast-exp 3xtf32}"; do
+    for v in "${@:-libdevice-exp 3xtf32}"; do
         for name in $v; do
             log "tensor-core variant $name"
             timeout 270 python3 bench/attention_tc_gpu.py --variant "$name" \
@@ -65,6 +66,17 @@ curves)
         tail -5 "$OUT/train-$run.txt" | tee -a "$OUT/log.txt"
     done
     ;;
+overlap)
+    log "trainer steps: weight gradients on the side stream and in line, graphs and launched"
+    timeout 150 python3 bench/bench_gpu.py --steps-only --steps 20 --out "$OUT/steps.json" 2>&1 \
+        | grep -v Warning | tail -8 | tee -a "$OUT/log.txt"
+    log "gemm lab: weight-gradient products"
+    timeout 100 python3 bench/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 | tail -40 \
+        | tee -a "$OUT/log.txt"
+    log "gpu tests"
+    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    ;;
 final)
     log "euler bench (ours, ours_cuda_graph, torch eager and compiled)"
     timeout 280 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 \
@@ -74,7 +86,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|attention|curves|final" >&2
+    echo "usage: $0 check|variants|attention|overlap|curves|final" >&2
     exit 2
     ;;
 esac

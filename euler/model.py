@@ -156,16 +156,6 @@ class Model:
         self.arena_version = 0  # counts arena allocations: a captured step holds its addresses
 
     # ------------------------------------------------------------------ helpers
-    def _matmul_pair(self, first: tuple, second: tuple) -> None:
-        """Two independent products (out, a, b, trans_a, trans_b, accumulate): concurrently
-        where the backend can (the CPU's matmul_pair), else one after the other."""
-        pair = getattr(self.be, "matmul_pair", None)
-        if pair is not None:
-            pair(first, second)
-        else:
-            for out, a, b, trans_a, trans_b, acc in (first, second):
-                self.be.matmul(out, a, b, trans_a=trans_a, trans_b=trans_b, accumulate=acc)
-
     def _arena(self, B: int, T: int) -> Activations:
         if self.acts is None or (self.acts.B, self.acts.T) != (B, T):
             self.acts = None  # free the old arena before the new one is allocated
@@ -280,10 +270,11 @@ class Model:
                 be.cross_entropy_forward(a.losses[k], a.logits, tk)
                 continue
             be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, self._scales, k)
-            self._matmul_pair(
+            be.matmul_pair(
                 (_2d(a.dxf), a.logits, w, False, False, k > 0),
                 (self.g["mtp_heads"][k], a.logits, xf, True, False, accumulate),
             )
+            be.wait_deferred()  # the next head's logits overwrite these
         self._accumulate = accumulate
         return be.loss_value(a.losses, self._scales)
 
@@ -304,35 +295,42 @@ class Model:
             dx, g["final_norm"], _2d(a.dxf), _2d(a.zero_bt_d), _2d(a.x[cfg.n_layer]),
             p["final_norm"], a.rstdf.reshape(-1), acc,
         )  # fmt: skip
+        # A pair's second product, a weight gradient, may run beside what follows (the GPU's
+        # side stream) until a wait_deferred; keep=1 lets the newest go on. Each norm's
+        # backward overwrites dx after a wait for the products that read it, and the next
+        # layer's dgu and dqkv are overwritten only after waits that cover their readers.
         for layer in reversed(range(cfg.n_layer)):
             w = f"layers.{layer}."
             # MLP block, dx is d(loss)/d(x[layer + 1])
-            self._matmul_pair(
+            be.matmul_pair(
                 (_2d(a.dh), dx, p[w + "mlp.w_down"], False, False, False),
                 (g[w + "mlp.w_down"], dx, _2d(a.h[layer]), True, False, acc),
             )
             be.swiglu_backward(_2d(a.dgu), _2d(a.dh), _2d(a.gu[layer]))
-            self._matmul_pair(
+            be.matmul_pair(
                 (dxn, _2d(a.dgu), p[w + "mlp.w_gateup"], False, False, False),
                 (g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), True, False, acc),
             )
+            be.wait_deferred(keep=1)  # dW_down has read dx, which the norm overwrites next
             be.rmsnorm_backward(
                 dx, g[w + "mlp_norm"], dxn, dx, _2d(a.xmid[layer]), p[w + "mlp_norm"],
                 a.rstd2[layer].reshape(-1), acc,
             )  # fmt: skip
             # attention block, dx is now d(loss)/d(xmid[layer])
-            self._matmul_pair(
+            be.matmul_pair(
                 (_2d(a.datt), dx, p[w + "attn.wo"], False, False, False),
                 (g[w + "attn.wo"], dx, _2d(a.att[layer]), True, False, acc),
             )
             be.attention_backward(a.dqkv, a.datt, a.qkv[layer], a.att[layer], a.lse[layer], H, G, E)
             be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E)
-            self._matmul_pair(
+            be.matmul_pair(
                 (dxn, _2d(a.dqkv), p[w + "attn.wqkv"], False, False, False),
                 (g[w + "attn.wqkv"], _2d(a.dqkv), _2d(a.xn1[layer]), True, False, acc),
             )
+            be.wait_deferred(keep=1)  # dW_o has read dx (and dW_gateup dgu), as above
             be.rmsnorm_backward(
                 dx, g[w + "attn_norm"], dxn, dx, _2d(a.x[layer]), p[w + "attn_norm"],
                 a.rstd1[layer].reshape(-1), acc,
             )  # fmt: skip
         be.embedding_backward(g["tok_emb"], dx, self._tokens, acc)
+        be.wait_deferred()

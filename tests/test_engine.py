@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from euler.config import PRESETS, ModelConfig, get_preset
+from euler.cpu.backend import CpuBackend
 from euler.errors import EulerError
 from euler.gradcheck import ODD_CONFIG, gradcheck_rows
 from euler.model import Model, head_scales, make_targets
@@ -153,6 +154,42 @@ def test_gradient_accumulation_adds_micro_batches():
     m.forward(t2, g2, need_grad=True, accumulate=True)
     m.backward()
     np.testing.assert_allclose(m.grads, first + second, rtol=1e-12, atol=1e-15)
+
+
+class LazySideBackend(CpuBackend):
+    """The CPU backend with the GPU's side stream at its laziest: a pair's second product
+    (a weight gradient) runs only when a wait_deferred makes it due, so it reads its
+    inputs as late as the GPU ever could."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue: list[tuple] = []
+        self.most_queued = 0
+
+    def matmul_pair(self, first, second) -> None:
+        self.matmul(*first)
+        self.queue.append(second)
+        self.most_queued = max(self.most_queued, len(self.queue))
+
+    def wait_deferred(self, keep: int = 0) -> None:
+        while len(self.queue) > keep:
+            self.matmul(*self.queue.pop(0))
+
+
+def test_deferred_weight_gradients_wait_for_nothing_they_read():
+    """Gradients with the weight products run as late as wait_deferred allows equal the
+    in-line ones, micro-batches accumulated: no input is overwritten before they read it."""
+    cfg = CONFIGS["tiny"]
+    batches = [_batch(cfg, 2, 16, 4, seed=s) for s in (1, 2)]
+    grads = []
+    for be in (CpuBackend(), LazySideBackend()):
+        m = Model(cfg, backend=be, dtype=np.float64, seed=3)
+        for i, (tokens, targets) in enumerate(batches):
+            m.forward(tokens, targets, need_grad=True, accumulate=i > 0)
+            m.backward()
+        grads.append(m.grads.copy())
+    assert be.queue == [] and be.most_queued == 3  # the last two layers' overlap
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-15)
 
 
 def test_adamw_matches_numpy_and_skips_norm_decay():

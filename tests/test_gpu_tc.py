@@ -42,18 +42,18 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # attention_tc knob settings, by name; "default" must be the module's own (a test checks)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False}
 VARIANTS = {
-    "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
+    "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True},
     "staged": _OFF,
     "pipeline": _OFF | {"PIPELINE": True},
     "atomic-dq": _OFF | {"ATOMIC_DQ": True},
     "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
-    "fast-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True},
+    "libdevice-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
 }
 # The kernels that train and 3xTF32 run in the simulator in the quick suite; the others
 # wait for -m slow (about a minute a variant there). Their PTX is quick (seconds a variant
 # at E = 8), but for the combinations whose kernels are parts of the staged ones.
 QUICK = ("default", "3xtf32")
-QUICK_PTX = (*QUICK, "staged", "fast-exp")
+QUICK_PTX = (*QUICK, "staged", "libdevice-exp")
 
 
 def _marked(names, quick=QUICK) -> list:

@@ -55,8 +55,11 @@ class CpuBackend:
 
     def matmul_pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run
-        concurrently; the CPU's own method, which euler.model calls where a backend has it."""
+        concurrently; both are done when it returns."""
         self._matmul.pair(first, second)
+
+    def wait_deferred(self, keep: int = 0) -> None:
+        """The GPU's fence for its side-stream products; the CPU's are done when pair returns."""
 
     # ------------------------------------------------------------ layers
     # Numba does not check bounds, so each launcher checks the shapes its kernel trusts.

@@ -37,6 +37,7 @@ def _require_gpu() -> None:
 
 
 CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
+SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 
 
 class GpuBackend:
@@ -48,6 +49,10 @@ class GpuBackend:
 
     threads caps every block size and tile (0: attention's own) sets attention's tiles; tests
     shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
+
+    overlap: matmul_deferred's products (the weight gradients) run on a second stream with
+    its own cuBLAS handle, beside the main stream's work until wait_deferred(); False, or a
+    stand-in blas, runs them in line.
     """
 
     name = "cuda"
@@ -59,6 +64,7 @@ class GpuBackend:
         tile: int = 0,
         blas=None,
         tc_attention: bool = True,
+        overlap: bool = True,
     ):
         _require_gpu()
         from euler.gpu import (
@@ -88,6 +94,17 @@ class GpuBackend:
             self._blas_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=self.stream)
             blas.set_workspace(self._blas_workspace)
         self.blas = blas
+        # overlap: (side stream, its cuBLAS handle, fork event, events marking products done)
+        self.side = None
+        if overlap and hasattr(blas, "set_workspace"):
+            side = cuda.stream()
+            side_blas = Cublas(int(getattr(side.handle, "value", side.handle)), tf32=tf32)
+            self._side_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=side)
+            side_blas.set_workspace(self._side_workspace)
+            done = [cuda.event(timing=False) for _ in range(SIDE_EVENTS)]
+            self.side = (side, side_blas, cuda.event(timing=False), done)
+        self._side_pending: list = []  # events of the deferred products not yet waited for
+        self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
         # CUDA graphs (step_graph.py) need the driver: not the simulator, not a cuBLAS stand-in
         self.can_capture = not numba.config.ENABLE_CUDASIM and hasattr(blas, "set_workspace")
@@ -177,6 +194,37 @@ class GpuBackend:
     def matmul_batched(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (Z, M, N) = op(a[z]) @ op(b[z]) for each z (strided-batched GEMM)."""
         self.blas.gemm_strided_batched(out, a, b, trans_a, trans_b, accumulate)
+
+    def matmul_pair(self, first, second) -> None:
+        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate): first
+        on the stream, second deferred (matmul_deferred)."""
+        self.matmul(*first)
+        self.matmul_deferred(*second)
+
+    def matmul_deferred(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
+        """matmul, queued on the side stream after everything enqueued so far: it may run
+        beside later launches until wait_deferred(), so until then a and b must not be
+        written and out not read. Without a side stream, matmul."""
+        if self.side is None:
+            self.matmul(out, a, b, trans_a, trans_b, accumulate)
+            return
+        side, side_blas, fork, done = self.side
+        if len(self._side_pending) == len(done) - 1:
+            self.wait_deferred()  # the next event round the ring may still be waited for
+        fork.record(self.stream)
+        fork.wait(side)
+        side_blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+        event = done[self._side_count % len(done)]
+        event.record(side)
+        self._side_pending.append(event)
+        self._side_count += 1
+
+    def wait_deferred(self, keep: int = 0) -> None:
+        """Later launches on the stream wait for the deferred products but the last `keep`
+        (the side stream runs them in order, so waiting for one waits for all before it)."""
+        if len(self._side_pending) > keep:
+            self._side_pending[-1 - keep].wait(self.stream)
+            self._side_pending = self._side_pending[len(self._side_pending) - keep :]
 
     # ------------------------------------------------------------ layers
     def embedding_forward(self, x, tokens, wte) -> None:
