@@ -16,6 +16,7 @@ events after a warm-up; TFLOP/s = 2 M N K / time):
   (N, K): ms, GB/s (read + write), and whether the result is exact;
 - pretransposed: the token-contiguous "TN" product be.matmul(dW, dYT, XT, trans_b=True),
   checked against baseline (TF32: relative error < 1e-2);
+- one_sided: only XT (cuBLAS's TT) or only dYT (its NN) token-contiguous, checked;
 - pretransposed_plus_transposes: both transposes then that product, timed as one chain
   (and the sum of the separately timed parts);
 - split_k S (S = 2, 4, 8): K cut into S slices, a batched GEMM into S partials (S, M, N),
@@ -168,6 +169,18 @@ def bench_shape(be: GpuBackend, path: Path | None, M: int, N: int, K: int, reps:
         return ms
 
     pre = guarded(path, "pretransposed", pretransposed, **shape)
+
+    def one_sided(which: str) -> None:
+        """Only one operand token-contiguous: X (cuBLAS's TT) or dY (its NN)."""
+        out = be.zeros((M, N), np.float32)
+        if which == "X":
+            fn = lambda: be.matmul(out, dY, XT, trans_a=True, trans_b=True)
+        else:
+            fn = lambda: be.matmul(out, dYT, X)
+        checked("one_sided", out, ms_of(fn), pretransposed=which)
+
+    for which in ("X", "dY"):
+        guarded(path, f"one_sided {which}", lambda w=which: one_sided(w), **shape)
 
     def chain() -> None:
         out = be.zeros((M, N), np.float32)

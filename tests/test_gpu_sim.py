@@ -74,6 +74,8 @@ else:
         cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
                           context=16, ffn_hidden=24)  # fmt: skip
         train_step_matches(gpu, cfg, B=1, T=8, steps=2, grad_rtol=1e-4)
+        # the weight gradients went through the side stream's queue, all joined at the end
+        assert gpu._side_count > 0 and gpu._side_pending == []
 
     # sizes where no row splits into 16-byte pieces: the kernels' scalar paths (vector.py)
     SCALAR_SIZES = SimpleNamespace(B=1, T=11, D=22, F=18, V=40, H=4, G=2, E=6)

@@ -3,6 +3,9 @@
 Same methods and argument order as euler.cpu.backend.CpuBackend. Everything runs on one
 CUDA stream (cuBLAS is bound to it too), so launches are ordered without host waits;
 only to_host, synchronize and float() of a returned DeviceScalar wait for the device.
+The exception is matmul_pair's second product (a weight gradient): it goes to a side
+stream with its own cuBLAS handle, forked from the stream and joined back by events
+(wait_deferred), so it runs beside the backward's next kernels.
 Scratch buffers (norm partials, attention's D_i) are allocated on first use at a given
 size and reused, so steps after the first allocate nothing.
 """
@@ -51,8 +54,8 @@ class GpuBackend:
     shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
 
     overlap: matmul_deferred's products (the weight gradients) run on a second stream with
-    its own cuBLAS handle, beside the main stream's work until wait_deferred(); False, or a
-    stand-in blas, runs them in line.
+    its own cuBLAS handle, beside the main stream's work until wait_deferred(); False runs
+    them in line.
     """
 
     name = "cuda"
@@ -96,13 +99,16 @@ class GpuBackend:
         self.blas = blas
         # overlap: (side stream, its cuBLAS handle, fork event, events marking products done)
         self.side = None
-        if overlap and hasattr(blas, "set_workspace"):
+        if overlap:
             side = cuda.stream()
-            side_blas = Cublas(int(getattr(side.handle, "value", side.handle)), tf32=tf32)
-            self._side_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=side)
-            side_blas.set_workspace(self._side_workspace)
-            done = [cuda.event(timing=False) for _ in range(SIDE_EVENTS)]
-            self.side = (side, side_blas, cuda.event(timing=False), done)
+            side_blas = blas  # a stand-in (the simulator's) runs every product in line
+            if hasattr(blas, "set_workspace"):
+                side_blas = Cublas(int(getattr(side.handle, "value", side.handle)), tf32=tf32)
+                self._side_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=side)
+                side_blas.set_workspace(self._side_workspace)
+            event = cuda.event if numba.config.ENABLE_CUDASIM else lambda: cuda.event(timing=False)
+            done = [event() for _ in range(SIDE_EVENTS)]
+            self.side = (side, side_blas, event(), done)
         self._side_pending: list = []  # events of the deferred products not yet waited for
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}

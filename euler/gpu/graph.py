@@ -46,8 +46,10 @@ class CapturedGraph:
 def capture(stream, fn: Callable[[], object]) -> tuple[CapturedGraph, object]:
     """(graph of everything fn() enqueues on stream, fn's return value); nothing runs yet.
 
-    fn must only enqueue work on `stream` (kernels, cuBLAS bound to it, device copies):
-    a host wait or a copy to pageable host memory inside it fails the capture.
+    fn must only enqueue work on `stream` (kernels, cuBLAS bound to it, device copies) or
+    on streams forked from it by an event and joined back before fn returns (the
+    backend's side stream): a host wait or a copy to pageable host memory inside it fails
+    the capture.
     """
     mode = binding.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     driver.cuStreamBeginCapture(stream.handle, mode)
