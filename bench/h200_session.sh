@@ -6,6 +6,7 @@
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
 #     bash bench/h200_session.sh overlap    # side-stream weight gradients, GEMM lab, gpu tests
+#     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -77,6 +78,13 @@ overlap)
     timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
+labs)
+    log "gemm lab and cuBLASLt lab"
+    timeout 60 python3 bench/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 \
+        | grep one_sided | tee -a "$OUT/log.txt"
+    timeout 100 python3 bench/cublaslt_lab_gpu.py --out "$OUT/cublaslt-lab.json" 2>&1 \
+        | grep -v Warning | tail -30 | tee -a "$OUT/log.txt"
+    ;;
 final)
     log "euler bench (ours, ours_cuda_graph, torch eager and compiled)"
     timeout 280 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 \
@@ -86,7 +94,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|attention|overlap|curves|final" >&2
+    echo "usage: $0 check|variants|attention|overlap|labs|curves|final" >&2
     exit 2
     ;;
 esac
