@@ -3,8 +3,10 @@
     python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
 
 Measures on the current CUDA GPU (TF32 matmuls, as training runs):
-- the trainer's step with the weight gradients on a side stream (GpuBackend(overlap=True))
-  and in line, replayed as CUDA graphs and launched (`--steps-only`: just this);
+- the trainer's step with the weight gradients on a side stream (GpuBackend(overlap=True)),
+  in line, and on the side stream through token-contiguous copies of an operand
+  (backend.TRANSPOSE_WEIGHT_GRADS), replayed as CUDA graphs and launched (`--steps-only`:
+  just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
@@ -213,22 +215,28 @@ def bench_step(args) -> dict:
 
 def overlap_steps(args) -> dict[str, dict]:
     """The trainer's step (euler.bench.time_engine), its weight gradients on the side stream
-    (overlap) or in line, each replayed as CUDA graphs and launched: time_steps' statistics
-    plus tokens/s."""
+    (overlap) or in line, and on the side stream through token-contiguous copies
+    (backend.TRANSPOSE_WEIGHT_GRADS), each replayed as CUDA graphs and launched:
+    time_steps' statistics plus tokens/s."""
     from euler.bench import synthetic_batch, time_engine
+    from euler.gpu import backend
 
     cfg = PRESETS[args.preset]
     tokens, targets = synthetic_batch(cfg, args.batch, args.seq)
-    rows = {}
-    for overlap in (True, False):
+    rows, default = {}, backend.TRANSPOSE_WEIGHT_GRADS
+    for name, overlap, transposed in (
+        ("overlap", True, False), ("in_line", False, False), ("overlap_transposed", True, True)
+    ):  # fmt: skip
+        backend.TRANSPOSE_WEIGHT_GRADS = transposed
         be = GpuBackend(tf32=True, overlap=overlap)
         for graph in (True, False):
             s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
             s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
-            name = f"{'overlap' if overlap else 'in_line'}_{'graph' if graph else 'launched'}"
-            print(name, json.dumps(s), flush=True)
-            rows[name] = s
+            row = f"{name}_{'graph' if graph else 'launched'}"
+            print(row, json.dumps(s), flush=True)
+            rows[row] = s
         del be
+    backend.TRANSPOSE_WEIGHT_GRADS = default
     return rows
 
 

@@ -44,32 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_gpu import timed  # noqa: E402
 from euler.gpu.backend import CUBLAS_WORKSPACE, GpuBackend  # noqa: E402
 from euler.gpu.cublas import Cublas  # noqa: E402
+from euler.gpu.transpose import transpose  # noqa: E402
 
 SHAPES = [(4096, 768, 16384), (768, 2048, 16384), (1280, 768, 16384), (768, 768, 16384)]
 TINY = [(200, 72, 1000), (96, 160, 512)]  # tails in every tile; K divisible by 8
 SPLITS = (2, 4, 8)
-TILE, ROWS = 32, 8  # the transpose's tile, and its block's rows of threads (TILE / ROWS each)
-PADDED = TILE + 1  # a constant for cuda.shared.array (an expression in the kernel is not)
 SUM_THREADS = 256
 RECORDS: list[dict] = []
-
-
-@cuda.jit
-def transpose_kernel(out, inp):
-    """out (C, R) = inp (R, C)^T through a shared tile padded against bank conflicts."""
-    tile = cuda.shared.array((TILE, PADDED), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
-    R, C = inp.shape
-    for j in range(0, TILE, ROWS):
-        r, c = r0 + ty + j, c0 + tx
-        if r < R and c < C:
-            tile[ty + j, tx] = inp[r, c]
-    cuda.syncthreads()
-    for j in range(0, TILE, ROWS):
-        r, c = c0 + ty + j, r0 + tx  # out's row is inp's column
-        if r < C and c < R:
-            out[r, c] = tile[tx, ty + j]
 
 
 @cuda.jit
@@ -83,13 +64,6 @@ def sum_partials_kernel(out, partial):
             acc += partial[s, i]
         out[i] = acc
         i += cuda.gridsize(1)
-
-
-def transpose(stream, out, inp) -> None:
-    """Launch transpose_kernel: out (C, R) = inp (R, C)^T on stream."""
-    R, C = inp.shape
-    grid = ((C + TILE - 1) // TILE, (R + TILE - 1) // TILE)
-    transpose_kernel[grid, (TILE, ROWS), stream](out, inp)
 
 
 def sum_partials(stream, out, partial) -> None:
@@ -151,9 +125,9 @@ def bench_shape(be: GpuBackend, path: Path | None, M: int, N: int, K: int, reps:
     ref = guarded(path, "baseline", baseline, **shape)
 
     def transpose_one(name: str, dst, src) -> float:
-        transpose(be.stream, dst, src)
+        transpose(dst, src, be.stream)
         exact = bool(np.array_equal(be.to_host(dst), be.to_host(src).T))
-        ms = ms_of(lambda: transpose(be.stream, dst, src))
+        ms = ms_of(lambda: transpose(dst, src, be.stream))
         emit(path, kind="transpose", **shape, operand=name, rows=src.shape[0],
              cols=src.shape[1], ms=ms, gb_s=round(2 * src.size * 4 / ms / 1e6, 1),
              exact=exact)  # fmt: skip
@@ -186,8 +160,8 @@ def bench_shape(be: GpuBackend, path: Path | None, M: int, N: int, K: int, reps:
         out = be.zeros((M, N), np.float32)
 
         def fn() -> None:
-            transpose(be.stream, dYT, dY)
-            transpose(be.stream, XT, X)
+            transpose(dYT, dY, be.stream)
+            transpose(XT, X, be.stream)
             be.matmul(out, dYT, XT, trans_b=True)
 
         parts = None if None in (t_dy, t_x, pre) else t_dy + t_x + pre

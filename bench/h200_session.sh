@@ -68,9 +68,9 @@ curves)
     done
     ;;
 overlap)
-    log "trainer steps: weight gradients on the side stream and in line, graphs and launched"
-    timeout 150 python3 bench/bench_gpu.py --steps-only --steps 20 --out "$OUT/steps.json" 2>&1 \
-        | grep -v Warning | tail -8 | tee -a "$OUT/log.txt"
+    log "trainer steps: weight gradients on the side stream, in line, transposed; graphs, launched"
+    timeout 200 python3 bench/bench_gpu.py --steps-only --steps 20 --out "$OUT/steps.json" 2>&1 \
+        | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
     log "gemm lab: weight-gradient products"
     timeout 100 python3 bench/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 | tail -40 \
         | tee -a "$OUT/log.txt"

@@ -33,6 +33,7 @@ from euler.gpu import (  # noqa: E402
     rmsnorm,
     rope,
     swiglu,
+    transpose,
 )
 
 F64_ALLOWED = {
@@ -71,6 +72,7 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
             f32(N, d), f32(d), f32(N, d), f32(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
         )
     rope.rope_forward(f32(B, T, 8 * 6), f32(T, 3), f32(T, 3), 4, 2, 6)  # 3 pairs: scalar path
+    transpose.transpose(f32(D, N), f32(N, D))
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
     cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, np.ones(K), 1)
     cross_entropy.loss_sum(np.zeros(1), f32(K, N), np.ones(K))
@@ -135,7 +137,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch) -> None:
     defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
     defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
     modules = (adamw, attention, cross_entropy, embedding, memory, naive_attention, residual)
-    modules += (rmsnorm, rope, swiglu)
+    modules += (rmsnorm, rope, swiglu, transpose)
     for module in modules:
         for name, obj in vars(module).items():
             if isinstance(obj, dispatcher.CUDADispatcher) and not obj.targetoptions["device"]:

@@ -77,6 +77,51 @@ else:
         # the weight gradients went through the side stream's queue, all joined at the end
         assert gpu._side_count > 0 and gpu._side_pending == []
 
+    def test_training_steps_transposing_weight_gradients(monkeypatch) -> None:
+        """As above, every weight gradient's narrower operand transposed first
+        (backend.TRANSPOSE_WEIGHT_GRADS, at any width here)."""
+        from euler.config import ModelConfig
+        from euler.gpu import backend
+
+        monkeypatch.setattr(backend, "TRANSPOSE_WEIGHT_GRADS", True)
+        monkeypatch.setattr(backend, "TRANSPOSE_MIN_WIDTH", 0)
+        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas())
+        cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
+                          context=16, ffn_hidden=24)  # fmt: skip
+        train_step_matches(gpu, cfg, B=1, T=8, steps=1, grad_rtol=1e-4)
+        assert any(key[0] == "weight_grad_operand" for key in gpu._scratch)
+
+    @pytest.mark.parametrize("M, N", [(24, 10), (10, 24)])  # b narrower, then a
+    @pytest.mark.parametrize("accumulate", [False, True])
+    def test_weight_gradient_through_a_transposed_operand(M, N, accumulate, monkeypatch):
+        from numba import cuda
+
+        from euler.gpu import backend
+
+        monkeypatch.setattr(backend, "TRANSPOSE_WEIGHT_GRADS", True)
+        monkeypatch.setattr(backend, "TRANSPOSE_MIN_WIDTH", 0)
+        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas())
+        rng = np.random.default_rng(2)
+        a, b, out0 = (rng.standard_normal(s).astype(np.float32) for s in ((37, M), (37, N), (M, N)))
+        out = cuda.to_device(out0)
+        gpu.matmul_deferred(out, cuda.to_device(a), cuda.to_device(b), True, False, accumulate)
+        gpu.wait_deferred()
+        want = a.T @ b + (out0 if accumulate else 0)
+        np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+        assert any(key[0] == "weight_grad_operand" for key in gpu._scratch)
+
+    @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32)])
+    def test_transpose(shape) -> None:
+        """Tails in both directions of the 32 x 32 tiles."""
+        from numba import cuda
+
+        from euler.gpu.transpose import transpose
+
+        src = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        dst = cuda.to_device(np.zeros(shape[::-1], np.float32))
+        transpose(dst, cuda.to_device(src))
+        np.testing.assert_array_equal(dst.copy_to_host(), src.T)
+
     # sizes where no row splits into 16-byte pieces: the kernels' scalar paths (vector.py)
     SCALAR_SIZES = SimpleNamespace(B=1, T=11, D=22, F=18, V=40, H=4, G=2, E=6)
 

@@ -41,6 +41,13 @@ def _require_gpu() -> None:
 
 CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
+# Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
+# copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
+# costs K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py:
+# at 4096 x 768, 0.084 + 0.349 ms against 0.544; at 768 x 768, 0.078 + 0.105 against
+# 0.172). Off until a training step measures it (bench/bench_gpu.py --steps-only).
+TRANSPOSE_WEIGHT_GRADS = False
+TRANSPOSE_MIN_WIDTH = 2048
 
 
 class GpuBackend:
@@ -81,12 +88,14 @@ class GpuBackend:
             rmsnorm,
             rope,
             swiglu,
+            transpose,
         )
         from euler.gpu.cublas import Cublas
 
         self.k_adamw, self.k_attention, self.k_ce = adamw, attention, cross_entropy
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
+        self.k_transpose = transpose
         self.threads, self.tile = threads, tile
         self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
@@ -211,19 +220,42 @@ class GpuBackend:
         """matmul, queued on the side stream after everything enqueued so far: it may run
         beside later launches until wait_deferred(), so until then a and b must not be
         written and out not read. Without a side stream, matmul."""
+        scratch = self._transposed_operand(out, a, trans_a, trans_b)
         if self.side is None:
-            self.matmul(out, a, b, trans_a, trans_b, accumulate)
+            self._gemm(self.blas, self.stream, scratch, out, a, b, trans_a, trans_b, accumulate)
             return
         side, side_blas, fork, done = self.side
         if len(self._side_pending) == len(done) - 1:
             self.wait_deferred()  # the next event round the ring may still be waited for
         fork.record(self.stream)
         fork.wait(side)
-        side_blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+        self._gemm(side_blas, side, scratch, out, a, b, trans_a, trans_b, accumulate)
         event = done[self._side_count % len(done)]
         event.record(side)
         self._side_pending.append(event)
         self._side_count += 1
+
+    def _transposed_operand(self, out, a, trans_a, trans_b):
+        """The scratch buffer (min(M, N), K) for a weight gradient's transposed operand
+        (TRANSPOSE_WEIGHT_GRADS), allocated here, before any fork; None: no transpose."""
+        M, N = out.shape
+        if not (TRANSPOSE_WEIGHT_GRADS and trans_a and not trans_b):
+            return None
+        if max(M, N) < TRANSPOSE_MIN_WIDTH:
+            return None
+        return self.scratch("weight_grad_operand", (min(M, N), a.shape[0]), a.dtype)
+
+    def _gemm(self, blas, stream, scratch, out, a, b, trans_a, trans_b, accumulate) -> None:
+        """out = op(a) @ op(b) by blas on stream; with scratch, a^T b with the narrower
+        operand transposed into it first (both on stream), so cuBLAS reads it K-contiguous."""
+        if scratch is None:
+            blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+        elif out.shape[1] <= out.shape[0]:  # b (K, N) is the narrower: b^T (N, K)
+            self.k_transpose.transpose(scratch, b, stream)
+            blas.gemm(out, a, scratch, True, True, accumulate)
+        else:  # a (K, M): a^T (M, K)
+            self.k_transpose.transpose(scratch, a, stream)
+            blas.gemm(out, scratch, b, False, False, accumulate)
 
     def wait_deferred(self, keep: int = 0) -> None:
         """Later launches on the stream wait for the deferred products but the last `keep`
