@@ -4,9 +4,10 @@
 
 Measures on the current CUDA GPU (TF32 matmuls, as training runs):
 - the trainer's step with the weight gradients on a side stream (GpuBackend(overlap=True)),
-  in line, and on the side stream through token-contiguous copies of an operand
-  (backend.TRANSPOSE_WEIGHT_GRADS), replayed as CUDA graphs and launched (`--steps-only`:
-  just this);
+  in line, on the side stream through token-contiguous copies of an operand
+  (backend.TRANSPOSE_WEIGHT_GRADS), and on the side stream with the residual adds fused
+  into the output projections (backend.FUSED_RESIDUAL), replayed as CUDA graphs and
+  launched (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
@@ -80,6 +81,9 @@ class TimedBackend:
         def wrapper(*args, **kw):
             if name == "matmul":
                 self._count_gemm(*args, **kw)
+            elif name == "matmul_residual":  # out = res + a b^T: count its product a b^T
+                dst, _, a, b = args
+                self._count_gemm(dst, a, b, False, True)
             start, stop = cuda.event(), cuda.event()
             start.record(self.be.stream)
             out = fn(*args, **kw)
@@ -215,28 +219,35 @@ def bench_step(args) -> dict:
 
 def overlap_steps(args) -> dict[str, dict]:
     """The trainer's step (euler.bench.time_engine), its weight gradients on the side stream
-    (overlap) or in line, and on the side stream through token-contiguous copies
-    (backend.TRANSPOSE_WEIGHT_GRADS), each replayed as CUDA graphs and launched:
-    time_steps' statistics plus tokens/s."""
+    (overlap) or in line, on the side stream through token-contiguous copies
+    (backend.TRANSPOSE_WEIGHT_GRADS), and on the side stream with the output projections'
+    residual adds fused into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt), each replayed
+    as CUDA graphs and launched: time_steps' statistics plus tokens/s."""
     from euler.bench import synthetic_batch, time_engine
     from euler.gpu import backend
 
     cfg = PRESETS[args.preset]
     tokens, targets = synthetic_batch(cfg, args.batch, args.seq)
-    rows, default = {}, backend.TRANSPOSE_WEIGHT_GRADS
-    for name, overlap, transposed in (
-        ("overlap", True, False), ("in_line", False, False), ("overlap_transposed", True, True)
-    ):  # fmt: skip
-        backend.TRANSPOSE_WEIGHT_GRADS = transposed
-        be = GpuBackend(tf32=True, overlap=overlap)
-        for graph in (True, False):
-            s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
-            s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
-            row = f"{name}_{'graph' if graph else 'launched'}"
-            print(row, json.dumps(s), flush=True)
-            rows[row] = s
-        del be
-    backend.TRANSPOSE_WEIGHT_GRADS = default
+    rows = {}
+    defaults = backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL
+    try:
+        for name, overlap, transposed, fused in (
+            ("overlap", True, False, False),
+            ("in_line", False, False, False),
+            ("overlap_transposed", True, True, False),
+            ("overlap_fused_residual", True, False, True),
+        ):
+            backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = transposed, fused
+            be = GpuBackend(tf32=True, overlap=overlap)
+            for graph in (True, False):
+                s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
+                s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
+                row = f"{name}_{'graph' if graph else 'launched'}"
+                print(row, json.dumps(s), flush=True)
+                rows[row] = s
+            del be
+    finally:
+        backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = defaults
     return rows
 
 

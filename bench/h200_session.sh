@@ -68,7 +68,7 @@ curves)
     done
     ;;
 overlap)
-    log "trainer steps: weight gradients on the side stream, in line, transposed; graphs, launched"
+    log "trainer steps: weight gradients on the side stream, in line, transposed; fused residual; graphs, launched"
     timeout 200 python3 bench/bench_gpu.py --steps-only --steps 20 --out "$OUT/steps.json" 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
     log "gemm lab: weight-gradient products"

@@ -90,7 +90,6 @@ class Activations:
         self.dxn = z(B, T, D)
         self.dxf = z(B, T, D)
         self.zero_bt_d = z(B, T, D)
-        self.tmp = z(B, T, D)
         self.dqkv = z(B, T, QKV)
         self.datt = z(B, T, cfg.q_dim)
         self.dgu = z(B, T, 2 * F)
@@ -240,8 +239,9 @@ class Model:
             be.matmul(_2d(a.qkv[layer]), _2d(a.xn1[layer]), p[w + "attn.wqkv"], trans_b=True)
             be.rope_forward(a.qkv[layer], self.cos, self.sin, H, G, E)
             be.attention_forward(a.att[layer], a.lse[layer], a.qkv[layer], H, G, E)
-            be.matmul(_2d(a.tmp), _2d(a.att[layer]), p[w + "attn.wo"], trans_b=True)
-            be.residual_forward(_2d(a.xmid[layer]), _2d(a.x[layer]), _2d(a.tmp))
+            # xmid = x + att Wo^T (one cuBLASLt call where the GPU fuses it)
+            be.matmul_residual(_2d(a.xmid[layer]), _2d(a.x[layer]), _2d(a.att[layer]),
+                               p[w + "attn.wo"])  # fmt: skip
             # MLP block: (B, T, D) -> gate|up (B, T, 2F) -> h (B, T, F) -> (B, T, D)
             be.rmsnorm_forward(
                 _2d(a.xn2[layer]), a.rstd2[layer].reshape(-1), _2d(a.xmid[layer]),
@@ -249,8 +249,8 @@ class Model:
             )  # fmt: skip
             be.matmul(_2d(a.gu[layer]), _2d(a.xn2[layer]), p[w + "mlp.w_gateup"], trans_b=True)
             be.swiglu_forward(_2d(a.h[layer]), _2d(a.gu[layer]))
-            be.matmul(_2d(a.tmp), _2d(a.h[layer]), p[w + "mlp.w_down"], trans_b=True)
-            be.residual_forward(_2d(a.x[layer + 1]), _2d(a.xmid[layer]), _2d(a.tmp))
+            be.matmul_residual(_2d(a.x[layer + 1]), _2d(a.xmid[layer]), _2d(a.h[layer]),
+                               p[w + "mlp.w_down"])  # fmt: skip
         be.rmsnorm_forward(
             _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
         )

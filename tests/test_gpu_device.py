@@ -330,6 +330,73 @@ def test_matmul_strided_batched(trans_a, trans_b) -> None:
     report("matmul_batched", gpu.to_host(out), want)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
+                                             (True, True)])  # fmt: skip
+def test_cublaslt_gemm_with_and_without_c(trans_a, trans_b, tf32) -> None:
+    """cublaslt.CublasLt: out = op(a) op(b) (+ c, C != D, c left as it was), exact fp32
+    (within fp32 rounding of a 40-term sum) or TF32 (about 1e-3 relative)."""
+    from numba import cuda
+
+    from euler.gpu.backend import CUBLAS_WORKSPACE
+    from euler.gpu.cublaslt import CublasLt
+
+    gpu, rng = _gpu_backend(), np.random.default_rng(5)
+    M, K, N = 37, 40, 23
+    a = _f32(rng, *((K, M) if trans_a else (M, K)))
+    b = _f32(rng, *((N, K) if trans_b else (K, N)))
+    c0 = _f32(rng, M, N)
+    handle = gpu.stream.handle
+    workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=gpu.stream)
+    lt = CublasLt(int(getattr(handle, "value", handle)), workspace, tf32=tf32)
+    product = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    tol = dict(rtol=3e-3, atol=3e-3 * np.abs(product).max()) if tf32 else dict(atol=1e-5)
+    A, B, C = gpu.to_device(a), gpu.to_device(b), gpu.to_device(c0)
+    for c, want in ((None, product), (C, product + c0)):
+        out = gpu.to_device(np.full((M, N), np.nan, np.float32))
+        for _ in range(2):  # the second call reuses the plan
+            lt.gemm(out, A, B, trans_a, trans_b, c=c)
+        report(f"cublasLt gemm (c: {c is not None})", gpu.to_host(out), want, **tol)
+    np.testing.assert_array_equal(gpu.to_host(C), c0)
+    gpu.synchronize()
+    lt.close()
+
+
+@pytest.mark.gpu
+def test_fused_residual_training_steps_match_cpu(monkeypatch) -> None:
+    """backend.FUSED_RESIDUAL: the output projections and their residual adds as cuBLASLt
+    calls, in whole training steps."""
+    from euler.gpu import backend
+
+    monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
+    gpu = _gpu_backend()
+    train_step_matches(gpu, "small", B=4, T=128, steps=3, grad_rtol=1e-5)
+    assert gpu._lt is not None and not any(k[0] == "matmul_residual" for k in gpu._scratch)
+
+
+@pytest.mark.gpu
+def test_fused_residual_replays_in_a_cuda_graph(monkeypatch) -> None:
+    """A captured matmul_residual (FUSED_RESIDUAL) replays with the inputs of the moment."""
+    from euler.gpu import backend
+
+    monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
+    gpu, rng = _gpu_backend(), np.random.default_rng(6)
+    N, D, F = 64, 48, 80
+    res_h, a_h, w_h = _f32(rng, N, D), _f32(rng, N, F), _f32(rng, D, F)
+    out, res, a, w = (gpu.to_device(x) for x in (np.zeros((N, D), np.float32), res_h, a_h, w_h))
+    gpu.matmul_residual(out, res, a, w)  # eager first: the plan, as the trainer's warm-up
+    graph, _ = gpu.capture(lambda: gpu.matmul_residual(out, res, a, w))
+    for step in range(2):
+        res_h, a_h = _f32(rng, N, D), _f32(rng, N, F)
+        gpu.copy_(res, res_h)
+        gpu.copy_(a, a_h)
+        graph.replay()
+        want = res_h + a_h.astype(np.float64) @ w_h.T
+        report(f"replay {step}", gpu.to_host(out), want, atol=1e-5)
+    graph.close()
+
+
 def test_missing_gpu_or_cublas_is_a_one_line_error(monkeypatch) -> None:
     """Without a GPU (or cuBLAS) the backend says which is missing and how to install."""
     pytest.importorskip("numba.cuda")

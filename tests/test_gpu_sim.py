@@ -39,6 +39,7 @@ else:
         check_rmsnorm,
         check_rope,
         check_swiglu_residual,
+        run_both,
         train_step_matches,
     )
 
@@ -109,6 +110,59 @@ else:
         want = a.T @ b + (out0 if accumulate else 0)
         np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)
         assert any(key[0] == "weight_grad_operand" for key in gpu._scratch)
+
+    def check_matmul_residual(cpu, gpu, rng, s) -> None:
+        """out = res + a w^T on both backends: the output projections' forward."""
+        N, D, F = s.B * s.T, s.D, s.F
+        out, res, a, w = (rng.standard_normal(shape).astype(np.float32)
+                          for shape in ((N, D), (N, D), (N, F), (D, F)))  # fmt: skip
+        run_both(cpu, gpu, "matmul_residual", [out, res, a, w], {"out": 0})
+
+    @pytest.mark.parametrize("fused", [False, True])
+    def test_matmul_residual(fused, gpu, monkeypatch) -> None:
+        """The product into scratch, then the residual kernel; with FUSED_RESIDUAL on too,
+        since a stand-in blas (no cuBLAS to fuse with) takes the same path."""
+        from euler.gpu import backend
+
+        monkeypatch.setattr(backend, "FUSED_RESIDUAL", fused)
+        check_matmul_residual(CpuBackend(), gpu, np.random.default_rng(4), SIM_SIZES)
+        assert gpu._lt is None and any(k[0] == "matmul_residual" for k in gpu._scratch)
+
+    class CublasLikeNumpyBlas(NumpyBlas):
+        """NumpyBlas passing for a real cuBLAS (it takes a workspace), so that
+        FUSED_RESIDUAL makes the backend open cuBLASLt."""
+
+        tf32 = False
+
+        def set_workspace(self, buf) -> None:
+            pass
+
+    def test_fused_residual_through_a_stand_in_cublaslt(monkeypatch) -> None:
+        """FUSED_RESIDUAL's path: the backend's own CublasLt, its library the host-memory
+        stand-in of test_cublaslt.py, in a layer check and whole training steps."""
+        from fake_cublaslt import FakeLt
+
+        from euler.config import ModelConfig
+        from euler.gpu import backend, cublaslt
+
+        fake = FakeLt()
+        monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
+        monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
+        # the simulator's device arrays are host arrays without __cuda_array_interface__
+        monkeypatch.setattr(cublaslt, "_ptr", lambda x: x._ary.ctypes.data)
+        blas = CublasLikeNumpyBlas()
+        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=blas, overlap=False)
+        gpu.stream.handle = 0x5EA  # and its streams no CUstream
+        check_matmul_residual(CpuBackend(), gpu, np.random.default_rng(5), SIM_SIZES)
+        cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
+                          context=16, ffn_hidden=24)  # fmt: skip
+        train_step_matches(gpu, cfg, B=1, T=8, steps=2, grad_rtol=1e-4)
+        # one product for the check, then attn.wo and mlp.w_down per layer and forward
+        assert len(fake.matmuls) == 1 + 2 * cfg.n_layer * 2
+        assert all(m.beta == 1.0 and m.c != m.d and m.stream == 0x5EA for m in fake.matmuls)
+        assert fake.heuristic_calls() == 3  # (22, 24, 16), then wo (8, 16, 16), w_down (8, 16, 24)
+        assert not any(k[0] == "matmul_residual" for k in gpu._scratch)
+        assert gpu._lt.workspace.nbytes == backend.CUBLAS_WORKSPACE
 
     @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32)])
     def test_transpose(shape) -> None:

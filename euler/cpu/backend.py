@@ -30,6 +30,7 @@ class CpuBackend:
         self._matmul = SplitMatmul()
         self._dense = DenseAttention(self._matmul.map_blocks, self._matmul.threads)
         self._scalars: dict[str, np.ndarray] = {}
+        self._scratch: dict[tuple, np.ndarray] = {}
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype) -> np.ndarray:
@@ -52,6 +53,21 @@ class CpuBackend:
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
         self._matmul(out, a, b, trans_a, trans_b, accumulate)
+
+    def matmul_residual(self, out, res, a, b) -> None:
+        """out (M, N) = res (M, N) + a (M, K) @ b^T, b a weight (N, K); out may not overlap res.
+
+        The product into a reused scratch buffer, then the residual add: the GPU's unfused
+        path, and the rounding of a product followed by an add.
+        """
+        if np.may_share_memory(out, res):
+            raise ValueError("matmul_residual: out may not overlap res")
+        key = (tuple(out.shape), out.dtype.str)
+        tmp = self._scratch.get(key)
+        if tmp is None:
+            tmp = self._scratch[key] = np.empty(out.shape, out.dtype)
+        self.matmul(tmp, a, b, trans_b=True)
+        self.residual_forward(out, res, tmp)
 
     def matmul_pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run

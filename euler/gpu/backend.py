@@ -17,6 +17,7 @@ import numpy as np
 
 from euler.errors import EulerError
 from euler.gpu.cublas import INSTALL_HINT
+from euler.gpu.cublaslt import CublasLt
 
 try:
     from numba import cuda
@@ -48,6 +49,14 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # 0.172). Off until a training step measures it (bench/bench_gpu.py --steps-only).
 TRANSPOSE_WEIGHT_GRADS = False
 TRANSPOSE_MIN_WIDTH = 2048
+# matmul_residual (the output projections attn.wo and mlp.w_down and their residual adds) as
+# one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
+# legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
+# (bench/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
+# ~0.077 ms add; K = 2048, 0.2005 against 0.1756 + 0.077; each 16 times a step. Off until a
+# training step measures it (bench/bench_gpu.py --steps-only). Read at each call; a stand-in
+# blas (the simulator's) always takes the unfused path.
+FUSED_RESIDUAL = False
 
 
 class GpuBackend:
@@ -121,6 +130,7 @@ class GpuBackend:
         self._side_pending: list = []  # events of the deferred products not yet waited for
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
+        self._lt = None  # the cuBLASLt handle of matmul_residual (FUSED_RESIDUAL), made on use
         # CUDA graphs (step_graph.py) need the driver: not the simulator, not a cuBLAS stand-in
         self.can_capture = not numba.config.ENABLE_CUDASIM and hasattr(blas, "set_workspace")
 
@@ -205,6 +215,31 @@ class GpuBackend:
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
         self.blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+
+    def matmul_residual(self, out, res, a, b) -> None:
+        """out (M, N) = res (M, N) + a (M, K) @ b^T, b a weight (N, K); out may not overlap res.
+
+        FUSED_RESIDUAL (with a real cuBLAS): one cuBLASLt call, C = res, D = out (which
+        refuses an overlap). Otherwise the product into a scratch buffer, then the residual
+        kernel, which would allow one: the CPU backend refuses it too, so the CPU tests hold
+        callers to the fused path's contract.
+        """
+        if FUSED_RESIDUAL and hasattr(self.blas, "set_workspace"):
+            self._fused_blas().gemm(out, a, b, trans_b=True, c=res)
+            return
+        tmp = self.scratch("matmul_residual", out.shape, out.dtype)
+        self.matmul(tmp, a, b, trans_b=True)
+        self.residual_forward(out, res, tmp)
+
+    def _fused_blas(self):
+        """The CublasLt on the stream, with its own workspace, made on first use: the first
+        forward of a step runs eagerly (step_graph.py), so neither the workspace nor a
+        product's heuristic query happens inside a captured graph."""
+        if self._lt is None:
+            workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=self.stream)
+            handle = self.stream.handle
+            self._lt = CublasLt(int(getattr(handle, "value", handle)), workspace, self.blas.tf32)
+        return self._lt
 
     def matmul_batched(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (Z, M, N) = op(a[z]) @ op(b[z]) for each z (strided-batched GEMM)."""

@@ -110,9 +110,11 @@ class Cublas:
     @staticmethod
     def _dims(out, a, b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
         """(M, N, K) of out (M, N) = op(a) (M, K) @ op(b) (K, N), checked; all row-major."""
-        M, K = (a.shape[-1], a.shape[-2]) if trans_a else (a.shape[-2], a.shape[-1])
-        Kb, N = (b.shape[-1], b.shape[-2]) if trans_b else (b.shape[-2], b.shape[-1])
-        if K != Kb or out.shape[-2:] != (M, N):
+        # plain tuples: the CUDA simulator's shapes refuse negative indices
+        sa, sb, so = tuple(a.shape), tuple(b.shape), tuple(out.shape)
+        M, K = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
+        Kb, N = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
+        if K != Kb or so[-2:] != (M, N):
             raise ValueError(
                 f"gemm shapes: out {out.shape} = op(a {a.shape}, T={trans_a}) "
                 f"@ op(b {b.shape}, T={trans_b})"

@@ -1,0 +1,186 @@
+"""euler/gpu/cublaslt.py's calls, checked against a host-memory stand-in for the library.
+
+The device run is in test_gpu_device.py; here FakeLt (fake_cublaslt.py) reads the ctypes
+arguments as cuBLASLt would and computes D on host arrays reached through their
+addresses, so the row-major to column-major mapping (operands swapped, TRANSA from
+trans_b, layouts, C and D pointers, alpha and beta) is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from fake_cublaslt import FakeLt, HostArray
+
+from euler.gpu import cublaslt
+from euler.gpu.cublas import CublasError
+
+STREAM = 0xABC0
+M, N, K = 5, 3, 7  # all different, so a swapped operand or transpose cannot fit
+
+
+def make(monkeypatch, fake: FakeLt, tf32: bool = True, workspace_bytes: int = 1 << 20):
+    monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
+    workspace = HostArray(np.zeros(workspace_bytes, np.uint8))
+    return cublaslt.CublasLt(STREAM, workspace, tf32=tf32), workspace
+
+
+def operands(rng, trans_a: bool, trans_b: bool):
+    a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    return a, b
+
+
+def addr(x: HostArray) -> int:
+    return x.__cuda_array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (False, True), (True, False),
+                                              (True, True)])  # fmt: skip
+def test_gemm_is_the_row_major_product(monkeypatch, trans_a, trans_b, with_c) -> None:
+    fake = FakeLt()
+    lt, workspace = make(monkeypatch, fake)
+    rng = np.random.default_rng(int(trans_a) + 2 * int(trans_b))
+    a, b = operands(rng, trans_a, trans_b)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    A, B, C = HostArray(a.copy()), HostArray(b.copy()), HostArray(c0.copy())
+    out = HostArray(np.full((M, N), np.nan, np.float32))  # beta 0 must not read it
+    lt.gemm(out, A, B, trans_a, trans_b, c=C if with_c else None)
+    want = (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    want += c0 if with_c else 0
+    np.testing.assert_allclose(out.host, want, rtol=1e-6, atol=1e-6)
+    # the inputs are only read: c above all, the point of C != D
+    np.testing.assert_array_equal(C.host, c0)
+    np.testing.assert_array_equal(A.host, a)
+    np.testing.assert_array_equal(B.host, b)
+    (call,) = fake.matmuls
+    assert (call.alpha, call.beta) == (1.0, 1.0 if with_c else 0.0)
+    assert call.d == addr(out) and call.c == (addr(C) if with_c else addr(out))
+    assert (call.stream, call.workspace, call.workspace_bytes) == (
+        STREAM, addr(workspace), workspace.nbytes)  # fmt: skip
+    assert call.compute == cublaslt.COMPUTE_32F_FAST_TF32
+    lt.close()
+    assert fake.objects == {}
+
+
+def test_descriptors_and_algorithm_are_chosen_once_per_product(monkeypatch) -> None:
+    """A call after the first of a product queries no heuristic (a CUDA graph captures it)."""
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake)
+    rng = np.random.default_rng(0)
+    a, b = (HostArray(x) for x in operands(rng, False, True))
+    res, out = HostArray(np.ones((M, N), np.float32)), HostArray(np.zeros((M, N), np.float32))
+    lt.gemm(out, a, b, trans_b=True, c=res)
+    created = len(fake.objects)
+    assert fake.heuristic_calls() == 1
+    for _ in range(3):
+        lt.gemm(out, a, b, trans_b=True, c=res)
+    assert fake.heuristic_calls() == 1 and len(fake.objects) == created
+    assert fake.calls[-1] == "cublasLtMatmul" and len(fake.matmuls) == 4
+    lt.gemm(out, a, b, trans_b=True)  # without c: another plan
+    assert fake.heuristic_calls() == 2
+    a2, b2 = (HostArray(x) for x in operands(rng, True, True))
+    lt.gemm(out, a2, b2, True, True, c=res)  # other transposes: another plan
+    assert fake.heuristic_calls() == 3
+    lt.close()
+    assert fake.objects == {}
+    lt.close()  # twice is harmless
+
+
+def test_the_first_usable_algorithm_is_kept(monkeypatch) -> None:
+    """Skipped: a state other than success, a workspace over ours, and (with c) one that
+    cannot write D apart from C."""
+    algos = [
+        SimpleNamespace(state=15, workspace=0, out_of_place=True),
+        SimpleNamespace(state=0, workspace=2 << 20, out_of_place=True),
+        SimpleNamespace(state=0, workspace=256, out_of_place=False),
+        SimpleNamespace(state=0, workspace=0, out_of_place=True),
+    ]
+    fake = FakeLt(algos)
+    fake.cublasLtMatmulAlgoGetHeuristic.fn = _report_all(fake)
+    lt, _ = make(monkeypatch, fake, workspace_bytes=1 << 20)
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(1), False, False))
+    out, res = HostArray(np.zeros((M, N), np.float32)), HostArray(np.ones((M, N), np.float32))
+    lt.gemm(out, a, b)
+    lt.gemm(out, a, b, c=res)
+    assert [m.algo for m in fake.matmuls] == [3, 4]
+
+
+def _report_all(fake: FakeLt):
+    """The heuristic returning every algorithm, the over-large workspace one included
+    (cuBLASLt's own filter on the preference is not what is being tested)."""
+
+    def heuristic(handle, desc, a, b, c, d, pref, requested, results, found_ref):
+        fake.calls.append("cublasLtMatmulAlgoGetHeuristic")
+        for i, algo in enumerate(fake.algos):
+            r = results[i]
+            r.algo.data[0], r.workspaceSize, r.state = i + 1, algo.workspace, algo.state
+        found_ref._obj.value = len(fake.algos)
+        return 0
+
+    return heuristic
+
+
+def test_no_usable_algorithm_is_an_error(monkeypatch) -> None:
+    fake = FakeLt([SimpleNamespace(state=0, workspace=0, out_of_place=False)])
+    lt, _ = make(monkeypatch, fake)
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(2), False, True))
+    out, res = HostArray(np.zeros((M, N), np.float32)), HostArray(np.ones((M, N), np.float32))
+    msg = "cublasLtMatmulAlgoGetHeuristic failed: CUBLAS_STATUS_NOT_SUPPORTED"
+    with pytest.raises(CublasError, match=msg):
+        lt.gemm(out, a, b, trans_b=True, c=res)
+    lt.gemm(out, a, b, trans_b=True)  # in place the same algorithm is fine
+    lt.close()
+    assert fake.objects == {}  # the failed plan's descriptors were destroyed at once
+
+
+def test_a_failed_call_names_the_function_and_status(monkeypatch) -> None:
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake)
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(3), False, False))
+    out = HostArray(np.zeros((M, N), np.float32))
+    fake.fail["cublasLtMatrixLayoutCreate"] = 7
+    msg = "cublasLtMatrixLayoutCreate failed: CUBLAS_STATUS_INVALID_VALUE"
+    with pytest.raises(CublasError, match=msg):
+        lt.gemm(out, a, b)
+    del fake.fail["cublasLtMatrixLayoutCreate"]
+    fake.fail["cublasLtMatmul"] = 13
+    with pytest.raises(CublasError, match="cublasLtMatmul failed: CUBLAS_STATUS_EXECUTION_FAILED"):
+        lt.gemm(out, a, b)
+    lt.close()
+    assert fake.objects == {}
+    fake = FakeLt()
+    fake.fail["cublasLtMatmulPreferenceSetAttribute"] = 7
+    with pytest.raises(CublasError, match=r"PreferenceSetAttribute\(MAX_WORKSPACE_BYTES\) failed"):
+        make(monkeypatch, fake)
+    assert fake.objects == {}  # the handle and the preference made before it are freed
+
+
+def test_exact_fp32_and_argument_checks(monkeypatch) -> None:
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake, tf32=False)
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(4), False, True))
+    out = HostArray(np.zeros((M, N), np.float32))
+    lt.gemm(out, a, b, trans_b=True)
+    assert fake.matmuls[-1].compute == cublaslt.COMPUTE_32F
+    with pytest.raises(ValueError, match="c may not overlap out"):
+        lt.gemm(out, a, b, trans_b=True, c=out)
+    both = np.zeros((M + 1, N), np.float32)  # c one row below out, sharing the rest
+    with pytest.raises(ValueError, match="c may not overlap out"):
+        lt.gemm(HostArray(both[:M]), a, b, trans_b=True, c=HostArray(both[1:]))
+    with pytest.raises(ValueError, match="must match out"):
+        lt.gemm(out, a, b, trans_b=True, c=HostArray(np.zeros((N, M), np.float32)))
+    with pytest.raises(ValueError, match="gemm shapes"):
+        lt.gemm(out, a, b)  # b needs its transpose
+    with pytest.raises(ValueError, match="a must be 2-D"):
+        lt.gemm(out, HostArray(np.zeros((1, M, K), np.float32)), b, trans_b=True)
+    assert len(fake.matmuls) == 1
+
+
+def test_missing_library_is_a_cublas_error(monkeypatch) -> None:
+    monkeypatch.setattr(cublaslt, "library_candidates", lambda *a: ["/nonexistent/libcublasLt.so"])
+    with pytest.raises(CublasError, match="cuBLASLt not found"):
+        cublaslt.CublasLt(STREAM, HostArray(np.zeros(16, np.uint8)))
