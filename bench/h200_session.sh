@@ -5,7 +5,7 @@
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
-#     bash bench/h200_session.sh overlap    # side-stream weight gradients, GEMM lab, gpu tests
+#     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
@@ -68,15 +68,12 @@ curves)
     done
     ;;
 overlap)
-    log "trainer steps: weight gradients on the side stream, in line, transposed; fused residual; graphs, launched"
+    log "gpu tests (the side stream, CublasLt, FUSED_RESIDUAL steps against the CPU)"
+    timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    log "trainer steps: side stream, in line, transposed weight gradients, fused residual"
     timeout 200 python3 bench/bench_gpu.py --steps-only --steps 20 --out "$OUT/steps.json" 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
-    log "gemm lab: weight-gradient products"
-    timeout 100 python3 bench/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 | tail -40 \
-        | tee -a "$OUT/log.txt"
-    log "gpu tests"
-    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
-        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 labs)
     log "gemm lab and cuBLASLt lab"
