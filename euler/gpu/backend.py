@@ -53,7 +53,8 @@ TRANSPOSE_MIN_WIDTH = 2048
 # one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
 # legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
 # (bench/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
-# ~0.077 ms add; K = 2048, 0.2005 against 0.1756 + 0.077; each 16 times a step. Off until a
+# ~0.039 ms add; K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about
+# 0.5 ms a step in all; the add's time is the device-only profile's). Off until a
 # training step measures it (bench/bench_gpu.py --steps-only). Read at each call; a stand-in
 # blas (the simulator's) always takes the unfused path.
 FUSED_RESIDUAL = False
