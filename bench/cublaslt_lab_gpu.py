@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +53,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_gpu import timed  # noqa: E402
+from bench.records import emit, guarded, last_line, rel_err  # noqa: E402
 from euler.gpu.backend import CUBLAS_WORKSPACE, GpuBackend  # noqa: E402
 from euler.gpu.cublas import _STATUS, Cublas, _ptr  # noqa: E402
 from euler.gpu.libs import library_candidates  # noqa: E402
@@ -79,7 +78,6 @@ FUSED = [(16384, 768, 768, False, True, 16), (16384, 768, 2048, False, True, 16)
 ALGOS = 8  # heuristic results requested and timed per shape
 ADD_THREADS = 256
 TOL = 1e-2  # relative max error between two TF32 results
-RECORDS: list[dict] = []
 
 # ---------------------------------------------------------------- header values
 # cublas_api.h (CUDA 13.0, cuBLAS 13.0.0.19: github.com/leomaxwell972/CU13ToolKit_Includes,
@@ -359,38 +357,8 @@ def add(stream, out, x, y) -> None:
     add_kernel[blocks, ADD_THREADS, stream](out.reshape(n), x.reshape(n), y.reshape(n))
 
 
-def emit(path: Path | None, /, **rec) -> None:
-    """Print one record as a JSON line and rewrite the output file with every record so far."""
-    RECORDS.append(rec)
-    print(json.dumps(rec), flush=True)
-    if path:
-        path.write_text(json.dumps(RECORDS, indent=1))
-
-
-def guarded(path: Path | None, what: str, fn, **ctx):
-    """fn(), or, if it raises, an error record (the exception's last line) and None."""
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001 - every failure is a result to report
-        last = traceback.format_exc().strip().splitlines()[-1]
-        emit(path, kind="error", what=what, error=last, **ctx)
-        return None
-
-
-def last_line() -> str:
-    """The current exception's last traceback line."""
-    return traceback.format_exc().strip().splitlines()[-1]
-
-
 def tflops(M: int, N: int, K: int, ms: float | None) -> float | None:
     return None if not ms else round(2 * M * N * K / ms / 1e9, 1)
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray | None) -> float | None:
-    """max |a - ref| / max |ref|, or None without a reference."""
-    if ref is None:
-        return None
-    return float(np.max(np.abs(a - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
 
 
 class Inputs:

@@ -31,9 +31,7 @@ after every record. --tiny runs small odd shapes, to check the code paths quickl
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +40,7 @@ from numba import cuda, float32
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_gpu import timed  # noqa: E402
+from bench.records import emit, guarded, rel_err  # noqa: E402
 from euler.gpu.backend import CUBLAS_WORKSPACE, GpuBackend  # noqa: E402
 from euler.gpu.cublas import Cublas  # noqa: E402
 from euler.gpu.transpose import transpose  # noqa: E402
@@ -50,7 +49,6 @@ SHAPES = [(4096, 768, 16384), (768, 2048, 16384), (1280, 768, 16384), (768, 768,
 TINY = [(200, 72, 1000), (96, 160, 512)]  # tails in every tile; K divisible by 8
 SPLITS = (2, 4, 8)
 SUM_THREADS = 256
-RECORDS: list[dict] = []
 
 
 @cuda.jit
@@ -73,33 +71,8 @@ def sum_partials(stream, out, partial) -> None:
     sum_partials_kernel[blocks, SUM_THREADS, stream](out.reshape(M * N), partial.reshape(S, M * N))
 
 
-def emit(path: Path | None, /, **rec) -> None:
-    """Print one record as a JSON line and rewrite the output file with every record so far."""
-    RECORDS.append(rec)
-    print(json.dumps(rec), flush=True)
-    if path:
-        path.write_text(json.dumps(RECORDS, indent=1))
-
-
-def guarded(path: Path | None, what: str, fn, **ctx):
-    """fn(), or, if it raises, an error record (the exception's last line) and None."""
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001 - every failure is a result to report
-        last = traceback.format_exc().strip().splitlines()[-1]
-        emit(path, kind="error", what=what, error=last, **ctx)
-        return None
-
-
 def tflops(M: int, N: int, K: int, ms: float, products: int = 1) -> float:
     return round(2 * M * N * K * products / ms / 1e9, 1)
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray | None) -> float | None:
-    """max |a - ref| / max |ref|, or None without a reference."""
-    if ref is None:
-        return None
-    return float(np.max(np.abs(a - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
 
 
 def bench_shape(be: GpuBackend, path: Path | None, M: int, N: int, K: int, reps: int) -> None:

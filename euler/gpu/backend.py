@@ -40,6 +40,11 @@ def _require_gpu() -> None:
         )
 
 
+def _event():
+    """A CUDA event for ordering only (no timestamps; the simulator's takes no options)."""
+    return cuda.event() if numba.config.ENABLE_CUDASIM else cuda.event(timing=False)
+
+
 CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
@@ -125,9 +130,8 @@ class GpuBackend:
                 side_blas = Cublas(int(getattr(side.handle, "value", side.handle)), tf32=tf32)
                 self._side_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=side)
                 side_blas.set_workspace(self._side_workspace)
-            event = cuda.event if numba.config.ENABLE_CUDASIM else lambda: cuda.event(timing=False)
-            done = [event() for _ in range(SIDE_EVENTS)]
-            self.side = (side, side_blas, event(), done)
+            done = [_event() for _ in range(SIDE_EVENTS)]
+            self.side = (side, side_blas, _event(), done)
         self._side_pending: list = []  # events of the deferred products not yet waited for
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
@@ -170,7 +174,7 @@ class GpuBackend:
         """(pinned host buffer, event recorded after its last upload) for this shape."""
         key = ("pinned", tuple(shape), np.dtype(dtype).str)
         if key not in self._scratch:
-            done = cuda.event() if numba.config.ENABLE_CUDASIM else cuda.event(timing=False)
+            done = _event()
             done.record(self.stream)
             self._scratch[key] = (cuda.pinned_array(shape, dtype), done)
         return self._scratch[key]
