@@ -11,8 +11,8 @@ row-major float32, compute type CUBLAS_COMPUTE_32F_FAST_TF32):
    residual add (attn.wo and mlp.w_down, 16 calls a step each, one a layer) could then write
    xmid = x + att Wo^T in one call, dropping the residual kernel and its read of tmp.
 
-Row-major out (M, N) = op(a) (M, K) @ op(b) (K, N) is the column-major out^T = op(b)^T
-op(a)^T, as in euler/gpu/cublas.py: cuBLASLt's A is our b, its B our a, m = N, n = M.
+The binding is the package's (euler/gpu/cublaslt.py: header values, structures, row-major
+mapping), extended here to list, describe and run each of the heuristic's algorithms.
 
 One JSON line per record (median ms of --reps runs from CUDA events after a warm-up;
 TFLOP/s = 2 M N K / time); --out is rewritten with every record so far:
@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_gpu import timed  # noqa: E402
 from bench.records import emit, guarded, last_line, rel_err  # noqa: E402
+from euler.gpu import cublaslt  # noqa: E402
 from euler.gpu.backend import CUBLAS_WORKSPACE, GpuBackend  # noqa: E402
-from euler.gpu.cublas import _STATUS, Cublas, _ptr  # noqa: E402
-from euler.gpu.libs import library_candidates  # noqa: E402
+from euler.gpu.cublas import Cublas, CublasError, _ptr  # noqa: E402
 
 # (M, N, K, trans_a, trans_b, calls per step, legacy TFLOP/s measured on the H200 before)
 SHAPES = [
@@ -79,24 +79,8 @@ ALGOS = 8  # heuristic results requested and timed per shape
 ADD_THREADS = 256
 TOL = 1e-2  # relative max error between two TF32 results
 
-# ---------------------------------------------------------------- header values
-# cublas_api.h (CUDA 13.0, cuBLAS 13.0.0.19: github.com/leomaxwell972/CU13ToolKit_Includes,
-# include/cublas_api.h): cublasOperation_t CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
-# cublasComputeType_t CUBLAS_COMPUTE_32F_FAST_TF32 = 77; cublasStatus_t SUCCESS = 0.
-OP_N, OP_T = 0, 1
-CUBLAS_COMPUTE_32F_FAST_TF32 = 77
-# library_types.h: cudaDataType_t CUDA_R_32F = 0 (also cuda.bindings 13.5's
-# runtime.cudaDataType.CUDA_R_32F == 0).
-CUDA_R_32F = 0
-# cublasLt.h (CUDA 12.6: github.com/zspace/system.cuda-12.6, include/cublasLt.h; enum values
-# are ABI, and third-party CUDA 13 bindings found by search give the same TRANSA, TRANSB and
-# PREF_MAX_WORKSPACE_BYTES):
-# cublasLtMatmulDescAttributes_t: CUBLASLT_MATMUL_DESC_TRANSA = 3, _TRANSB = 4 (int32_t,
-# values cublasOperation_t).
-DESC_TRANSA, DESC_TRANSB = 3, 4
-# cublasLtMatmulPreferenceAttributes_t: CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 (uint64_t).
-PREF_MAX_WORKSPACE_BYTES = 1
-# cublasLtMatmulAlgoConfigAttributes_t (name, value, C type): read back to describe an algo.
+# cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h; name, value, C type): read back to
+# describe an algorithm. The binding's own header values are euler/gpu/cublaslt.py's.
 ALGO_CONFIG = [
     ("id", 0, ctypes.c_int32),  # CUBLASLT_ALGO_CONFIG_ID
     ("tile", 1, ctypes.c_uint32),  # CUBLASLT_ALGO_CONFIG_TILE_ID (cublasLtMatmulTile_t)
@@ -106,184 +90,75 @@ ALGO_CONFIG = [
     ("stages", 6, ctypes.c_uint32),  # CUBLASLT_ALGO_CONFIG_STAGES_ID
     ("cluster", 8, ctypes.c_uint16),  # CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
 ]
-# cublasLtMatmulAlgoCapAttributes_t: CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT = 4 (int32_t):
-# whether the algorithm supports D != C.
-CAP_OUT_OF_PLACE = 4
 # cublasLtMatmulTile_t, a few common ids (rows x cols of C/D, column-major: N x M here)
 TILES = {15: "64x64", 17: "64x128", 18: "128x64", 19: "64x256", 20: "128x128", 21: "256x64",
          23: "128x256", 24: "256x128", 28: "96x128", 33: "128x96", 32: "128x192",
          31: "192x128"}  # fmt: skip
 
 
-class MatmulAlgo(ctypes.Structure):
-    """cublasLtMatmulAlgo_t: typedef struct { uint64_t data[8]; } (64 bytes)."""
-
-    _fields_ = [("data", ctypes.c_uint64 * 8)]
-
-
-class HeuristicResult(ctypes.Structure):
-    """cublasLtMatmulHeuristicResult_t: algo (64), size_t workspaceSize (8), cublasStatus_t
-    state (an enum: 4), float wavesCount (4), int reserved[4] (16): 96 bytes, 8-aligned."""
-
-    _fields_ = [
-        ("algo", MatmulAlgo),
-        ("workspaceSize", ctypes.c_size_t),
-        ("state", ctypes.c_int),
-        ("wavesCount", ctypes.c_float),
-        ("reserved", ctypes.c_int * 4),
-    ]
-
-
-SIZES_EXPECTED = {"MatmulAlgo": 64, "HeuristicResult": 96}
-
-
-def struct_sizes() -> dict[str, int]:
-    """ctypes.sizeof of the structures passed to cuBLASLt."""
+def struct_sizes() -> dict[str, dict[str, int]]:
+    """ctypes.sizeof of the structures passed to cuBLASLt, and the sizes the header implies
+    (the binding refuses to start on a mismatch rather than corrupt memory)."""
     return {
-        "MatmulAlgo": ctypes.sizeof(MatmulAlgo),
-        "HeuristicResult": ctypes.sizeof(HeuristicResult),
+        "struct_sizes": {s.__name__: ctypes.sizeof(s) for s in cublaslt.STRUCT_SIZES},
+        "struct_sizes_expected": {s.__name__: n for s, n in cublaslt.STRUCT_SIZES.items()},
     }
 
 
-class CublasLtError(RuntimeError):
-    """A cuBLASLt call returned a status other than success."""
-
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise CublasLtError(f"{what} failed: {_STATUS.get(status, f'status {status}')}")
-
-
-def load_cublaslt() -> tuple[str, ctypes.CDLL]:
-    """(path, library): the first cuBLASLt that loads, looked for as load_library() looks for
-    cuBLAS (cuda.pathfinder's nvidia wheel, CUDA_HOME, ctypes.util.find_library)."""
-    tried = library_candidates("cublasLt", "libcublasLt.so")
-    for path in tried:
-        try:
-            return path, ctypes.CDLL(path)
-        except OSError:
-            continue
-    raise CublasLtError(f"cuBLASLt not found; tried {tried}")
-
-
-class Plan:
-    """A matmul descriptor and the layouts of one row-major product (M, N, K, transposes)."""
+class LabPlan(cublaslt._Plan):
+    """The binding's descriptor and layouts of one product, with its shape (no algorithm
+    chosen: the lab times each of the heuristic's)."""
 
     def __init__(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool):
+        super().__init__()
         self.M, self.N, self.K, self.trans_a, self.trans_b = M, N, K, trans_a, trans_b
-        self.desc = ctypes.c_void_p()
-        self.a_layout = ctypes.c_void_p()  # cuBLASLt's A: our b
-        self.b_layout = ctypes.c_void_p()  # cuBLASLt's B: our a
-        self.cd_layout = ctypes.c_void_p()  # C and D: out^T, N x M column-major
 
 
-class CublasLt:
-    """A cuBLASLt handle working on one CUDA stream with one workspace buffer."""
+class LabLt(cublaslt.CublasLt):
+    """euler.gpu.cublaslt.CublasLt (TF32) that lists the heuristic's algorithms, describes
+    them, and runs a product with a given one."""
 
     def __init__(self, stream_handle: int, workspace):
-        self.path, self.lib = load_cublaslt()
-        lib, vp, i32 = self.lib, ctypes.c_void_p, ctypes.c_int
-        pvp, sz = ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t
-        sigs = {
-            "cublasLtCreate": [pvp],
-            "cublasLtDestroy": [vp],
-            "cublasLtMatmulDescCreate": [pvp, i32, i32],
-            "cublasLtMatmulDescSetAttribute": [vp, i32, vp, sz],
-            "cublasLtMatmulDescDestroy": [vp],
-            "cublasLtMatrixLayoutCreate": [pvp, i32, ctypes.c_uint64, ctypes.c_uint64,
-                                           ctypes.c_int64],
-            "cublasLtMatrixLayoutDestroy": [vp],
-            "cublasLtMatmulPreferenceCreate": [pvp],
-            "cublasLtMatmulPreferenceSetAttribute": [vp, i32, vp, sz],
-            "cublasLtMatmulPreferenceDestroy": [vp],
-            "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, i32,
-                                               ctypes.POINTER(HeuristicResult),
-                                               ctypes.POINTER(ctypes.c_int)],
-            # handle, desc, alpha*, A, Adesc, B, Bdesc, beta*, C, Cdesc, D, Ddesc, algo*,
-            # workspace, workspaceSizeInBytes, stream
-            "cublasLtMatmul": [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp,
-                               ctypes.POINTER(MatmulAlgo), vp, sz, vp],
-            "cublasLtMatmulAlgoConfigGetAttribute": [ctypes.POINTER(MatmulAlgo), i32, vp, sz,
-                                                     ctypes.POINTER(sz)],
-            "cublasLtMatmulAlgoCapGetAttribute": [ctypes.POINTER(MatmulAlgo), i32, vp, sz,
-                                                  ctypes.POINTER(sz)],
-        }  # fmt: skip
-        for name, args in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
+        super().__init__(stream_handle, workspace, tf32=True)
+        lib, sz = self.lib, ctypes.c_size_t
+        fn = lib.cublasLtMatmulAlgoConfigGetAttribute
+        fn.argtypes = [ctypes.POINTER(cublaslt.MatmulAlgo), ctypes.c_int, ctypes.c_void_p, sz,
+                       ctypes.POINTER(sz)]  # fmt: skip
+        fn.restype = ctypes.c_int
         lib.cublasLtGetVersion.argtypes, lib.cublasLtGetVersion.restype = [], sz
         lib.cublasLtGetCudartVersion.argtypes, lib.cublasLtGetCudartVersion.restype = [], sz
+        self.path = getattr(lib, "_name", None)
         self.version = int(lib.cublasLtGetVersion())
         self.cudart_version = int(lib.cublasLtGetCudartVersion())
-        self.handle = ctypes.c_void_p()
-        _check(lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.stream = ctypes.c_void_p(stream_handle)
-        self.workspace = workspace
-        self.pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "PreferenceCreate")
-        ws = ctypes.c_uint64(workspace.nbytes)
-        _check(
-            lib.cublasLtMatmulPreferenceSetAttribute(
-                self.pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), ctypes.sizeof(ws)
-            ),
-            "PreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
-        )
-        self.plans: list[Plan] = []
 
-    def plan(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> Plan:
+    def plan(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> LabPlan:
         """Descriptor and layouts for out (M, N) = op(a) @ op(b), all row-major float32."""
-        lib, p = self.lib, Plan(M, N, K, trans_a, trans_b)
-        self.plans.append(p)  # destroyed by close(), even if a step below fails
-        _check(
-            lib.cublasLtMatmulDescCreate(
-                ctypes.byref(p.desc), CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F
-            ),
-            "MatmulDescCreate",
-        )
-        for attr, trans in ((DESC_TRANSA, trans_b), (DESC_TRANSB, trans_a)):
-            op = ctypes.c_int32(OP_T if trans else OP_N)
-            _check(
-                lib.cublasLtMatmulDescSetAttribute(p.desc, attr, ctypes.byref(op), 4),
-                f"MatmulDescSetAttribute({attr})",
-            )
-        # a row-major (r, c) array is the column-major (c, r) one with ld = c
-        b_rows, b_cols = (N, K) if trans_b else (K, N)  # our b, row-major
-        a_rows, a_cols = (K, M) if trans_a else (M, K)  # our a, row-major
-        for layout, rows, cols in (
-            (p.a_layout, b_cols, b_rows),
-            (p.b_layout, a_cols, a_rows),
-            (p.cd_layout, N, M),
-        ):
-            _check(
-                lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), CUDA_R_32F, rows, cols, rows),
-                "MatrixLayoutCreate",
-            )
+        p = LabPlan(M, N, K, trans_a, trans_b)
+        self._plans[("lab", len(self._plans))] = p  # destroyed by close(), even on failure
+        self._describe(p, M, N, K, trans_a, trans_b)
         return p
 
-    def heuristics(self, p: Plan, count: int = ALGOS) -> list[HeuristicResult]:
+    def heuristics(self, p: LabPlan, count: int = ALGOS) -> list:
         """The heuristic's results for plan p, best estimate first: those with state 0 whose
         workspace fits ours."""
-        results = (HeuristicResult * count)()
+        results = (cublaslt.HeuristicResult * count)()
         found = ctypes.c_int(0)
-        _check(
+        cublaslt._check(
             self.lib.cublasLtMatmulAlgoGetHeuristic(
                 self.handle, p.desc, p.a_layout, p.b_layout, p.cd_layout, p.cd_layout,
                 self.pref, count, results, ctypes.byref(found),
             ),
-            "MatmulAlgoGetHeuristic",
+            "cublasLtMatmulAlgoGetHeuristic",
         )  # fmt: skip
-        keep = []
-        for r in results[: found.value]:
-            if r.state == 0 and r.workspaceSize <= self.workspace.nbytes:
-                keep.append(HeuristicResult.from_buffer_copy(r))
-        return keep
+        return [
+            cublaslt.HeuristicResult.from_buffer_copy(r)
+            for r in results[: found.value]
+            if r.state == 0 and r.workspaceSize <= self.workspace.nbytes
+        ]
 
-    def describe(self, r: HeuristicResult) -> dict:
+    def describe(self, r) -> dict:
         """An algorithm's configuration as read back from it (None where a query fails)."""
-        info: dict = {
-            "workspace": int(r.workspaceSize),
-            "waves": round(float(r.wavesCount), 3),
-        }
+        info: dict = {"workspace": int(r.workspaceSize), "waves": round(float(r.wavesCount), 3)}
         written = ctypes.c_size_t(0)
         for name, attr, ctype in ALGO_CONFIG:
             val = ctype(0)
@@ -294,14 +169,13 @@ class CublasLt:
             info[name] = int(val.value) if status == 0 else None
         if info.get("tile") in TILES:
             info["tile_shape"] = TILES[info["tile"]]
-        val = ctypes.c_int32(0)
-        status = self.lib.cublasLtMatmulAlgoCapGetAttribute(
-            ctypes.byref(r.algo), CAP_OUT_OF_PLACE, ctypes.byref(val), 4, ctypes.byref(written)
-        )
-        info["out_of_place"] = bool(val.value) if status == 0 else None
+        try:
+            info["out_of_place"] = self._out_of_place(r.algo)
+        except CublasError:
+            info["out_of_place"] = None
         return info
 
-    def matmul(self, p: Plan, r: HeuristicResult, out, a, b, c=None, beta: float = 0.0) -> None:
+    def matmul(self, p: LabPlan, r, out, a, b, c=None, beta: float = 0.0) -> None:
         """out = op(a) @ op(b) + beta c (c defaults to out) with algorithm r, on the stream."""
         M, N, K = Cublas._dims(out, a, b, p.trans_a, p.trans_b)
         if (M, N, K) != (p.M, p.N, p.K):
@@ -310,7 +184,7 @@ class CublasLt:
         if c.shape != out.shape or not c.is_c_contiguous() or c.dtype != out.dtype:
             raise ValueError(f"C {c.shape} {c.dtype} must match D {out.shape} {out.dtype}")
         alpha, beta_ = ctypes.c_float(1.0), ctypes.c_float(beta)
-        _check(
+        cublaslt._check(
             self.lib.cublasLtMatmul(
                 self.handle, p.desc, ctypes.byref(alpha),
                 _ptr(b), p.a_layout, _ptr(a), p.b_layout,
@@ -319,23 +193,6 @@ class CublasLt:
             ),
             "cublasLtMatmul",
         )  # fmt: skip
-
-    def close(self) -> None:
-        """Destroy every descriptor, the preference and the handle."""
-        lib = self.lib
-        for p in self.plans:
-            for layout in (p.a_layout, p.b_layout, p.cd_layout):
-                if layout:
-                    lib.cublasLtMatrixLayoutDestroy(layout)
-            if p.desc:
-                lib.cublasLtMatmulDescDestroy(p.desc)
-        self.plans = []
-        if self.pref:
-            lib.cublasLtMatmulPreferenceDestroy(self.pref)
-            self.pref = ctypes.c_void_p()
-        if self.handle:
-            lib.cublasLtDestroy(self.handle)
-            self.handle = ctypes.c_void_p()
 
 
 @cuda.jit
@@ -381,9 +238,7 @@ def operands(inputs: Inputs, M: int, N: int, K: int, trans_a: bool, trans_b: boo
     return a, b
 
 
-def time_algos(
-    be: GpuBackend, lt: CublasLt, p: Plan, algos: list[HeuristicResult], run, reps: int
-) -> list[dict]:
+def time_algos(be: GpuBackend, lt: LabLt, p: LabPlan, algos: list, run, reps: int) -> list[dict]:
     """Each algorithm's description, ms, or error; run(r) launches one call with r."""
     rows = []
     for i, r in enumerate(algos):
@@ -408,7 +263,7 @@ def best_of(rows: list[dict]) -> int | None:
 
 
 def bench_shape(
-    be: GpuBackend, lt: CublasLt | None, inputs: Inputs, path: Path | None, shape: tuple, reps: int
+    be: GpuBackend, lt: LabLt | None, inputs: Inputs, path: Path | None, shape: tuple, reps: int
 ) -> dict:
     """The gemm record of one product: legacy, then each heuristic algorithm."""
     M, N, K, trans_a, trans_b, calls, ref_tflops = shape
@@ -453,7 +308,7 @@ def bench_shape(
 
 
 def bench_fused(
-    be: GpuBackend, lt: CublasLt | None, inputs: Inputs, path: Path | None, shape: tuple, reps: int
+    be: GpuBackend, lt: LabLt | None, inputs: Inputs, path: Path | None, shape: tuple, reps: int
 ) -> dict:
     """The residual_fusion record: legacy GEMM + add kernel against one cuBLASLt call."""
     M, N, K, trans_a, trans_b, calls = shape
@@ -543,14 +398,11 @@ def main() -> None:
     be = GpuBackend(tf32=True)
     dev = cuda.get_current_device()
     name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-    sizes = struct_sizes()
 
-    def make_lt() -> CublasLt:
-        if sizes != SIZES_EXPECTED:
-            raise CublasLtError(f"struct sizes {sizes}, the header implies {SIZES_EXPECTED}")
+    def make_lt() -> LabLt:
         handle = be.stream.handle
         workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=be.stream)
-        return CublasLt(int(getattr(handle, "value", handle)), workspace)
+        return LabLt(int(getattr(handle, "value", handle)), workspace)
 
     lt = guarded(args.out, "cublasLt setup", make_lt)
     emit(args.out, kind="device", name=name, cc=list(dev.compute_capability),
@@ -559,7 +411,7 @@ def main() -> None:
          cublaslt=None if lt is None else lt.path,
          cublaslt_version=None if lt is None else lt.version,
          cublaslt_cudart_version=None if lt is None else lt.cudart_version,
-         struct_sizes=sizes, struct_sizes_expected=SIZES_EXPECTED)  # fmt: skip
+         **struct_sizes())  # fmt: skip
     inputs = Inputs(be)
     gemms, fused = [], []
     try:
