@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from euler.errors import EulerError
-from euler.gpu.cublas import INSTALL_HINT
+from euler.gpu.cublas import INSTALL_HINT, Cublas
 from euler.gpu.cublaslt import CublasLt
 
 try:
@@ -46,6 +46,16 @@ def _event():
 
 
 CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
+
+
+def _on_stream(library, stream, tf32: bool):
+    """A Cublas or CublasLt handle issuing on stream, with a workspace of its own (which it
+    keeps): without one cuBLAS allocates its own, which a captured step cannot record."""
+    workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=stream)
+    handle = int(getattr(stream.handle, "value", stream.handle))
+    return library(handle, tf32=tf32, workspace=workspace)
+
+
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
 # copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
@@ -105,7 +115,6 @@ class GpuBackend:
             swiglu,
             transpose,
         )
-        from euler.gpu.cublas import Cublas
 
         self.k_adamw, self.k_attention, self.k_ce = adamw, attention, cross_entropy
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
@@ -114,22 +123,14 @@ class GpuBackend:
         self.threads, self.tile = threads, tile
         self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
-        if blas is None:
-            handle = self.stream.handle
-            blas = Cublas(int(getattr(handle, "value", handle)), tf32=tf32)
-            # cuBLAS must not allocate its own workspace inside a captured step
-            self._blas_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=self.stream)
-            blas.set_workspace(self._blas_workspace)
-        self.blas = blas
+        self.blas = _on_stream(Cublas, self.stream, tf32) if blas is None else blas
+        # cuBLAS, or a stand-in for it (the simulator's, called in line on every stream)
+        self._cublas = hasattr(self.blas, "set_workspace")
         # overlap: (side stream, its cuBLAS handle, fork event, events marking products done)
         self.side = None
         if overlap:
             side = cuda.stream()
-            side_blas = blas  # a stand-in (the simulator's) runs every product in line
-            if hasattr(blas, "set_workspace"):
-                side_blas = Cublas(int(getattr(side.handle, "value", side.handle)), tf32=tf32)
-                self._side_workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=side)
-                side_blas.set_workspace(self._side_workspace)
+            side_blas = _on_stream(Cublas, side, tf32) if self._cublas else blas
             done = [_event() for _ in range(SIDE_EVENTS)]
             self.side = (side, side_blas, _event(), done)
         self._side_pending: list = []  # events of the deferred products not yet waited for
@@ -137,7 +138,7 @@ class GpuBackend:
         self._scratch: dict[tuple, object] = {}
         self._lt = None  # the cuBLASLt handle of matmul_residual (FUSED_RESIDUAL), made on use
         # CUDA graphs (step_graph.py) need the driver: not the simulator, not a cuBLAS stand-in
-        self.can_capture = not numba.config.ENABLE_CUDASIM and hasattr(blas, "set_workspace")
+        self.can_capture = not numba.config.ENABLE_CUDASIM and self._cublas
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype):
@@ -229,7 +230,7 @@ class GpuBackend:
         kernel, which would allow one: the CPU backend refuses it too, so the CPU tests hold
         callers to the fused path's contract.
         """
-        if FUSED_RESIDUAL and hasattr(self.blas, "set_workspace"):
+        if FUSED_RESIDUAL and self._cublas:
             self._fused_blas().gemm(out, a, b, trans_b=True, c=res)
             return
         tmp = self.scratch("matmul_residual", out.shape, out.dtype)
@@ -241,9 +242,7 @@ class GpuBackend:
         forward of a step runs eagerly (step_graph.py), so neither the workspace nor a
         product's heuristic query happens inside a captured graph."""
         if self._lt is None:
-            workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=self.stream)
-            handle = self.stream.handle
-            self._lt = CublasLt(int(getattr(handle, "value", handle)), workspace, self.blas.tf32)
+            self._lt = _on_stream(CublasLt, self.stream, self.blas.tf32)
         return self._lt
 
     def matmul_batched(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:

@@ -61,9 +61,10 @@ def _ptr(a) -> int:
 
 
 class Cublas:
-    """One cuBLAS handle bound to one CUDA stream; TF32 tensor cores unless `tf32=False`."""
+    """One cuBLAS handle bound to one CUDA stream; TF32 tensor cores unless `tf32=False`;
+    workspace: a device buffer to use as cuBLAS's (set_workspace)."""
 
-    def __init__(self, stream_handle: int, tf32: bool = True):
+    def __init__(self, stream_handle: int, tf32: bool = True, workspace=None):
         self.lib = load_library()
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate_v2")
@@ -81,6 +82,8 @@ class Cublas:
         # the same with a stride after each leading dimension, then the batch count
         batched = gemm[:9] + [i64] + gemm[9:11] + [i64] + gemm[11:] + [i64, i32]
         self.lib.cublasSgemmStridedBatched.argtypes = batched
+        if workspace is not None:
+            self.set_workspace(workspace)
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -106,6 +109,7 @@ class Cublas:
             self.lib.cublasSetWorkspace_v2(self.handle, _ptr(buf), buf.nbytes),
             "cublasSetWorkspace_v2",
         )
+        self.workspace = buf  # cuBLAS holds only its address: the buffer lives as the handle does
 
     @staticmethod
     def _dims(out, a, b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
