@@ -3,9 +3,9 @@
     python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
 
 Measures on the current CUDA GPU (TF32 matmuls, as training runs):
-- the trainer's step with the weight gradients on a side stream (GpuBackend(overlap=True)),
-  in line, on the side stream through token-contiguous copies of an operand
-  (backend.TRANSPOSE_WEIGHT_GRADS), and on the side stream with the residual adds fused
+- the trainer's step at the defaults and with one of them off each: the weight gradients
+  in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
+  copies of an operand (backend.TRANSPOSE_WEIGHT_GRADS), without the residual adds fused
   into the output projections (backend.FUSED_RESIDUAL), replayed as CUDA graphs and
   launched (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
@@ -218,11 +218,11 @@ def bench_step(args) -> dict:
 
 
 def overlap_steps(args) -> dict[str, dict]:
-    """The trainer's step (euler.bench.time_engine), its weight gradients on the side stream
-    (overlap) or in line, on the side stream through token-contiguous copies
-    (backend.TRANSPOSE_WEIGHT_GRADS), and on the side stream with the output projections'
-    residual adds fused into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt), each replayed
-    as CUDA graphs and launched: time_steps' statistics plus tokens/s."""
+    """The trainer's step (euler.bench.time_engine) at the defaults, then with one default off
+    each: the weight gradients in line (no side stream), without token-contiguous copies
+    (backend.TRANSPOSE_WEIGHT_GRADS), without the output projections' residual adds fused
+    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); each replayed as CUDA graphs and
+    launched: time_steps' statistics plus tokens/s."""
     from euler.bench import synthetic_batch, time_engine
     from euler.gpu import backend
 
@@ -232,10 +232,10 @@ def overlap_steps(args) -> dict[str, dict]:
     defaults = backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL
     try:
         for name, overlap, transposed, fused in (
-            ("overlap", True, False, False),
-            ("in_line", False, False, False),
-            ("overlap_transposed", True, True, False),
-            ("overlap_fused_residual", True, False, True),
+            ("default", True, True, True),
+            ("in_line", False, True, True),
+            ("untransposed", True, False, True),
+            ("unfused_residual", True, True, False),
         ):
             backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = transposed, fused
             be = GpuBackend(tf32=True, overlap=overlap)

@@ -61,18 +61,19 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
 # costs K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py:
 # at 4096 x 768, 0.084 + 0.349 ms against 0.544; at 768 x 768, 0.078 + 0.105 against
-# 0.172). Off until a training step measures it (bench/bench_gpu.py --steps-only).
-TRANSPOSE_WEIGHT_GRADS = False
+# 0.172). In the training step (bench/bench_gpu.py --steps-only, H200): 66.2 ms a step
+# against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json).
+TRANSPOSE_WEIGHT_GRADS = True
 TRANSPOSE_MIN_WIDTH = 2048
 # matmul_residual (the output projections attn.wo and mlp.w_down and their residual adds) as
 # one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
 # legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
 # (bench/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
 # ~0.039 ms add; K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about
-# 0.5 ms a step in all; the add's time is the device-only profile's). Off until a
-# training step measures it (bench/bench_gpu.py --steps-only). Read at each call; a stand-in
-# blas (the simulator's) always takes the unfused path.
-FUSED_RESIDUAL = False
+# 0.5 ms a step in all; the add's time is the device-only profile's). In the training step:
+# 68.1 ms against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). Read at
+# each call; a stand-in blas (the simulator's) always takes the unfused path.
+FUSED_RESIDUAL = True
 
 
 class GpuBackend:
