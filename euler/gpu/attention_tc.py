@@ -62,6 +62,8 @@ SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), 
   (264-492 bytes) in every arrangement tried.
 FAST_EXP: probabilities through approx.exp_approx (ex2.approx) instead of libdevice's
   expf: 5% off forward and backward (below), the same errors (TF32's rounding dominates).
+HEAVY_FIRST: heads on the grid's fast axis, tiles heaviest first on its slow one, so the
+  last blocks dispatched are the lightest of the grid (before: tiles on the fast axis).
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
 
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
@@ -113,6 +115,11 @@ SPLIT_TF32 = False
 # of math.exp (libdevice, about 9): the forward's 64 x 64 exps per tile are a large share
 # of its instructions, and their results are rounded to TF32 anyway.
 FAST_EXP = True
+# HEAVY_FIRST: the grid's fast axis runs over heads and its slow axis over tiles, heaviest
+# first (the causal triangle's longest query rows; the key tiles with the most queries), so
+# the blocks dispatched last, which run while others idle, are the lightest of the whole
+# grid rather than of one head.
+HEAVY_FIRST = True
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
@@ -146,6 +153,10 @@ class _Gen:
     def exp(self, expr: str) -> str:
         """e^expr: exp_approx with FAST_EXP, else math.exp."""
         return f"exp_approx({expr})" if FAST_EXP else f"math.exp({expr})"
+
+    def block(self, of: str) -> str:
+        """The block index over tiles (of="tile") or heads (of="head"): see HEAVY_FIRST."""
+        return "cuda.blockIdx." + ("y" if (of == "tile") == HEAVY_FIRST else "x")
 
     def split(self, names: list[str]) -> None:
         """With SPLIT_TF32: each name's hi (name + "h") and lo (name + "l") TF32 parts."""
@@ -378,13 +389,13 @@ def _forward_source(E: int) -> str:
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads.",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads.",
         RED,
         _dynamic("forward"),
     )
-    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w("rep = H // G", f"b = {gen.block('head')} // H", f"h = {gen.block('head')} % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
+    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {gen.block('tile')}) * 64  # longest rows first")
 
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
@@ -443,13 +454,13 @@ def _dq_source(E: int) -> str:
     gen.prologue(
         "backward_dq_tc_kernel",
         "dqkv, dsum, dout, qkv, out, lse, H, G, scale",
-        "dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (T / 64, B H), 128 threads.",
+        "dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid _grid(T / 64, B H), 128 threads.",
         RED,
         _dynamic("dq"),
     )
-    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    w("rep = H // G", f"b = {gen.block('head')} // H", f"h = {gen.block('head')} % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64")
+    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {gen.block('tile')}) * 64")
 
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q, dO are staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
@@ -517,14 +528,14 @@ def _dkv_source(E: int) -> str:
     gen.prologue(
         "backward_dkv_tc_kernel",
         "dqkv, dsum, dout, qkv, lse, H, G, scale",
-        f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid (T / 64, B G), "
+        f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
         _dynamic("dkv"),
     )
-    w("rep = H // G", "b = cuda.blockIdx.y // G", "kvh = cuda.blockIdx.y % G")
+    w("rep = H // G", f"b = {gen.block('head')} // G", f"kvh = {gen.block('head')} % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
-    w("j0 = cuda.blockIdx.x * 64")
+    w(f"j0 = {gen.block('tile')} * 64  # the first key tiles see the most queries")
 
     def issue(i: str, h: str, buf: str) -> None:
         """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
@@ -555,7 +566,7 @@ def _dkv_source(E: int) -> str:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w("nq = (Tn + 63) // 64 - cuda.blockIdx.x  # query tiles per head", "nit = rep * nq")
+        w(f"nq = (Tn + 63) // 64 - {gen.block('tile')}  # query tiles per head", "nit = rep * nq")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
         w("hh = it // nq", "i0 = j0 + 64 * (it - hh * nq)", "h = kvh * rep + hh", f"qo = h * {E}")
@@ -682,7 +693,7 @@ def _compile(name: str, src: str):
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
     return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
-                FAST_EXP=FAST_EXP, MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
+                FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST, MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
                 LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -725,6 +736,11 @@ def _check_async(*arrays) -> None:
             assert face["data"][0] % 16 == 0
 
 
+def _grid(tiles: int, heads: int) -> tuple[int, int]:
+    """The launch grid over tiles and heads, in the kernels' order (HEAVY_FIRST)."""
+    return (heads, tiles) if HEAVY_FIRST else (tiles, heads)
+
+
 def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
     """Launch with nbytes of dynamic shared memory (0: the kernel's array is static)."""
     if not SIMULATOR and nbytes > 48 * 1024:
@@ -740,7 +756,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
         _check_async(qkv)
     scale = float32(1.0 / math.sqrt(E))
     fwd = kernels(E)[0]
-    grid = ((Tn + TILE - 1) // TILE, B * H)
+    grid = _grid((Tn + TILE - 1) // TILE, B * H)
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
@@ -764,6 +780,6 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
         prep[grid, attention.PREP_WARPS * attention.WARP, stream](dqkv, dsum, dout, out, H)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-        _launch(built[1], (nt, B * H), stream, nbytes["dq"], *args)
+        _launch(built[1], _grid(nt, B * H), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    _launch(built[-1], (nt, B * G), stream, nbytes["dkv"], *args)
+    _launch(built[-1], _grid(nt, B * G), stream, nbytes["dkv"], *args)
