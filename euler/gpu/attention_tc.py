@@ -693,8 +693,8 @@ def _compile(name: str, src: str):
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
     return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
-                FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST, MIN_BLOCKS=MIN_BLOCKS, LOAD_CHUNK=LOAD_CHUNK,
-                LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
+                FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST, MIN_BLOCKS=MIN_BLOCKS,
+                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
 def sources(E: int) -> dict[str, str]:
