@@ -126,9 +126,17 @@ def max_errors(got, want) -> dict:
     return err
 
 
+WARM_S = 0.5  # seconds of back-to-back calls before timing
+
+
 def timed(stream, fn, reps: int) -> float:
-    """Median ms of fn() over reps runs, from CUDA events on stream, after a warm-up run."""
-    fn()
+    """Median ms of fn() over reps runs, from CUDA events on stream, after WARM_S seconds of
+    calls: straight after NVVM's compile the GPU has idled, and its first calls ran slower
+    (0.38-0.50 ms forward at T=512 against 0.30 warm)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARM_S:
+        fn()
+        stream.synchronize()
     times = []
     for _ in range(reps):
         start, stop = cuda.event(), cuda.event()
