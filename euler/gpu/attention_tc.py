@@ -62,8 +62,9 @@ SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), 
   (264-492 bytes) in every arrangement tried.
 FAST_EXP: probabilities through approx.exp_approx (ex2.approx) instead of libdevice's
   expf: 5% off forward and backward (below), the same errors (TF32's rounding dominates).
-HEAVY_FIRST: heads on the grid's fast axis, tiles heaviest first on its slow one, so the
-  last blocks dispatched are the lightest of the grid (before: tiles on the fast axis).
+HEAVY_FIRST: the backward's grid has heads on its fast axis, tiles heaviest first on its
+  slow one, so the last blocks dispatched are the lightest of the grid (the forward's
+  grid, tiles on the fast axis, measured faster for it).
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
 
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
@@ -115,10 +116,12 @@ SPLIT_TF32 = False
 # of math.exp (libdevice, about 9): the forward's 64 x 64 exps per tile are a large share
 # of its instructions, and their results are rounded to TF32 anyway.
 FAST_EXP = True
-# HEAVY_FIRST: the grid's fast axis runs over heads and its slow axis over tiles, heaviest
-# first (the causal triangle's longest query rows; the key tiles with the most queries), so
-# the blocks dispatched last, which run while others idle, are the lightest of the whole
-# grid rather than of one head.
+# HEAVY_FIRST: the backward's grid runs over heads on its fast axis and over tiles on its
+# slow one, heaviest first (the key tiles with the most queries), so the blocks dispatched
+# last, which run while others idle, are the lightest of the whole grid rather than of one
+# head. On the H200 at T=512: backward 0.62-0.70 ms against 0.74 (at T=2048 even). The
+# forward keeps tiles on the fast axis: heads first made it 4% slower at T=2048 (2.42-2.46
+# against 2.32-2.35 ms) and no faster at T=512 (results/attention-tc-heavy-first-ab-*).
 HEAVY_FIRST = True
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
@@ -155,7 +158,8 @@ class _Gen:
         return f"exp_approx({expr})" if FAST_EXP else f"math.exp({expr})"
 
     def block(self, of: str) -> str:
-        """The block index over tiles (of="tile") or heads (of="head"): see HEAVY_FIRST."""
+        """The backward kernels' block index over tiles (of="tile") or heads (of="head"):
+        see HEAVY_FIRST."""
         return "cuda.blockIdx." + ("y" if (of == "tile") == HEAVY_FIRST else "x")
 
     def split(self, names: list[str]) -> None:
@@ -389,13 +393,13 @@ def _forward_source(E: int) -> str:
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads.",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads.",
         RED,
         _dynamic("forward"),
     )
-    w("rep = H // G", f"b = {gen.block('head')} // H", f"h = {gen.block('head')} % H")
+    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {gen.block('tile')}) * 64  # longest rows first")
+    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
 
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
@@ -737,7 +741,7 @@ def _check_async(*arrays) -> None:
 
 
 def _grid(tiles: int, heads: int) -> tuple[int, int]:
-    """The launch grid over tiles and heads, in the kernels' order (HEAVY_FIRST)."""
+    """The backward kernels' launch grid over tiles and heads, in their order (HEAVY_FIRST)."""
     return (heads, tiles) if HEAVY_FIRST else (tiles, heads)
 
 
@@ -756,7 +760,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
         _check_async(qkv)
     scale = float32(1.0 / math.sqrt(E))
     fwd = kernels(E)[0]
-    grid = _grid((Tn + TILE - 1) // TILE, B * H)
+    grid = ((Tn + TILE - 1) // TILE, B * H)
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
