@@ -70,7 +70,8 @@ MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
 errors against a float64 reference within 4e-4 of the values' scale), forward and
 backward ms at T=512 (T=2048):
-  PIPELINE, ATOMIC_DQ, FAST_EXP (default) 0.296 0.744 (2.49 7.05)  44 TFLOP/s forward (83)
+  PIPELINE, ATOMIC_DQ, FAST_EXP, HEAVY_FIRST (default) 0.300 0.649 (2.33 7.27)  43 (88) TFLOP/s
+  PIPELINE, ATOMIC_DQ, FAST_EXP       0.296 0.744 (2.49 7.05)  44 TFLOP/s forward (83)
   PIPELINE and ATOMIC_DQ             0.311 0.782 (2.51 7.46)   41 TFLOP/s forward (82)
   3xTF32 (SPLIT_TF32, libdevice exp) 0.659 2.133 (6.19 21.4)   errors 4e-6 (out), 9e-5 (dqkv)
   PIPELINE alone                     0.312 0.881 (2.52 7.72)
