@@ -12,8 +12,10 @@ instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ, three mma a 
 with SPLIT_TF32) and is checked in the simulator on the two-query-tile shape with two
 query heads per kv head, where the pipelined dkv loop crosses from one head to the next
 (the backward only, from the reference's out and lse, where its forward is the default's).
-The quick suite runs the default (the kernels that train) and 3xTF32 in the simulator and
-compiles the staged and fast-exp kernels too; `-m slow -k simulator` runs the others.
+The quick suite runs the default (the kernels that train) in the simulator, and 3xTF32 on
+one query tile of two heads (its products and staging are its own; its loops are the
+default's), and compiles the staged, 3xTF32 and libdevice-exp kernels too; `-m slow -k
+simulator` runs the other variants, 3xTF32 on the full shape among them.
 
 Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
 (4.9e-4) relative; a sum of such products errs by about that times the scale of its
@@ -51,11 +53,12 @@ VARIANTS = {
     "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
     "libdevice-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
 }
-# The kernels that train and 3xTF32 run in the simulator in the quick suite; the others
-# wait for -m slow (about a minute a variant there). Their PTX is quick (seconds a variant
+# The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
+# test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
+# there). Their PTX is quick (seconds a variant
 # at E = 8), but for the combinations whose kernels are parts of the staged ones.
-QUICK = ("default", "3xtf32")
-QUICK_PTX = (*QUICK, "staged", "libdevice-exp")
+QUICK = ("default",)
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -258,7 +261,14 @@ else:
     @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))
     def test_attention_tc_variant(monkeypatch, name) -> None:
         """Two query tiles with a tail, two query heads per kv head; the forward only where
-        the variant's differs from the default's (staged, 3xTF32, fast exp)."""
+        the variant's differs from the default's (staged, 3xTF32, libdevice's exp)."""
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32", "fast-exp"))
+        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32", "libdevice-exp"))
+
+    def test_attention_tc_3xtf32_one_tile(monkeypatch) -> None:
+        """3xTF32 to fp32's tolerance in the quick suite: forward and backward of one query
+        tile of two query heads on one kv head (a third of the variant test's blocks)."""
+        for knob, value in VARIANTS["3xtf32"].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_attention(1, 19, 2, 1, 8)
