@@ -11,10 +11,12 @@ recorded as {"error": ...}) loses nothing measured before it:
   reference (batch element 0 only at the big shapes), and against the exact kernels of
   attention.py. Errors are TF32-sized (~1e-3 of the values' scale), not fp32-sized
   (the 3xtf32 variant's should be fp32-sized).
-- "time": median ms over --reps runs (CUDA events, after a warm-up run) of forward and
-  backward for attention_tc (TF32, and 3xTF32 at the big shapes), the exact kernels, torch
-  SDPA when torch has CUDA, and the naive attention (scores in memory) at the big shapes;
-  TFLOP/s of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
+- "time": median device ms of one call over --reps rounds (bench/gpu_timing.py: a round is
+  10 calls back to back, queued behind a spin, so the host's launch is not timed) of
+  forward and backward for attention_tc (TF32, and 3xTF32 at the big shapes), the exact
+  kernels, torch SDPA when torch has CUDA, and the naive attention (scores in memory) at
+  the big shapes; TFLOP/s of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times
+  that backward.
 
     python bench/attention_tc_gpu.py --variants --out attention-tc-variants.json
 
@@ -45,6 +47,7 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_timing import CALLS, timed  # noqa: E402
 from euler.gpu import attention, attention_tc  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
@@ -124,28 +127,6 @@ def max_errors(got, want) -> dict:
     err = {n: float(np.abs(g - w).max()) for n, g, w in zip(names, got, want, strict=True)}
     err.update({f"{n}_scale": float(np.abs(w).max()) for n, w in zip(names, want, strict=True)})
     return err
-
-
-WARM_S = 0.5  # seconds of back-to-back calls before timing
-
-
-def timed(stream, fn, reps: int) -> float:
-    """Median ms of fn() over reps runs, from CUDA events on stream, after WARM_S seconds of
-    calls: straight after NVVM's compile the GPU has idled, and its first calls ran slower
-    (0.38-0.50 ms forward at T=512 against 0.30 warm)."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < WARM_S:
-        fn()
-        stream.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cuda.event(), cuda.event()
-        start.record(stream)
-        fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return float(np.median(times))
 
 
 def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) -> None:
@@ -255,15 +236,19 @@ def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict)
     do = torch.from_numpy(c.dout_h).cuda().reshape(c.B, c.T, H, E).transpose(1, 2).contiguous()
 
     def ms(fn) -> float:
+        """As gpu_timing.timed: CALLS calls a round, behind torch's own spin of ~20 ms."""
         fn()
+        torch.cuda.synchronize()
         times = []
         for _ in range(reps):
+            torch.cuda._sleep(40_000_000)  # cycles: ~20 ms at the H200's 1.98 GHz
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            fn()
+            for _ in range(CALLS):
+                fn()
             e.record()
             e.synchronize()
-            times.append(s.elapsed_time(e))
+            times.append(s.elapsed_time(e) / CALLS)
         return float(np.median(times))
 
     fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731

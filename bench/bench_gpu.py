@@ -37,6 +37,7 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import gpu_timing  # noqa: E402
 from euler.config import PRESETS  # noqa: E402
 from euler.gpu import attention  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
@@ -49,17 +50,8 @@ class Hyper:
 
 
 def timed(be: GpuBackend, fn, reps: int) -> float:
-    """Median milliseconds of fn() over reps runs, from CUDA events on the backend's stream."""
-    fn()
-    times = []
-    for _ in range(reps):
-        start, stop = cuda.event(), cuda.event()
-        start.record(be.stream)
-        fn()
-        stop.record(be.stream)
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return float(np.median(times))
+    """Median device ms of fn() on the backend's stream (gpu_timing.timed)."""
+    return gpu_timing.timed(be.stream, fn, reps)
 
 
 class TimedBackend:
@@ -114,25 +106,6 @@ class TimedBackend:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-@cuda.jit
-def _busy(out, n):
-    """One thread, n dependent integer multiply-adds (a few ns each): holds the stream."""
-    x = out[0]
-    for _ in range(n):
-        x = x * np.uint32(1103515245) + np.uint32(12345)
-    out[0] = x
-
-
-def hold_stream(be: GpuBackend, ms: float) -> float:
-    """Start a kernel that keeps the stream busy for about ms milliseconds (calibrated
-    here); returns its calibrated length in ms."""
-    scratch = be.zeros((1,), np.uint32)
-    n = 1 << 20
-    per_iter = timed(be, lambda: _busy[1, 1, be.stream](scratch, n), 3) / n
-    _busy[1, 1, be.stream](scratch, int(ms / per_iter))
-    return int(ms / per_iter) * per_iter
-
-
 def gemm_table(be: GpuBackend, gemms: dict, steps: int, reps: int) -> list[dict]:
     """Each distinct product of `steps` recorded steps alone (on its own arrays): median ms,
     TFLOP/s, calls per step, and ms per step; slowest total first."""
@@ -171,7 +144,7 @@ def bench_step(args) -> dict:
     timer.gemms.clear()
     train_step(model, tokens, targets, state, 2)
     per_method = timer.totals()
-    held = hold_stream(be, 1000.0)  # the host queues the step while this runs
+    held = gpu_timing.hold_stream(be.stream, 1000.0)  # the host queues the step while this runs
     h0 = time.perf_counter()
     train_step(model, tokens, targets, state, 3)
     queued_ms = (time.perf_counter() - h0) * 1e3

@@ -1,8 +1,10 @@
 """`euler bench`'s measurements apart from the training step: layer kernels, attention, tokenizer.
 
-Every figure is the fastest of `reps` synchronised calls, in ms, after one untimed call
-(which compiles or warms caches). Layer cases are shared with bench/test_bench_cpu.py and
-bench/test_bench_gpu.py, whose test ids are their names.
+Every figure is the fastest of `reps` synchronised rounds, in ms per call, after one
+untimed call (which compiles or warms caches); a round is one call on the CPU and
+GPU_CALLS back-to-back calls on a GPU (the host's launch cost hides behind the kernels).
+Layer cases are shared with bench/test_bench_cpu.py and bench/test_bench_gpu.py, whose
+test ids are their names.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from euler.config import ModelConfig
 from euler.model import rope_tables
 
 NAIVE_SCORES_BYTES = 256 * 2**20  # the host memory naive attention's scores may take
+GPU_CALLS = 10  # calls a timed round on a GPU (best_ms): the launches queue ahead of it
+
+
+def calls_for(be) -> int:
+    """Calls per timed round on be: GPU_CALLS on a GPU, 1 on the CPU."""
+    return GPU_CALLS if be.name == "cuda" else 1
 
 
 # ------------------------------------------------------------------ layers
@@ -71,7 +79,8 @@ def layer_cases(be, cfg: ModelConfig, B: int, T: int) -> dict[str, Callable[[], 
 def time_layers(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict[str, float]:
     """Best-of-reps ms of each layer case at (B, T)."""
     return {
-        name: best_ms(fn, be.synchronize, reps) for name, fn in layer_cases(be, cfg, B, T).items()
+        name: best_ms(fn, be.synchronize, reps, calls_for(be))
+        for name, fn in layer_cases(be, cfg, B, T).items()
     }
 
 
@@ -135,16 +144,17 @@ def compare_attention(
     qkv, dout = be.to_device(qkv_h), be.to_device(dout_h)
     out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
     dqkv = be.zeros(qkv_h.shape, np.float32)
-    flash_f = best_ms(lambda: be.attention_forward(out, lse, qkv, H, G, E), be.synchronize, reps)
+    n = calls_for(be)
+    flash_f = best_ms(lambda: be.attention_forward(out, lse, qkv, H, G, E), be.synchronize, reps, n)
     flash_b = best_ms(
-        lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), be.synchronize, reps
+        lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), be.synchronize, reps, n
     )
     if on_gpu:
         from euler.gpu.naive_attention import NaiveAttention
 
         naive = NaiveAttention(be, qkv_h, dout_h, H, G, E)
-        naive_f = best_ms(naive.forward, be.synchronize, reps)
-        naive_b = best_ms(naive.backward, be.synchronize, reps)
+        naive_f = best_ms(naive.forward, be.synchronize, reps, n)
+        naive_b = best_ms(naive.backward, be.synchronize, reps, n)
         naive_out, scores_bytes = naive.out(), naive.scores_bytes()
     else:
         naive_f, naive_b, naive_out, scores_bytes = _naive_numpy(qkv_h, dout_h, H, G, E, reps)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,3 +92,18 @@ def test_peer_skipped_with_a_note_when_bench_folder_is_missing(tmp_path, monkeyp
     monkeypatch.setattr(bench_peer, "REPO_ROOT", tmp_path)
     peer, why = bench_peer.load_torch_peer()
     assert peer is None and ("not found" in why or "not installed" in why)
+
+
+def test_best_ms_times_rounds_of_calls_per_call(monkeypatch):
+    """A round is `calls` calls and one sync, reported per call: on a GPU the launches then
+    queue ahead of the device instead of each waiting for the last (GPU_CALLS there)."""
+    from euler import bench_timing
+    from euler.bench_kernels import GPU_CALLS, calls_for
+
+    clock = iter(range(0, 1000, 6))  # each round takes 6 "seconds"
+    monkeypatch.setattr(bench_timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    log = []
+    ms = bench_timing.best_ms(lambda: log.append("call"), lambda: log.append("sync"), 2, calls=3)
+    assert ms == 1e3 * 6 / 3
+    assert log == ["call", "sync"] + ["call"] * 3 + ["sync"] + ["call"] * 3 + ["sync"]
+    assert calls_for(CpuBackend()) == 1 and GPU_CALLS > 1
