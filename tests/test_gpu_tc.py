@@ -42,21 +42,23 @@ IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TOL = 2e-3  # of the largest reference value, see the module docstring
 TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4e-4
 # attention_tc knob settings, by name; "default" must be the module's own (a test checks)
-# (HEAVY_FIRST off but in the default: both grid orders run)
+# (HEAVY_FIRST off but in the default, HEAVY_FIRST_FORWARD on in 3xtf32: both grid orders of
+# both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
-        "HEAVY_FIRST": False}  # fmt: skip
+        "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}  # fmt: skip
+_SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 VARIANTS = {
     "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True, "HEAVY_FIRST": True},
     "staged": _OFF,
     "pipeline": _OFF | {"PIPELINE": True},
     "atomic-dq": _OFF | {"ATOMIC_DQ": True},
-    "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "SPLIT_TF32": True},
+    "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True} | _SPLIT_HEADS_FIRST,
     "libdevice-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
 }
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
-# there). Their PTX is quick (seconds a variant
-# at E = 8), but for the combinations whose kernels are parts of the staged ones.
+# there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
+# kernels are parts of the staged ones.
 QUICK = ("default",)
 QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp")
 

@@ -63,8 +63,9 @@ SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), 
 FAST_EXP: probabilities through approx.exp_approx (ex2.approx) instead of libdevice's
   expf: 5% off forward and backward (below), the same errors (TF32's rounding dominates).
 HEAVY_FIRST: the backward's grid has heads on its fast axis, tiles heaviest first on its
-  slow one, so the last blocks dispatched are the lightest of the grid (the forward's
-  grid, tiles on the fast axis, measured faster for it).
+  slow one, so the last blocks dispatched are the lightest of the grid.
+HEAVY_FIRST_FORWARD: the same for the forward's grid (off: tiles on the fast axis, measured
+  faster at T=2048).
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
 
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
@@ -124,6 +125,10 @@ FAST_EXP = True
 # forward keeps tiles on the fast axis: heads first made it 4% slower at T=2048 (2.42-2.46
 # against 2.32-2.35 ms) and no faster at T=512 (results/attention-tc-heavy-first-ab-*).
 HEAVY_FIRST = True
+# HEAVY_FIRST_FORWARD: the forward's grid in that order too. Off: its A/B timings included
+# the host's launch, so the T=512 comparison (0.307 against 0.295 ms) was noise; at T=2048
+# it lost 4%. A variant of bench/attention_tc_gpu.py, for a launch-free A/B.
+HEAVY_FIRST_FORWARD = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
@@ -158,10 +163,10 @@ class _Gen:
         """e^expr: exp_approx with FAST_EXP, else math.exp."""
         return f"exp_approx({expr})" if FAST_EXP else f"math.exp({expr})"
 
-    def block(self, of: str) -> str:
-        """The backward kernels' block index over tiles (of="tile") or heads (of="head"):
-        see HEAVY_FIRST."""
-        return "cuda.blockIdx." + ("y" if (of == "tile") == HEAVY_FIRST else "x")
+    def block(self, of: str, heavy_first: bool) -> str:
+        """The block index over tiles (of="tile") or heads (of="head"): tiles on the slow
+        axis (y) if heavy_first (HEAVY_FIRST, HEAVY_FIRST_FORWARD), else on the fast one."""
+        return "cuda.blockIdx." + ("y" if (of == "tile") == heavy_first else "x")
 
     def split(self, names: list[str]) -> None:
         """With SPLIT_TF32: each name's hi (name + "h") and lo (name + "l") TF32 parts."""
@@ -394,13 +399,14 @@ def _forward_source(E: int) -> str:
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid (T / 64, B H), 128 threads.",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads.",
         RED,
         _dynamic("forward"),
     )
-    w("rep = H // G", "b = cuda.blockIdx.y // H", "h = cuda.blockIdx.y % H")
+    head, tile = gen.block("head", HEAVY_FIRST_FORWARD), gen.block("tile", HEAVY_FIRST_FORWARD)
+    w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.x) * 64  # longest rows first")
+    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {tile}) * 64  # longest rows first")
 
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
@@ -463,9 +469,10 @@ def _dq_source(E: int) -> str:
         RED,
         _dynamic("dq"),
     )
-    w("rep = H // G", f"b = {gen.block('head')} // H", f"h = {gen.block('head')} % H")
+    head, tile = gen.block("head", HEAVY_FIRST), gen.block("tile", HEAVY_FIRST)
+    w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {gen.block('tile')}) * 64")
+    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {tile}) * 64")
 
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q, dO are staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
@@ -538,9 +545,10 @@ def _dkv_source(E: int) -> str:
         RED,
         _dynamic("dkv"),
     )
-    w("rep = H // G", f"b = {gen.block('head')} // G", f"kvh = {gen.block('head')} % G")
+    head, tile = gen.block("head", HEAVY_FIRST), gen.block("tile", HEAVY_FIRST)
+    w("rep = H // G", f"b = {head} // G", f"kvh = {head} % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
-    w(f"j0 = {gen.block('tile')} * 64  # the first key tiles see the most queries")
+    w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
     def issue(i: str, h: str, buf: str) -> None:
         """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
@@ -571,7 +579,7 @@ def _dkv_source(E: int) -> str:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w(f"nq = (Tn + 63) // 64 - {gen.block('tile')}  # query tiles per head", "nit = rep * nq")
+        w(f"nq = (Tn + 63) // 64 - {tile}  # query tiles per head", "nit = rep * nq")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
         w("hh = it // nq", "i0 = j0 + 64 * (it - hh * nq)", "h = kvh * rep + hh", f"qo = h * {E}")
@@ -698,7 +706,8 @@ def _compile(name: str, src: str):
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
     return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
-                FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST, MIN_BLOCKS=MIN_BLOCKS,
+                FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
+                HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, MIN_BLOCKS=MIN_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -741,9 +750,9 @@ def _check_async(*arrays) -> None:
             assert face["data"][0] % 16 == 0
 
 
-def _grid(tiles: int, heads: int) -> tuple[int, int]:
-    """The backward kernels' launch grid over tiles and heads, in their order (HEAVY_FIRST)."""
-    return (heads, tiles) if HEAVY_FIRST else (tiles, heads)
+def _grid(tiles: int, heads: int, heavy_first: bool) -> tuple[int, int]:
+    """A launch grid over tiles and heads, in the kernel's order (Gen.block)."""
+    return (heads, tiles) if heavy_first else (tiles, heads)
 
 
 def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
@@ -761,7 +770,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
         _check_async(qkv)
     scale = float32(1.0 / math.sqrt(E))
     fwd = kernels(E)[0]
-    grid = ((Tn + TILE - 1) // TILE, B * H)
+    grid = _grid((Tn + TILE - 1) // TILE, B * H, HEAVY_FIRST_FORWARD)
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
@@ -785,6 +794,6 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
         prep[grid, attention.PREP_WARPS * attention.WARP, stream](dqkv, dsum, dout, out, H)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-        _launch(built[1], _grid(nt, B * H), stream, nbytes["dq"], *args)
+        _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    _launch(built[-1], _grid(nt, B * G), stream, nbytes["dkv"], *args)
+    _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)
