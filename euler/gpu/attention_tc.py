@@ -121,13 +121,13 @@ FAST_EXP = True
 # HEAVY_FIRST: the backward's grid runs over heads on its fast axis and over tiles on its
 # slow one, heaviest first (the key tiles with the most queries), so the blocks dispatched
 # last, which run while others idle, are the lightest of the whole grid rather than of one
-# head. On the H200 at T=512: backward 0.62-0.70 ms against 0.74 (at T=2048 even). The
-# forward keeps tiles on the fast axis: heads first made it 4% slower at T=2048 (2.42-2.46
-# against 2.32-2.35 ms) and no faster at T=512 (results/attention-tc-heavy-first-ab-*).
+# head. On the H200 at T=512: backward 0.62-0.70 ms against 0.74 (at T=2048 even;
+# results/attention-tc-heavy-first-ab-*).
 HEAVY_FIRST = True
-# HEAVY_FIRST_FORWARD: the forward's grid in that order too. Off: its A/B timings included
-# the host's launch, so the T=512 comparison (0.307 against 0.295 ms) was noise; at T=2048
-# it lost 4%. A variant of bench/attention_tc_gpu.py, for a launch-free A/B.
+# HEAVY_FIRST_FORWARD: the forward's grid in that order too. Off: heads first made the
+# forward 4% slower at T=2048 (2.42-2.46 against 2.32-2.35 ms); at T=512 that A/B (0.307
+# against 0.295 ms) timed the host's launch too. Kept as a variant of
+# bench/attention_tc_gpu.py for a launch-free A/B (bench/gpu_timing.py).
 HEAVY_FIRST_FORWARD = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
