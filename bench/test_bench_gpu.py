@@ -5,8 +5,10 @@ training step and each layer kernel's forward/backward, as test_bench_cpu.py doe
     pytest bench/test_bench_gpu.py --benchmark-compare      # compare against it
 
 Shapes: the `gpu` preset at batch 8 x 512 (4096 tokens per step), TF32 matmuls as training
-runs. Every timed call ends with a stream synchronisation, so a round is the device time
-plus one launch latency.
+runs. The step's round ends with a stream synchronisation (device time plus one launch
+latency); a layer's round is GPU_CALLS calls back to back and one synchronisation, so that
+the launches queue ahead of the device (extra_info's ms_per_call is the fastest round's
+share of one call).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler.bench_kernels import layer_cases
+from euler.bench_kernels import GPU_CALLS, layer_cases
 from euler.config import get_preset
 from euler.model import Model, make_targets
 from euler.optim import AdamW
@@ -77,12 +79,15 @@ def layers(be):
 
 @pytest.mark.parametrize("name", LAYER_NAMES)
 def test_layer_gpu(benchmark, be, layers, name):
-    """One layer kernel at `gpu` shapes (batch 8 x 512), synchronised."""
+    """One layer kernel at `gpu` shapes (batch 8 x 512), GPU_CALLS calls a round."""
     fn = layers[name]
 
-    def call():
-        fn()
+    def calls():
+        for _ in range(GPU_CALLS):
+            fn()
         be.synchronize()
 
-    call()
-    benchmark.pedantic(call, rounds=20, iterations=1, warmup_rounds=2)
+    calls()
+    benchmark.pedantic(calls, rounds=20, iterations=1, warmup_rounds=2)
+    benchmark.extra_info["calls_per_round"] = GPU_CALLS
+    benchmark.extra_info["ms_per_call"] = 1e3 * benchmark.stats.stats.min / GPU_CALLS
