@@ -55,12 +55,13 @@ from tests.numpy_reference import attention_with_grads  # noqa: E402
 
 RECORDS: list[dict] = []
 # attention_tc knob settings measured by --variants: the default first, then candidates
-# (the grids' orders; libdevice's expf; 3xTF32; the staged kernels that were the
-# default until 2026-11-29).
+# (the grids' orders; the raw tiles' rounding; libdevice's expf; 3xTF32; the staged
+# kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ, FAST_EXP and HEAVY_FIRST (the backward's)
     ("tile-fastest", {"HEAVY_FIRST": False}),  # both passes' grids tiles first
     ("heavy-first-forward", {"HEAVY_FIRST_FORWARD": True}),  # both passes' heads first
+    ("add-round", {"ADD_ROUND": True}),  # raw tiles rounded by an integer add, not cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),
     ("3xtf32", SPLIT := {"SPLIT_TF32": True, "FAST_EXP": False}),  # fp32-level errors throughout
     ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),

@@ -45,7 +45,7 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # (HEAVY_FIRST off but in the default, HEAVY_FIRST_FORWARD on in 3xtf32: both grid orders of
 # both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
-        "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}  # fmt: skip
+        "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 VARIANTS = {
     "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True, "HEAVY_FIRST": True},
@@ -55,12 +55,13 @@ VARIANTS = {
     "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True} | _SPLIT_HEADS_FIRST,
     "libdevice-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
 }
+VARIANTS["add-round"] = VARIANTS["default"] | {"ADD_ROUND": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp")
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "add-round")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -140,6 +141,11 @@ if not IN_SIMULATOR:
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             adds = re.findall(r"(?:red|atom)\.global\.add\.f32", text)
             assert len(adds) == (4 * E // 8 if atomic and name == "dkv" else 0), (name, len(adds))
+            # ADD_ROUND: both B values of each product on a cp.async tile (forward: S and O;
+            # dkv: all but dQ's, whose K is staged) rounded by one integer add of 0x1000
+            rounds = re.findall(r"add\.s32\s+%r\d+, %r\d+, 4096;", text)
+            raw = {"forward": 2, "dkv": 4}[name] if knobs["ADD_ROUND"] else 0
+            assert len(rounds) == 2 * raw * per_product, (name, len(rounds))
 
     def test_default_variant_is_the_modules() -> None:
         """VARIANTS["default"] names the knobs the package trains with."""
@@ -267,6 +273,34 @@ else:
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
         _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32", "libdevice-exp"))
+
+    def test_tf32_operand_rounds_as_cvt_rna() -> None:
+        """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from
+        zero, negatives, the largest floats (to inf) and inf itself."""
+        from euler.gpu.mma import TF32_MASK, tf32_operand
+
+        @cuda.jit
+        def both(x, rounded, operand):
+            i = cuda.grid(1)
+            if i < x.size:
+                rounded[i], operand[i] = tf32(x[i]), tf32_operand(x[i])
+
+        big = np.frombuffer(np.uint32(0x7F7FF000).tobytes(), np.float32)[0]
+        x = np.array([1 + 2**-11, -(1 + 2**-11), 1 + 2**-12, 1 + 3 * 2**-11, 3.14159, -2e-30,
+                      big, np.finfo(np.float32).max, np.inf, -np.inf], np.float32)  # fmt: skip
+        x = np.concatenate([x, np.random.default_rng(0).standard_normal(54).astype(np.float32)])
+        rounded, operand = np.zeros_like(x), np.zeros_like(x)
+        both[1, 64](x, rounded, operand)
+        truncated = operand.view(np.uint32) & np.uint32(TF32_MASK)
+        np.testing.assert_array_equal(truncated, rounded.view(np.uint32))
+        assert (operand.view(np.uint32) != rounded.view(np.uint32)).any()  # not cleared
+
+    def test_attention_tc_add_round_one_tile(monkeypatch) -> None:
+        """ADD_ROUND's kernels (tf32_operand on the cp.async tiles) to TF32's tolerance, on one
+        query tile of two query heads on one kv head."""
+        for knob, value in VARIANTS["add-round"].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_attention(1, 19, 2, 1, 8)
 
     def test_attention_tc_3xtf32_one_tile(monkeypatch) -> None:
         """3xTF32 to fp32's tolerance in the quick suite: forward and backward of one query

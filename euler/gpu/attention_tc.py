@@ -66,6 +66,8 @@ HEAVY_FIRST: the backward's grid has heads on its fast axis, tiles heaviest firs
   slow one, so the last blocks dispatched are the lightest of the grid.
 HEAVY_FIRST_FORWARD: the same for the forward's grid (off: tiles on the fast axis, measured
   faster at T=2048).
+ADD_ROUND: the raw tiles' B fragments rounded by one integer add (mma.tf32_operand), not
+  cvt.rna (a test and an add in SASS). Off: not yet timed.
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
 
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
@@ -129,6 +131,11 @@ HEAVY_FIRST = True
 # against 0.295 ms) timed the host's launch too. Kept as a variant of
 # bench/attention_tc_gpu.py for a launch-free A/B (bench/gpu_timing.py).
 HEAVY_FIRST_FORWARD = False
+# ADD_ROUND: the cp.async tiles' B fragments rounded by mma.tf32_operand (one integer add,
+# the tensor core truncating) instead of cvt.rna, which ptxas compiles to a test for inf
+# and NaN plus that add: 256 of the forward loop's 1,175 PTX instructions a tile are those
+# conversions. Off until a variant of bench/attention_tc_gpu.py times it on a GPU.
+ADD_ROUND = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
@@ -313,9 +320,13 @@ class _Gen:
             self.w(f"{c} = mma_tf32({frags}, {c})")
 
     def _load_b(self, at: list[str], raw: bool) -> None:
-        """b0, b1 from sm[at]; raw: a cp.async copy, rounded here (split with SPLIT_TF32)."""
+        """b0, b1 from sm[at]; raw: a cp.async copy, rounded here (by tf32_operand with
+        ADD_ROUND; split with SPLIT_TF32)."""
         for k, a in enumerate(at):
-            self.w(f"b{k} = {self.rnd(f'sm[{a}]') if raw else f'sm[{a}]'}")
+            v = f"sm[{a}]"
+            if raw:
+                v = f"tf32_operand({v})" if ADD_ROUND and not SPLIT_TF32 else self.rnd(v)
+            self.w(f"b{k} = {v}")
         self.split(["b0", "b1"])
 
     def product_nt(self, acc: str, a: str, region: int, cols, base="lb", raw=False) -> None:
@@ -691,10 +702,12 @@ ASYNC_IMPORT = (
     "\nfrom euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait"
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp_approx"
+ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
+    header += ADD_ROUND_IMPORT if ADD_ROUND else ""
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -707,7 +720,8 @@ def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
     return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
-                HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, MIN_BLOCKS=MIN_BLOCKS,
+                HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
+                MIN_BLOCKS=MIN_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 

@@ -6,9 +6,15 @@ numba.cuda exposes no tensor cores, so `mma_tf32` emits the PTX instruction
 
 (A 16 x 8, B 8 x 8, C and D 16 x 8 in float32) through llvmlite inline assembly, and `tf32`
 emits `cvt.rna.tf32.f32` (round to the nearest TF32 value, ties away from zero: 10 explicit
-mantissa bits, the low 13 bits of the float32 cleared). Every lane of a warp calls both
-with its own fragments; the product needs all 32 lanes converged, so calls must sit outside
-lane-divergent branches.
+mantissa bits, the low 13 bits of the float32 cleared). `tf32_operand` rounds the same way
+for a value that only feeds mma_tf32, in one integer add: half a TF32 unit (0x1000) added
+to the bits, whose low 13 bits the tensor core then ignores. ptxas compiles a cvt.rna that
+feeds an mma to that add too, behind a test for inf and NaN (FSETP, then a predicated
+IADD: bench/notes_gpu.md). The add alone gives the same operand for every finite value
+and for inf (inf + 0x1000 truncates back to inf), one instruction instead of two; only a
+NaN whose payload lies in the low 13 bits would enter as inf. Every lane of a
+warp calls mma_tf32 with its own fragments; the product needs all 32 lanes converged, so
+calls must sit outside lane-divergent branches.
 
 Fragment layout per lane (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
 g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group), as (row, column):
@@ -37,6 +43,7 @@ from numba.core.errors import TypingError
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 TF32_MASK = 0xFFFFE000  # the bits of a float32 that a TF32 value keeps
+HALF_TF32_UNIT = 0x1000  # added to the bits, then truncated: round to nearest, ties away
 MMA_PTX = (
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
@@ -46,7 +53,7 @@ MMA_PTX = (
 def tf32_round_host(x: np.ndarray) -> np.ndarray:
     """x (any shape) rounded to TF32 as cvt.rna.tf32.f32 does, as float32 (NumPy, host)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(TF32_MASK)).view(np.float32)
+    return ((bits + np.uint32(HALF_TF32_UNIT)) & np.uint32(TF32_MASK)).view(np.float32)
 
 
 if not SIMULATOR:
@@ -62,6 +69,20 @@ if not SIMULATOR:
             f32, i32 = ir.FloatType(), ir.IntType(32)
             cvt = ir.InlineAsm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
             return builder.bitcast(builder.call(cvt, [args[0]]), f32)
+
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def tf32_operand(typingctx, x):
+        """x (float32) as an mma_tf32 operand rounded to TF32: its bits plus 0x1000, the
+        low 13 bits left for the tensor core to ignore (not a rounded float32 itself)."""
+        if x != types.float32:
+            raise TypingError(f"tf32_operand takes a float32, not {x}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, HALF_TF32_UNIT))
+            return builder.bitcast(bits, f32)
 
         return types.float32(types.float32), codegen
 
@@ -96,7 +117,14 @@ else:
     @cuda.jit(device=True)
     def tf32(x):
         """x rounded to TF32 (ties away from zero), as a float32: the simulator's cvt.rna."""
-        bits = (_tf32_bits(x) + np.uint32(0x1000)) & np.uint32(TF32_MASK)
+        bits = (_tf32_bits(x) + np.uint32(HALF_TF32_UNIT)) & np.uint32(TF32_MASK)
+        return np.array(bits, dtype=np.uint32).view(np.float32)[()]
+
+    @cuda.jit(device=True)
+    def tf32_operand(x):
+        """The simulator's tf32_operand: the bits plus 0x1000, unmasked (its mma_tf32 reads
+        only the TF32 bits, as the hardware does)."""
+        bits = _tf32_bits(x) + np.uint32(HALF_TF32_UNIT)
         return np.array(bits, dtype=np.uint32).view(np.float32)[()]
 
     @cuda.jit(device=True)
