@@ -1,21 +1,28 @@
 """Compile time, registers and spills of the generated attention kernels, with no GPU.
 
     python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set KNOB=N]
+                                  [--census]
 
 Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90
 PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
 `ptxas` is on PATH, assembled with `ptxas -v` for its registers and spill bytes. NVVM 13.5
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
 version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
+
+`--census` also counts the instructions of each kernel's main loop (the longest span from a
+label back to a branch to it): in PTX, and, when ptxas and cuobjdump (NVIDIA's
+nvidia-cuda-cuobjdump wheel) are on PATH, in the SASS ptxas makes of the whole kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,6 +69,39 @@ def ptxas_report(ptx: str) -> str:
     return "; ".join(ln for ln in lines if "registers" in ln or "spill" in ln) or r.stderr
 
 
+CENSUS_OPS = ("mma.sync", "ld.shared", "st.shared", "cvt.rna.tf32", "ex2.approx", "cp.async",
+              "shfl.sync")  # fmt: skip
+
+
+def loop_census(ptx: str) -> str:
+    """Instruction counts of the PTX's longest loop body: the total and CENSUS_OPS's."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.fullmatch(r"\$L__BB\d+_\d+:", ln)}
+    spans = [(labels[m.group(1)], i) for i, ln in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ln))
+             and labels.get(m.group(1), i) < i]  # fmt: skip
+    if not spans:
+        return "no loop"
+    a, b = max(spans, key=lambda s: s[1] - s[0])
+    body = [ln.split()[1] if ln.startswith("@") else ln.split()[0] for ln in lines[a + 1 : b + 1]
+            if ln and ln[0] not in "/.{}$" and ln.endswith(";")]  # fmt: skip
+    counts = {op: sum(i.startswith(op) for i in body) for op in CENSUS_OPS}
+    return f"loop {len(body)} PTX instructions: " + ", ".join(f"{n} {o}" for o, n in counts.items())
+
+
+def sass_census(ptx: str) -> str:
+    """The SASS opcodes ptxas makes of the kernel, most frequent first (ptxas, cuobjdump)."""
+    if shutil.which("ptxas") is None or shutil.which("cuobjdump") is None:
+        return "(no ptxas or cuobjdump on PATH)"
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
+        subprocess.run(["ptxas", "-arch=sm_90", str(path), "-o", str(cubin)], check=True)
+        sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass.stdout)
+    return "SASS " + ", ".join(f"{n} {op}" for op, n in Counter(ops).most_common(12))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-size", type=int, default=64)
@@ -70,6 +110,7 @@ def main() -> None:
         "--set", action="append", default=[], metavar="KNOB=N",
         help="an attention_tc generation knob (e.g. SPLIT_TF32=1); repeatable",
     )  # fmt: skip
+    ap.add_argument("--census", action="store_true", help="instruction counts, PTX and SASS")
     args = ap.parse_args()
     for item in args.set:
         knob, _, value = item.partition("=")
@@ -86,6 +127,8 @@ def main() -> None:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), launch_bounds=bounds)
             dt = time.perf_counter() - t0
             print(f"{kernel.py_func.__name__:28s} {dt:6.1f} s  {ptxas_report(ptx)}", flush=True)
+            if args.census:
+                print(f"    {loop_census(ptx)}\n    {sass_census(ptx)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -133,8 +133,10 @@ HEAVY_FIRST = True
 HEAVY_FIRST_FORWARD = False
 # ADD_ROUND: the cp.async tiles' B fragments rounded by mma.tf32_operand (one integer add,
 # the tensor core truncating) instead of cvt.rna, which ptxas compiles to a test for inf
-# and NaN plus that add: 256 of the forward loop's 1,175 PTX instructions a tile are those
-# conversions. Off until a variant of bench/attention_tc_gpu.py times it on a GPU.
+# and NaN plus that add: 256 of the forward loop's 1,176 PTX instructions a tile are those
+# conversions, and ADD_ROUND takes the forward's FSETP from 355 to 99, dkv's from 640 to 128,
+# registers unchanged (bench/ptx_registers.py --census). Off until a variant of
+# bench/attention_tc_gpu.py times it on a GPU.
 ADD_ROUND = False
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
