@@ -58,10 +58,13 @@ RECORDS: list[dict] = []
 # (the grids' orders; the raw tiles' rounding; libdevice's expf; 3xTF32; the staged
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
-    ("default", {}),  # PIPELINE, ATOMIC_DQ, FAST_EXP and HEAVY_FIRST (the backward's)
-    ("tile-fastest", {"HEAVY_FIRST": False}),  # both passes' grids tiles first
-    ("heavy-first-forward", {"HEAVY_FIRST_FORWARD": True}),  # both passes' heads first
-    ("add-round", {"ADD_ROUND": True}),  # raw tiles rounded by an integer add, not cvt.rna
+    ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND
+    ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
+    ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
+    ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
+    ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
+    ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
+    ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),
     ("3xtf32", SPLIT := {"SPLIT_TF32": True, "FAST_EXP": False}),  # fp32-level errors throughout
     ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),

@@ -45,23 +45,31 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # (HEAVY_FIRST off but in the default, HEAVY_FIRST_FORWARD on in 3xtf32: both grid orders of
 # both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
-        "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False}  # fmt: skip
+        "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
+        "ATOMIC_WIDTH": 1, "WIDE": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
+_ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND")
 VARIANTS = {
-    "default": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True, "FAST_EXP": True, "HEAVY_FIRST": True},
+    "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
     "pipeline": _OFF | {"PIPELINE": True},
     "atomic-dq": _OFF | {"ATOMIC_DQ": True},
     "3xtf32": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True} | _SPLIT_HEADS_FIRST,
     "libdevice-exp": _OFF | {"PIPELINE": True, "ATOMIC_DQ": True},
 }
-VARIANTS["add-round"] = VARIANTS["default"] | {"ADD_ROUND": True}
+VARIANTS["cvt-round"] = VARIANTS["default"] | {"ADD_ROUND": False}
+VARIANTS["tile-fastest"] = VARIANTS["default"] | {
+    "HEAVY_FIRST": False,
+    "HEAVY_FIRST_FORWARD": False,
+}
+VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
+VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "add-round")
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -126,8 +134,9 @@ if not IN_SIMULATOR:
         for name, n in want.items():
             text = next(p for k, p in ptx.items() if f"{name}_tc_kernel" in k)
             assert ".target sm_90" in text
+            rows = 2 if knobs["WIDE"] and name == "forward" else 1  # a warp's 16-row A tiles
             mmas = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
-            assert len(mmas) == n * per_product, (name, len(mmas))
+            assert len(mmas) == rows * n * per_product, (name, len(mmas))
             assert "cvt.rna.tf32.f32" in text, name
             # libdevice's expf reduces its argument with fma.rm; exp_approx is ex2 alone
             assert ("fma.rm.f32" not in text) == fast_exp, name
@@ -139,13 +148,23 @@ if not IN_SIMULATOR:
             # the prologue and in the loop
             assert len(copies) == (4 * E // 8 if pipeline else 0), (name, len(copies))
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
-            adds = re.findall(r"(?:red|atom)\.global\.add\.f32", text)
-            assert len(adds) == (4 * E // 8 if atomic and name == "dkv" else 0), (name, len(adds))
-            # ADD_ROUND: both B values of each product on a cp.async tile (forward: S and O;
-            # dkv: all but dQ's, whose K is staged) rounded by one integer add of 0x1000
-            rounds = re.findall(r"add\.s32\s+%r\d+, %r\d+, 4096;", text)
-            raw = {"forward": 2, "dkv": 4}[name] if knobs["ADD_ROUND"] else 0
-            assert len(rounds) == 2 * raw * per_product, (name, len(rounds))
+            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
+            width = knobs["ATOMIC_WIDTH"]
+            vec = "" if width == 1 else rf"\.v{width}"
+            adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
+            want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
+            assert len(adds) == want_adds, (name, len(adds))
+            # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
+            # warp's tile, 32 a lane) and per probability and score gradient (backward);
+            # ADD_ROUND: the add alone for both B values of each product on a cp.async tile
+            # (forward: S and O; dkv: all but dQ's, whose K is staged)
+            adds = len(re.findall(r"add\.s32\s+%r\d+, %r\d+, 4096;", text))
+            masks = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, -8192;", text))
+            want_masks = 0 if split else rows * {"forward": 32, "dq": 32, "dkv": 64}[name]
+            assert masks == want_masks, (name, masks)
+            # (WIDE: each B value, rounded once, feeds both row tiles' mma)
+            raw = {"forward": 2, "dkv": 4, "dq": 3}[name] if knobs["ADD_ROUND"] else 0
+            assert adds - masks == 2 * raw * per_product, (name, adds, masks)
 
     def test_default_variant_is_the_modules() -> None:
         """VARIANTS["default"] names the knobs the package trains with."""
@@ -235,10 +254,10 @@ else:
         np.testing.assert_allclose(d, want, rtol=2**-23, atol=2**-22)  # float32 rounding
         assert np.abs(d - (a.astype(np.float64) @ b + c)).max() > 1e-5  # TF32 is coarser
 
-    def _check_attention(B, T, H, G, E, forward: bool = True) -> None:
-        """attention_tc's forward and backward (or the backward alone, from the reference's
-        out and lse) at the current knobs against the float64 reference (to TOL, or to
-        TOL_SPLIT with 3xTF32)."""
+    def _check_attention(B, T, H, G, E, forward: bool = True, backward: bool = True) -> None:
+        """attention_tc's forward and backward (or either alone: the backward from the
+        reference's out and lse) at the current knobs against the float64 reference (to TOL,
+        or to TOL_SPLIT with 3xTF32)."""
         rng = np.random.default_rng(1)
         qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
         dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
@@ -250,10 +269,13 @@ else:
         else:
             out, lse = (x.astype(np.float32) for x in ref[:2])
         dqkv = np.full_like(qkv, np.nan)
-        dsum = np.full((B, H, T), np.nan, np.float32)
-        attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
+        if backward:
+            dsum = np.full((B, H, T), np.nan, np.float32)
+            attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum)
         rel = TOL_SPLIT if attention_tc.SPLIT_TF32 else TOL
-        for name, got, want in zip(("out", "lse", "dqkv"), (out, lse, dqkv), ref, strict=True):
+        n = 3 if backward else 2
+        for name, got, want in zip(("out", "lse", "dqkv")[:n], (out, lse, dqkv)[:n], ref[:n],
+                                   strict=True):  # fmt: skip
             tol = rel * np.abs(want).max()
             err = np.abs(got - want).max()  # NaN (a slot left unwritten) fails too
             assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
@@ -272,7 +294,8 @@ else:
         the variant's differs from the default's (staged, 3xTF32, libdevice's exp)."""
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 70, 2, 1, 8, forward=name in ("staged", "3xtf32", "libdevice-exp"))
+        forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
+        _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from
@@ -295,12 +318,13 @@ else:
         np.testing.assert_array_equal(truncated, rounded.view(np.uint32))
         assert (operand.view(np.uint32) != rounded.view(np.uint32)).any()  # not cleared
 
-    def test_attention_tc_add_round_one_tile(monkeypatch) -> None:
-        """ADD_ROUND's kernels (tf32_operand on the cp.async tiles) to TF32's tolerance, on one
-        query tile of two query heads on one kv head."""
-        for knob, value in VARIANTS["add-round"].items():
+    def test_attention_tc_wide_forward(monkeypatch) -> None:
+        """WIDE's forward (two 16-row tiles a warp) to TF32's tolerance in the quick suite:
+        one 128-row block over a 70-row sequence, whose first two warps skip the second key
+        tile and whose last two mask it."""
+        for knob, value in VARIANTS["wide"].items():
             monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 19, 2, 1, 8)
+        _check_attention(1, 70, 2, 1, 8, backward=False)
 
     def test_attention_tc_3xtf32_one_tile(monkeypatch) -> None:
         """3xTF32 to fp32's tolerance in the quick suite: forward and backward of one query

@@ -6,7 +6,9 @@ attention rounds every probability to TF32 (10 mantissa bits) before it is used,
 hardware's `ex2.approx.ftz.f32` of x log2(e) (relative error about 2^-22, -inf -> +0)
 loses nothing there, and a 64 x 64 score tile takes 4,096 of them. Written as an
 intrinsic, not through `fastmath=True`, whose no-infinities flag would let LLVM fold
-away the -inf of the causal mask. In the CUDA simulator it is math.exp.
+away the -inf of the causal mask. exp2_approx(x) is 2^x, the instruction alone, for
+kernels that fold log2(e) into their operands. In the CUDA simulator they are math.exp and
+2.0 ** x.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
+    def _ex2(builder, x):
+        f32 = ir.FloatType()
+        ex2 = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+        return builder.call(ex2, [x])
+
     @intrinsic
     def exp_approx(typingctx, x):
         """e^x (float32) as ex2.approx.ftz.f32(x log2 e)."""
@@ -31,9 +38,18 @@ if not SIMULATOR:
             raise TypingError(f"exp_approx takes a float32, not {x}")
 
         def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            ex2 = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
-            return builder.call(ex2, [builder.fmul(args[0], ir.Constant(f32, LOG2E))])
+            return _ex2(builder, builder.fmul(args[0], ir.Constant(ir.FloatType(), LOG2E)))
+
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        """2^x (float32) as ex2.approx.ftz.f32(x)."""
+        if x != types.float32:
+            raise TypingError(f"exp2_approx takes a float32, not {x}")
+
+        def codegen(context, builder, sig, args):
+            return _ex2(builder, args[0])
 
         return types.float32(types.float32), codegen
 
@@ -43,3 +59,8 @@ else:
     def exp_approx(x):
         """The simulator's exp_approx: math.exp."""
         return math.exp(x)
+
+    @cuda.jit(device=True)
+    def exp2_approx(x):
+        """The simulator's exp2_approx: 2.0 ** x."""
+        return 2.0**x

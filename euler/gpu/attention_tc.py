@@ -89,6 +89,7 @@ import math
 from numba import float32
 
 from euler.gpu import attention
+from euler.gpu.approx import LOG2E
 from euler.gpu.generated import Source, compile_generated
 from euler.gpu.mma import SIMULATOR
 
@@ -112,6 +113,12 @@ PIPELINE = True
 # dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep_kernel has zeroed
 # dQ and written dsum: 5 tile products per tile pair instead of 7.
 ATOMIC_DQ = True
+# ATOMIC_WIDTH: ATOMIC_DQ's adds take 1, 2 or 4 adjacent columns a request (vector.py's
+# atomic_add2 and atomic_add4: red.global.add.v2.f32, .v4.f32). A lane holds columns 2t and
+# 2t + 1 of rows g and g + 8, so for 4 the lanes of a pair swap halves by one shuffle each
+# (t even: row g, columns 2t..2t+3; t odd: row g + 8). One float atomic a value makes 57
+# million requests a call at T=512, which the L2's atomic units serve one by one.
+ATOMIC_WIDTH = 2
 # SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
 # are staged and P, dS kept unrounded for it; errors fall to fp32's level at 3x the mma.
@@ -130,15 +137,30 @@ HEAVY_FIRST = True
 # forward 4% slower at T=2048 (2.42-2.46 against 2.32-2.35 ms); at T=512 that A/B (0.307
 # against 0.295 ms) timed the host's launch too. Kept as a variant of
 # bench/attention_tc_gpu.py for a launch-free A/B (bench/gpu_timing.py).
-HEAVY_FIRST_FORWARD = False
+HEAVY_FIRST_FORWARD = True
 # ADD_ROUND: the cp.async tiles' B fragments rounded by mma.tf32_operand (one integer add,
 # the tensor core truncating) instead of cvt.rna, which ptxas compiles to a test for inf
 # and NaN plus that add: 256 of the forward loop's 1,176 PTX instructions a tile are those
 # conversions, and ADD_ROUND takes the forward's FSETP from 355 to 99, dkv's from 640 to 128,
 # registers unchanged (bench/ptx_registers.py --census). Off until a variant of
 # bench/attention_tc_gpu.py times it on a GPU.
-ADD_ROUND = False
+ADD_ROUND = True
+# WIDE (with PIPELINE, not SPLIT_TF32): the forward's blocks take 128 query rows, 32 a
+# warp, so each B fragment loaded from shared memory feeds two mma (the forward's shared
+# loads a product halve); key tiles stay 64 wide, taken in halves of 32 keys.
+WIDE = False
+WIDE_KEYS = 32  # keys of a key tile taken per online-softmax step by WIDE (8, 16, 32 or 64)
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
+
+
+def _wide() -> bool:
+    """Whether the forward is WIDE's (_forward_wide_source)."""
+    return WIDE and PIPELINE and not SPLIT_TF32
+
+
+def _forward_rows() -> int:
+    """Query rows of a forward block."""
+    return 2 * TILE if _wide() else TILE
 
 
 def supports(E: int) -> bool:
@@ -163,10 +185,11 @@ class _Gen:
     def u(self, n: int) -> str:
         return f"uint64({n})"
 
-    def rnd(self, expr: str) -> str:
-        """expr rounded to TF32 where it becomes an operand; unrounded with SPLIT_TF32,
+    def rnd(self, expr: str, finite: bool = False) -> str:
+        """expr rounded to TF32 where it becomes an operand (by tf32_finite if finite: a
+        probability or a score gradient, never inf or NaN); unrounded with SPLIT_TF32,
         whose products split it themselves."""
-        return expr if SPLIT_TF32 else f"tf32({expr})"
+        return expr if SPLIT_TF32 else f"tf32{'_finite' if finite else ''}({expr})"
 
     def exp(self, expr: str) -> str:
         """e^expr: exp_approx with FAST_EXP, else math.exp."""
@@ -331,25 +354,29 @@ class _Gen:
             self.w(f"b{k} = {v}")
         self.split(["b0", "b1"])
 
-    def product_nt(self, acc: str, a: str, region: int, cols, base="lb", raw=False) -> None:
-        """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region."""
+    def product_nt(
+        self, acc: str, a: str, region: int, cols, base="lb", raw=False, also=()
+    ) -> None:
+        """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region;
+        also: more (acc, a) pairs, other rows' products with each B fragment (WIDE)."""
         LD = self.LD
         for kk in range(self.NE):
             for n in cols:
                 off = region + 8 * n * LD + 8 * kk
                 self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + 4)}"], raw)
-                self._mma(acc, n, [f"{a}{kk}_{i}" for i in range(4)])
+                for acc_, a_ in ((acc, a), *also):
+                    self._mma(acc_, n, [f"{a_}{kk}_{i}" for i in range(4)])
 
-    def product_nn(self, acc: str, p: str, region: int, ks, base="lp", raw=False) -> None:
+    def product_nn(self, acc: str, p: str, region: int, ks, base="lp", raw=False, also=()) -> None:
         """acc{n} += P B over the keys of C fragments p{kk} (kk in ks), B the [k][n] tile at
-        region, with the key permutation of the module docstring."""
+        region, with the key permutation of the module docstring; also: as product_nt's."""
         LD = self.LD
         for kk in ks:
-            a = [f"{p}{kk}_{i}" for i in (0, 2, 1, 3)]
             for n in range(self.NE):
                 off = region + 8 * kk * LD + 8 * n
                 self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + LD)}"], raw)
-                self._mma(acc, n, a)
+                for acc_, p_ in ((acc, p), *also):
+                    self._mma(acc_, n, [f"{p_}{kk}_{i}" for i in (0, 2, 1, 3)])
 
     def mask(self, acc: str, cols, rows_are_queries: bool) -> None:
         """-inf where the key is after the query (on the diagonal tile)."""
@@ -412,7 +439,8 @@ def _forward_source(E: int) -> str:
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads.",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads; "
+        "scale multiplies Q (with FAST_EXP it carries log2(e)).",
         RED,
         _dynamic("forward"),
     )
@@ -440,14 +468,16 @@ def _forward_source(E: int) -> str:
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
-        w(f"mx{r} = max(" + ", ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)) + ")")
+        w(f"mx{r} = {_max_tree([f's{n}_{k}' for n in range(8) for k in (i, j)])}")
     gen.quad("max", ["mx0", "mx1"], RED)
+    # FAST_EXP: the scores come in units of log2 (Q carries log2(e), see attention_forward)
+    ex = (lambda x: f"exp2_approx({x})") if FAST_EXP else gen.exp
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         # mn is finite (every tile a row visits has a key at or before it), so the first
         # tile's m = -inf gives al = exp(-inf) = 0
-        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = {gen.exp(f'm{r} - mn{r}')}")
+        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = {ex(f'm{r} - mn{r}')}")
         for n in range(8):
-            w(*(f"s{n}_{k} = {gen.rnd(gen.exp(f's{n}_{k} - mn{r}'))}" for k in (i, j)))
+            w(*(f"s{n}_{k} = {gen.rnd(ex(f's{n}_{k} - mn{r}'), True)}" for k in (i, j)))
         w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
         w(f"m{r} = mn{r}")
         w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
@@ -466,9 +496,113 @@ def _forward_source(E: int) -> str:
         for n in range(NE):
             w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = o{n}_{i} * inv")
             w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = o{n}_{j} * inv")
-        w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = m{r} + math.log(l{r})")
+        m = f"m{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{r}"
+        w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {m} + math.log(l{r})")
         w.indent(-1)
     return w.text()
+
+
+def _forward_wide_source(E: int) -> str:
+    """The WIDE forward: 128 query rows a block, 32 a warp (two 16-row A tiles, m = 0, 1,
+    sharing every B fragment), key tiles of 64 taken in halves of 32 keys (the online
+    softmax runs per half, so a half's scores take 32 registers a lane, not 64)."""
+    gen = _Gen(E)
+    w, NE, LD = gen.w, gen.NE, gen.LD
+    KS, VS, BUF, RED = 0, TILE * LD, _buffers(E)["forward"], _layout(E)["forward"]
+    gen.prologue(
+        "forward_tc_kernel",
+        "out, lse, qkv, H, G, scale",
+        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 128, B H), 128 threads; "
+        "scale multiplies Q (with FAST_EXP it carries log2(e)).",
+        RED,
+        _dynamic("forward"),
+    )
+    head, tile = gen.block("head", HEAVY_FIRST_FORWARD), gen.block("tile", HEAVY_FIRST_FORWARD)
+    w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
+    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
+    w("nt = (Tn + 127) // 128", f"i0 = (nt - 1 - {tile}) * 128  # longest rows first")
+    w("jend = min(i0 + 128, Tn)  # past the last key tile")
+    w(f"la = uint64((32 * wp + g) * {LD} + t)  # A fragments: this warp's 32 rows")
+    gen.stage_async(gen.kv_tiles("0"), gen.u(0))  # K, V tile 0 lands while Q is staged
+    w("cp_async_commit()")
+    gen.stage([(BUF + KS, "i0", "qo", "qkv", " * scale"), (BUF + VS, "i0 + 64", "qo", "qkv",
+               " * scale")])  # fmt: skip
+    w("cuda.syncthreads()")
+    rows = range(2)  # the warp's two 16-row tiles
+    for m in rows:
+        gen.load_a(f"qa{m}_", BUF + 16 * m * LD)
+        w(*(f"m{m}{r} = T(-math.inf)" for r in range(2)), *(f"l{m}{r} = T(0.0)" for r in range(2)))
+        gen.zero(f"o{m}_", range(NE))
+    w("cur = uint64(0)  # tile j0's buffer", "for j0 in range(0, jend, 64):")
+    w.indent()
+    gen.pipeline_top("j0 + 64 < jend", BUF, lambda: gen.stage_async(gen.kv_tiles("j0 + 64"), "nxt"))
+    w("if j0 <= i0 + 32 * wp + 31:  # a key of the tile at or before one of the warp's rows")
+    w.indent()
+    ex = (lambda x: f"exp2_approx({x})") if FAST_EXP else gen.exp
+    step = WIDE_KEYS // 8  # 8-key blocks a step
+    for half in range(8 // step):
+        cols = range(step * half, step * half + step)
+        for m in rows:
+            gen.zero(f"s{m}_", cols)
+        gen.product_nt("s0_", "qa0_", KS, cols, "bn", True, also=[("s1_", "qa1_")])
+        w("if j0 >= i0:  # keys after rows: column minus row is dw + (the offsets below)")
+        w.indent()
+        w("dw = j0 - i0 + 2 * t - 32 * wp - g")
+        for m in rows:
+            for n in cols:
+                for i in range(4):
+                    d = 8 * n + (i & 1) - 8 * (i >> 1) - 16 * m
+                    name = f"s{m}_{n}_{i}"
+                    w(f"{name} = select(dw > {-d}, T(-math.inf), {name})")
+        w.indent(-1)
+        for m in rows:
+            for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
+                vals = [f"s{m}_{n}_{k}" for n in cols for k in (i, j)]
+                w(f"mx{r} = {_max_tree(vals)}")
+            gen.quad("max", ["mx0", "mx1"], RED)
+            for r, (i, j) in enumerate(((0, 1), (2, 3))):
+                # the first half of tile 0 has key 0, at or before every row: m is finite
+                # after it, and al = exp(-inf) = 0 there
+                mm, ll = f"m{m}{r}", f"l{m}{r}"
+                w(f"mn = max({mm}, mx{r})", f"al = {ex(f'{mm} - mn')}")
+                for n in cols:
+                    w(
+                        *(
+                            f"s{m}_{n}_{k} = {gen.rnd(ex(f's{m}_{n}_{k} - mn'), True)}"
+                            for k in (i, j)
+                        )
+                    )
+                terms = " + ".join(f"s{m}_{n}_{k}" for n in cols for k in (i, j))
+                w(f"{ll} = {ll} * al + {terms}", f"{mm} = mn")
+                w(*(f"o{m}_{n}_{k} *= al" for n in range(NE) for k in (i, j)))
+        gen.product_nn("o0_", "s0_", VS, cols, "bp", True, also=[("o1_", "s1_")])
+    w.indent(-1)
+    w("cur = nxt")
+    w.indent(-1)
+    w("oc = qo + 2 * t")
+    for m in rows:
+        gen.quad("sum", [f"l{m}0", f"l{m}1"], RED)
+        w(f"r0 = i0 + 32 * wp + {16 * m} + g")
+        for r, (i, j) in enumerate(((0, 1), (2, 3))):
+            w(f"if r0 + {8 * r} < Tn:")
+            w.indent()
+            w(f"inv = T(1.0) / l{m}{r}")
+            for n in range(NE):
+                w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = o{m}_{n}_{i} * inv")
+                w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = o{m}_{n}_{j} * inv")
+            mr = f"m{m}{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{m}{r}"
+            w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {mr} + math.log(l{m}{r})")
+            w.indent(-1)
+    return w.text()
+
+
+def _max_tree(names: list[str]) -> str:
+    """The largest of names as a balanced tree of branchless.fmax (one FMNMX each; max() of
+    floats costs a compare and a select)."""
+    while len(names) > 1:
+        pairs = [f"fmax({a}, {b})" for a, b in zip(names[::2], names[1::2], strict=False)]
+        names = pairs + (names[-1:] if len(names) % 2 else [])
+    return names[0]
 
 
 def _dq_source(E: int) -> str:
@@ -523,7 +657,7 @@ def _dq_source(E: int) -> str:
             for i in range(4):
                 r = i >> 1
                 e = gen.exp(f"s{n}_{i} - ls{r}")
-                w(f"s{n}_{i} = {gen.rnd(f'{e} * (p{n}_{i} - d{r})')}")
+                w(f"s{n}_{i} = {gen.rnd(f'{e} * (p{n}_{i} - d{r})', True)}")
         gen.product_nn("q", "s", KS, cols, bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
@@ -633,8 +767,8 @@ def _dkv_source(E: int) -> str:
                 w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
                 for i in (j, j + 2):
                     w(f"s{n}_{i} = {gen.exp(f's{n}_{i} - lq')}")
-                    w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)')}")
-                    w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}')}")
+                    w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
+                    w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
         if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
             for n in cols:
                 for i in range(4):
@@ -643,7 +777,7 @@ def _dkv_source(E: int) -> str:
         gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
         gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
-        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale")
+        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
         w("cur = nxt")
         w.indent(-1)
@@ -661,7 +795,7 @@ def _dkv_source(E: int) -> str:
     return w.text()
 
 
-def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
 
     Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
@@ -683,11 +817,41 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, ["a0", "a1", "a2", "a3"])
+        if ATOMIC_WIDTH == 4:
+            _atomic_dq_quads(gen, cols, scale, red)
+            continue
         for r, (i, j) in enumerate(((0, 1), (2, 3))):
             w(f"if rq + {8 * r} < Tn:")
             for n in cols:
+                if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
+                    pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
+                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair})")
+                    continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
+
+
+def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
+    """ATOMIC_WIDTH 4: lanes t and t ^ 1 swap a row's pair (t even keeps row g and takes its
+    partner's columns 2t + 2, 2t + 3; t odd keeps row g + 8), then each adds 4 columns with
+    one request. The simulator swaps through shared scratch at sm[red]."""
+    w = gen.w
+    w("ev = (t & 1) == 0", "rr = rq + select(ev, 0, 8)", "cq = qc - select(ev, 0, 2)")
+    for n in cols:
+        w(f"y0 = select(ev, dq{n}_2, dq{n}_0)", f"y1 = select(ev, dq{n}_3, dq{n}_1)")
+        if SIMULATOR:
+            w(f"sm[{red} + tid] = y0", f"sm[{red + THREADS} + tid] = y1", "cuda.syncthreads()")
+            w(f"x0 = sm[{red} + (tid ^ 1)]", f"x1 = sm[{red + THREADS} + (tid ^ 1)]")
+            w("cuda.syncthreads()")
+        else:
+            w(
+                "x0 = cuda.shfl_xor_sync(FULL_MASK, y0, 1)",
+                "x1 = cuda.shfl_xor_sync(FULL_MASK, y1, 1)",
+            )
+        vals = [f"select(ev, dq{n}_0, x0)", f"select(ev, dq{n}_1, x1)",
+                f"select(ev, x0, dq{n}_2)", f"select(ev, x1, dq{n}_3)"]  # fmt: skip
+        w("if rr < Tn:", f"    atomic_add4(dqkv, b, rr, cq + {8 * n}, "
+          + ", ".join(v + scale for v in vals) + ")")  # fmt: skip
 
 
 _BUILT: dict[tuple, tuple] = {}
@@ -697,19 +861,21 @@ HEADER = """import math
 
 from numba import cuda, float32, uint64
 
-from euler.gpu.branchless import select
-from euler.gpu.mma import mma_tf32, tf32
+from euler.gpu.branchless import fmax, select
+from euler.gpu.mma import mma_tf32, tf32, tf32_finite
 from euler.gpu.reduce import FULL_MASK"""
 ASYNC_IMPORT = (
     "\nfrom euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait"
 )
-EXP_IMPORT = "\nfrom euler.gpu.approx import exp_approx"
+EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
+WIDE_ATOMIC_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
+    header += WIDE_ATOMIC_IMPORT if ATOMIC_WIDTH > 1 and ATOMIC_DQ else ""
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -720,10 +886,11 @@ def _compile(name: str, src: str):
 
 def knobs() -> dict:
     """The generation knobs now in force (what a variant of bench/attention_tc_gpu.py sets)."""
-    return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, SPLIT_TF32=SPLIT_TF32,
+    return dict(PIPELINE=PIPELINE, ATOMIC_DQ=ATOMIC_DQ, ATOMIC_WIDTH=ATOMIC_WIDTH,
+                SPLIT_TF32=SPLIT_TF32,
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
-                MIN_BLOCKS=MIN_BLOCKS,
+                WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -731,7 +898,7 @@ def sources(E: int) -> dict[str, str]:
     """The generated source of each kernel for head size E and the current knobs, by kernel
     name: forward, dq (absent with ATOMIC_DQ), dkv."""
     srcs = {
-        "forward_tc_kernel": _forward_source(E),
+        "forward_tc_kernel": _forward_wide_source(E) if _wide() else _forward_source(E),
         "backward_dq_tc_kernel": _dq_source(E),
         "backward_dkv_tc_kernel": _dkv_source(E),
     }
@@ -784,9 +951,11 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
     if PIPELINE:
         _check_async(qkv)
-    scale = float32(1.0 / math.sqrt(E))
+    # with FAST_EXP the forward's exponentials are 2^x: log2(e) rides on Q's scale
+    scale = float32((LOG2E if FAST_EXP else 1.0) / math.sqrt(E))
     fwd = kernels(E)[0]
-    grid = _grid((Tn + TILE - 1) // TILE, B * H, HEAVY_FIRST_FORWARD)
+    rows = _forward_rows()
+    grid = _grid((Tn + rows - 1) // rows, B * H, HEAVY_FIRST_FORWARD)
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 

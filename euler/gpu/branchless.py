@@ -7,6 +7,9 @@ grow with blocks times variables, spent most of a kernel's 45 seconds of compile
 those blocks; NVVM turned them back into selects anyway. This intrinsic is one LLVM
 `select` instruction, so the kernel body stays one block per loop level.
 In the CUDA simulator it is the conditional expression.
+
+fmax(a, b) is the larger of two float32 (libdevice's fmaxf: one max.f32, FMNMX in SASS), where
+max() is a compare and a select; a NaN operand gives the other.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from numba.core.errors import TypingError
 from euler.gpu.reduce import SIMULATOR
 
 if not SIMULATOR:
+    from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
     @intrinsic
@@ -35,7 +39,17 @@ if not SIMULATOR:
 
         return ty(cond, a, b), codegen
 
+    @cuda.jit(device=True)
+    def fmax(a, b):
+        """The larger of float32 a and b (libdevice's fmaxf: max.f32)."""
+        return libdevice.fmaxf(a, b)
+
 else:
+
+    @cuda.jit(device=True)
+    def fmax(a, b):
+        """The simulator's fmax: max()."""
+        return max(a, b)
 
     @cuda.jit(device=True)
     def select(cond, a, b):

@@ -12,7 +12,9 @@ to the bits, whose low 13 bits the tensor core then ignores. ptxas compiles a cv
 feeds an mma to that add too, behind a test for inf and NaN (FSETP, then a predicated
 IADD: bench/notes_gpu.md). The add alone gives the same operand for every finite value
 and for inf (inf + 0x1000 truncates back to inf), one instruction instead of two; only a
-NaN whose payload lies in the low 13 bits would enter as inf. Every lane of a
+NaN whose payload lies in the low 13 bits would enter as inf. `tf32_finite` is tf32 for a
+finite value in two integer instructions (the add, then the low bits cleared), with no test
+for inf and NaN: for the softmax's probabilities, which are summed as well. Every lane of a
 warp calls mma_tf32 with its own fragments; the product needs all 32 lanes converged, so
 calls must sit outside lane-divergent branches.
 
@@ -87,6 +89,21 @@ if not SIMULATOR:
         return types.float32(types.float32), codegen
 
     @intrinsic
+    def tf32_finite(typingctx, x):
+        """x (a finite float32) rounded to TF32 as tf32 rounds it: (bits + 0x1000) with the
+        low 13 bits cleared."""
+        if x != types.float32:
+            raise TypingError(f"tf32_finite takes a float32, not {x}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, HALF_TF32_UNIT))
+            bits = builder.and_(bits, ir.Constant(i32, TF32_MASK))
+            return builder.bitcast(bits, f32)
+
+        return types.float32(types.float32), codegen
+
+    @intrinsic
     def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """(d0, d1, d2, d3) = this lane's D fragment of A B + C (all float32; layout above)."""
         args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
@@ -119,6 +136,11 @@ else:
         """x rounded to TF32 (ties away from zero), as a float32: the simulator's cvt.rna."""
         bits = (_tf32_bits(x) + np.uint32(HALF_TF32_UNIT)) & np.uint32(TF32_MASK)
         return np.array(bits, dtype=np.uint32).view(np.float32)[()]
+
+    @cuda.jit(device=True)
+    def tf32_finite(x):
+        """The simulator's tf32_finite: tf32."""
+        return tf32(x)
 
     @cuda.jit(device=True)
     def tf32_operand(x):

@@ -10,6 +10,12 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
     a0, a1, a2, a3 = load4(ary, i)       ary[i : i + 4] of a 1-d float32 array
     store4(ary, i, a0, a1, a2, a3)       ary[i : i + 4] = a0, a1, a2, a3
 
+    atomic_add2(ary, i0, i1, i2, a0, a1)    ary[i0, i1, i2 : i2 + 2] += a0, a1 atomically
+    atomic_add4(ary, i0, i1, i2, a0, .., a3)
+
+are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
+8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
+
 The element pointer is computed without numba's negative-index wraparound; i must be a
 multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`).
 In the CUDA simulator they are plain element loops.
@@ -92,6 +98,41 @@ if not SIMULATOR:
 
         return types.void(ary, i, a0, a1, a2, a3), codegen
 
+    def _atomic_add_typing(ary, indices, values):
+        """The signature of an atomic_add of len(values) floats, or a TypingError."""
+        n = len(values)
+        ok = (
+            isinstance(ary, types.Array)
+            and ary.ndim == 3
+            and ary.dtype == types.float32
+            and all(isinstance(i, types.Integer) for i in indices)
+            and all(v == types.float32 for v in values)
+        )
+        if not ok:
+            raise TypingError(f"atomic_add{n} takes a 3-d float32 array, 3 indices, {n} float32")
+
+        def codegen(context, builder, sig, args):
+            p = element_ptr(context, builder, sig.args[0], args[0], args[1:4], sig.args[1:4])
+            f32 = ir.FloatType()
+            fnty = ir.FunctionType(ir.VoidType(), [p.type] + [f32] * n)
+            regs = ", ".join(f"${k + 1}" for k in range(n))
+            text = f"red.global.add.v{n}.f32 [$0], {{{regs}}};"
+            asm = ir.InlineAsm(fnty, text, "l" + ",f" * n + ",~{memory}", side_effect=True)
+            builder.call(asm, [p, *args[4:]])
+            return context.get_dummy_value()
+
+        return types.void(ary, *indices, *values), codegen
+
+    @intrinsic
+    def atomic_add2(typingctx, ary, i0, i1, i2, a0, a1):
+        """ary[i0, i1, i2 : i2 + 2] += (a0, a1), one vector reduction (sm_90)."""
+        return _atomic_add_typing(ary, (i0, i1, i2), (a0, a1))
+
+    @intrinsic
+    def atomic_add4(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
+        """ary[i0, i1, i2 : i2 + 4] += (a0, .., a3), one vector reduction (sm_90)."""
+        return _atomic_add_typing(ary, (i0, i1, i2), (a0, a1, a2, a3))
+
 else:
 
     @cuda.jit(device=True)
@@ -106,3 +147,15 @@ else:
         ary[i + 1] = a1
         ary[i + 2] = a2
         ary[i + 3] = a3
+
+    @cuda.jit(device=True)
+    def atomic_add2(ary, i0, i1, i2, a0, a1):
+        """The simulator's atomic_add2: two atomic adds."""
+        cuda.atomic.add(ary, (i0, i1, i2), a0)
+        cuda.atomic.add(ary, (i0, i1, i2 + 1), a1)
+
+    @cuda.jit(device=True)
+    def atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3):
+        """The simulator's atomic_add4: four atomic adds."""
+        atomic_add2(ary, i0, i1, i2, a0, a1)
+        atomic_add2(ary, i0, i1, i2 + 2, a2, a3)
