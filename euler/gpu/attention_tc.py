@@ -54,26 +54,36 @@ ATOMIC_DQ: no dq kernel: attention.backward_prep_kernel writes dsum and zeroes d
   the dkv kernel, after dS^T of a tile pair, stores it to shared memory ([key][query],
   rows padded to 68) and each warp adds dQ = dS K (scaled) for 16 queries into dqkv
   with atomics: 5 tile products per tile pair instead of 7, nondeterministic sums.
+ATOMIC_WIDTH: those atomics 1, 2 (the default: a lane's two adjacent columns) or 4 columns
+  a request (vector.atomic_add2, atomic_add4).
 SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), and each
   product three mma (lo hi, hi lo, hi hi): fp32-level errors (2e-7 of the values' scale in
   the simulator, against 4e-4 for TF32: bench/attention_tc_sim.py; 4e-6 in out and 9e-5
   in dqkv on the H200). Its forward beats the exact kernels' (below), its backward does
   not; ptxas 13 at E = 64: forward 211 registers, no spills; the backward kernels spill
   (264-492 bytes) in every arrangement tried.
-FAST_EXP: probabilities through approx.exp_approx (ex2.approx) instead of libdevice's
-  expf: 5% off forward and backward (below), the same errors (TF32's rounding dominates).
+FAST_EXP: probabilities through ex2.approx (approx.py) instead of libdevice's expf; the
+  forward's Q carries log2(e) in its scale, so its exponentials are 2^x, one instruction.
 HEAVY_FIRST: the backward's grid has heads on its fast axis, tiles heaviest first on its
   slow one, so the last blocks dispatched are the lightest of the grid.
-HEAVY_FIRST_FORWARD: the same for the forward's grid (off: tiles on the fast axis, measured
-  faster at T=2048).
+HEAVY_FIRST_FORWARD: the same for the forward's grid.
 ADD_ROUND: the raw tiles' B fragments rounded by one integer add (mma.tf32_operand), not
-  cvt.rna (a test and an add in SASS). Off: not yet timed.
+  cvt.rna (a test and an add in SASS).
+WIDE: forward blocks of 128 query rows, 32 a warp (two A tiles per B fragment).
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
+Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
+and a mask) and row maxima are trees of branchless.fmax.
 
 Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, E=64;
 errors against a float64 reference within 4e-4 of the values' scale), forward and
-backward ms at T=512 (T=2048):
-  PIPELINE, ATOMIC_DQ, FAST_EXP, HEAVY_FIRST (default) 0.300 0.649 (2.33 7.27)  43 (88) TFLOP/s
+backward ms at T=512 (T=2048). Since 2026-11-30 each figure is the device's time alone (10
+calls back to back behind a spinning kernel, bench/gpu_timing.py); the rows below the first
+two were one call between CUDA events, the host's launch (40-90 us) included:
+  default (2026-11-30: ATOMIC_WIDTH 2, ADD_ROUND and HEAVY_FIRST_FORWARD on)
+                                     0.169 0.467 (1.88 5.10)  76 (110) TFLOP/s forward
+  default of 2026-11-29 (ATOMIC_WIDTH 1, cvt.rna, tiles first in the forward, e^x)
+                                     0.207 0.564 (2.24 6.46)  62 (92) TFLOP/s forward
+  PIPELINE, ATOMIC_DQ, FAST_EXP, HEAVY_FIRST  0.300 0.649 (2.33 7.27)  43 (88) TFLOP/s
   PIPELINE, ATOMIC_DQ, FAST_EXP       0.296 0.744 (2.49 7.05)  44 TFLOP/s forward (83)
   PIPELINE and ATOMIC_DQ             0.311 0.782 (2.51 7.46)   41 TFLOP/s forward (82)
   3xTF32 (SPLIT_TF32, libdevice exp) 0.659 2.133 (6.19 21.4)   errors 4e-6 (out), 9e-5 (dqkv)
@@ -117,15 +127,19 @@ ATOMIC_DQ = True
 # atomic_add2 and atomic_add4: red.global.add.v2.f32, .v4.f32). A lane holds columns 2t and
 # 2t + 1 of rows g and g + 8, so for 4 the lanes of a pair swap halves by one shuffle each
 # (t even: row g, columns 2t..2t+3; t odd: row g + 8). One float atomic a value makes 57
-# million requests a call at T=512, which the L2's atomic units serve one by one.
+# million requests a call at T=512, which the L2's atomic units serve one by one. On the
+# H200 at T=512 (T=2048) the backward took 0.538 (6.08) ms with 1, 0.479 (5.23) with 2,
+# 0.493 (5.33) with 4, whose swap spills a register (results/attention-tc-launchfree-r4-*,
+# -r5-*).
 ATOMIC_WIDTH = 2
 # SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
 # are staged and P, dS kept unrounded for it; errors fall to fp32's level at 3x the mma.
 SPLIT_TF32 = False
-# FAST_EXP: probabilities from exp_approx (approx.py: ex2.approx, 2 instructions) instead
-# of math.exp (libdevice, about 9): the forward's 64 x 64 exps per tile are a large share
-# of its instructions, and their results are rounded to TF32 anyway.
+# FAST_EXP: probabilities from ex2.approx (approx.py) instead of math.exp (libdevice, about
+# 9 instructions): the forward's 64 x 64 exps per tile are a large share of its
+# instructions, and their results are rounded to TF32 anyway. The forward takes log2(e) into
+# Q's scale and exponentiates 2^x (exp2_approx: one instruction, no multiply).
 FAST_EXP = True
 # HEAVY_FIRST: the backward's grid runs over heads on its fast axis and over tiles on its
 # slow one, heaviest first (the key tiles with the most queries), so the blocks dispatched
@@ -133,21 +147,25 @@ FAST_EXP = True
 # head. On the H200 at T=512: backward 0.62-0.70 ms against 0.74 (at T=2048 even;
 # results/attention-tc-heavy-first-ab-*).
 HEAVY_FIRST = True
-# HEAVY_FIRST_FORWARD: the forward's grid in that order too. Off: heads first made the
-# forward 4% slower at T=2048 (2.42-2.46 against 2.32-2.35 ms); at T=512 that A/B (0.307
-# against 0.295 ms) timed the host's launch too. Kept as a variant of
-# bench/attention_tc_gpu.py for a launch-free A/B (bench/gpu_timing.py).
+# HEAVY_FIRST_FORWARD: the forward's grid in that order too. Launch-free on the H200
+# (bench/gpu_timing.py): forward 0.194 ms at T=512 against 0.207 tiles first, 2.20 against
+# 2.24 at T=2048 (results/attention-tc-launchfree-r1-*); the single-call A/B of 2026-11-29,
+# which had it 4% slower at T=2048, timed the host's launches too.
 HEAVY_FIRST_FORWARD = True
 # ADD_ROUND: the cp.async tiles' B fragments rounded by mma.tf32_operand (one integer add,
 # the tensor core truncating) instead of cvt.rna, which ptxas compiles to a test for inf
 # and NaN plus that add: 256 of the forward loop's 1,176 PTX instructions a tile are those
 # conversions, and ADD_ROUND takes the forward's FSETP from 355 to 99, dkv's from 640 to 128,
-# registers unchanged (bench/ptx_registers.py --census). Off until a variant of
-# bench/attention_tc_gpu.py times it on a GPU.
+# registers unchanged (bench/ptx_registers.py --census). On the H200: forward 0.187 ms,
+# backward 0.541 at T=512 against 0.207 and 0.564 with cvt.rna (launch-free,
+# results/attention-tc-launchfree-r1-*).
 ADD_ROUND = True
 # WIDE (with PIPELINE, not SPLIT_TF32): the forward's blocks take 128 query rows, 32 a
 # warp, so each B fragment loaded from shared memory feeds two mma (the forward's shared
-# loads a product halve); key tiles stay 64 wide, taken in halves of 32 keys.
+# loads a product halve); key tiles stay 64 wide, taken WIDE_KEYS at a time (the online
+# softmax per step: 255 registers, no spills in the loop, two blocks a multiprocessor). On
+# the H200: 0.170 ms at T=512 against 0.167, 1.69 at T=2048 against 1.88 (16 keys a step:
+# 0.182, 1.84; results/attention-tc-launchfree-r3-*). Off: the model trains at T=512.
 WIDE = False
 WIDE_KEYS = 32  # keys of a key tile taken per online-softmax step by WIDE (8, 16, 32 or 64)
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
@@ -432,23 +450,70 @@ def shared_bytes(E: int) -> dict[str, int]:
     return {k: 4 * (v + extra) if _dynamic(k) else 0 for k, v in _layout(E).items()}
 
 
-def _forward_source(E: int) -> str:
-    gen = _Gen(E)
-    w, NE, LD = gen.w, gen.NE, gen.LD
-    KS, VS, BUF, RED = 0, TILE * LD, _buffers(E)["forward"], _layout(E)["forward"]
+def _forward_head(gen: _Gen, rows: int) -> None:
+    """The forward kernel's signature and its block's (b, h) and first query row i0, for
+    blocks of `rows` query rows (64, or 128 with WIDE), the longest rows first."""
+    w, E = gen.w, gen.E
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 64, B H), 128 threads; "
+        f"out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / {rows}, B H), 128 threads; "
         "scale multiplies Q (with FAST_EXP it carries log2(e)).",
-        RED,
+        _layout(E)["forward"],
         _dynamic("forward"),
     )
     head, tile = gen.block("head", HEAVY_FIRST_FORWARD), gen.block("tile", HEAVY_FIRST_FORWARD)
     w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", f"i0 = (nt - 1 - {tile}) * 64  # longest rows first")
+    w(f"nt = (Tn + {rows - 1}) // {rows}", f"i0 = (nt - 1 - {tile}) * {rows}")
 
+
+def _online_softmax(gen: _Gen, s: str, o: str, st: str, cols) -> None:
+    """One step of the online softmax for a warp's 16 rows over key blocks cols: the
+    scores s{n}_{k} become TF32 probabilities, the row statistics m{st}{r}, l{st}{r} (r = 0
+    for row g, 1 for g + 8) and the output o{n}_{k} are rescaled. With FAST_EXP the scores
+    are in units of log2 (Q carries log2(e), see attention_forward)."""
+    w, NE = gen.w, gen.NE
+    ex = (lambda x: f"exp2_approx({x})") if FAST_EXP else gen.exp
+    rows = ((0, 1), (2, 3))  # the C fragment's values of rows g and g + 8
+    for r, (i, j) in enumerate(rows):
+        w(f"mx{r} = {_max_tree([f'{s}{n}_{k}' for n in cols for k in (i, j)])}")
+    gen.quad("max", ["mx0", "mx1"], _layout(gen.E)["forward"])
+    for r, (i, j) in enumerate(rows):
+        # mn is finite (a row's first step has a key at or before it), so the first step's
+        # m = -inf gives al = exp(-inf) = 0
+        m, l = f"m{st}{r}", f"l{st}{r}"
+        w(f"mn = max({m}, mx{r})", f"al = {ex(f'{m} - mn')}")
+        for n in cols:
+            w(*(f"{s}{n}_{k} = {gen.rnd(ex(f'{s}{n}_{k} - mn'), True)}" for k in (i, j)))
+        w(f"{l} = {l} * al + " + " + ".join(f"{s}{n}_{k}" for n in cols for k in (i, j)))
+        w(f"{m} = mn")
+        w(*(f"{o}{n}_{k} *= al" for n in range(NE) for k in (i, j)))
+
+
+def _forward_out(gen: _Gen, o: str, st: str, row: str) -> None:
+    """Store a warp's 16 rows from row `row` on: out = o / l (columns oc + 8n, + 1 of
+    lane t), lse = m + ln l from lane t = 0 (natural log; m in log2 units with FAST_EXP)."""
+    w = gen.w
+    gen.quad("sum", [f"l{st}0", f"l{st}1"], _layout(gen.E)["forward"])
+    w(f"r0 = {row}")
+    for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        w(f"if r0 + {8 * r} < Tn:")
+        w.indent()
+        w(f"inv = T(1.0) / l{st}{r}")
+        for n in range(gen.NE):
+            w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = {o}{n}_{i} * inv")
+            w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = {o}{n}_{j} * inv")
+        m = f"m{st}{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{st}{r}"
+        w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {m} + math.log(l{st}{r})")
+        w.indent(-1)
+
+
+def _forward_source(E: int) -> str:
+    gen = _Gen(E)
+    w, NE, LD = gen.w, gen.NE, gen.LD
+    KS, VS, BUF = 0, TILE * LD, _buffers(E)["forward"]
+    _forward_head(gen, TILE)
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
@@ -467,38 +532,15 @@ def _forward_source(E: int) -> str:
     w.indent()
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
-    for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
-        w(f"mx{r} = {_max_tree([f's{n}_{k}' for n in range(8) for k in (i, j)])}")
-    gen.quad("max", ["mx0", "mx1"], RED)
-    # FAST_EXP: the scores come in units of log2 (Q carries log2(e), see attention_forward)
-    ex = (lambda x: f"exp2_approx({x})") if FAST_EXP else gen.exp
-    for r, (i, j) in enumerate(((0, 1), (2, 3))):
-        # mn is finite (every tile a row visits has a key at or before it), so the first
-        # tile's m = -inf gives al = exp(-inf) = 0
-        w(f"mn{r} = max(m{r}, mx{r})", f"al{r} = {ex(f'm{r} - mn{r}')}")
-        for n in range(8):
-            w(*(f"s{n}_{k} = {gen.rnd(ex(f's{n}_{k} - mn{r}'), True)}" for k in (i, j)))
-        w(f"l{r} = l{r} * al{r} + " + " + ".join(f"s{n}_{k}" for n in range(8) for k in (i, j)))
-        w(f"m{r} = mn{r}")
-        w(*(f"o{n}_{k} *= al{r}" for n in range(NE) for k in (i, j)))
+    _online_softmax(gen, "s", "o", "", range(8))
     gen.product_nn("o", "s", VS, range(8), bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
     else:
         w("cuda.syncthreads()")
     w.indent(-1)
-    gen.quad("sum", ["l0", "l1"], RED)
-    w("r0 = i0 + 16 * wp + g", "oc = qo + 2 * t")
-    for r, (i, j) in enumerate(((0, 1), (2, 3))):
-        w(f"if r0 + {8 * r} < Tn:")
-        w.indent()
-        w(f"inv = T(1.0) / l{r}")
-        for n in range(NE):
-            w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = o{n}_{i} * inv")
-            w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = o{n}_{j} * inv")
-        m = f"m{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{r}"
-        w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {m} + math.log(l{r})")
-        w.indent(-1)
+    w("oc = qo + 2 * t")
+    _forward_out(gen, "o", "", "i0 + 16 * wp + g")
     return w.text()
 
 
@@ -508,19 +550,8 @@ def _forward_wide_source(E: int) -> str:
     softmax runs per half, so a half's scores take 32 registers a lane, not 64)."""
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
-    KS, VS, BUF, RED = 0, TILE * LD, _buffers(E)["forward"], _layout(E)["forward"]
-    gen.prologue(
-        "forward_tc_kernel",
-        "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / 128, B H), 128 threads; "
-        "scale multiplies Q (with FAST_EXP it carries log2(e)).",
-        RED,
-        _dynamic("forward"),
-    )
-    head, tile = gen.block("head", HEAVY_FIRST_FORWARD), gen.block("tile", HEAVY_FIRST_FORWARD)
-    w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
-    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 127) // 128", f"i0 = (nt - 1 - {tile}) * 128  # longest rows first")
+    KS, VS, BUF = 0, TILE * LD, _buffers(E)["forward"]
+    _forward_head(gen, 2 * TILE)
     w("jend = min(i0 + 128, Tn)  # past the last key tile")
     w(f"la = uint64((32 * wp + g) * {LD} + t)  # A fragments: this warp's 32 rows")
     gen.stage_async(gen.kv_tiles("0"), gen.u(0))  # K, V tile 0 lands while Q is staged
@@ -538,7 +569,6 @@ def _forward_wide_source(E: int) -> str:
     gen.pipeline_top("j0 + 64 < jend", BUF, lambda: gen.stage_async(gen.kv_tiles("j0 + 64"), "nxt"))
     w("if j0 <= i0 + 32 * wp + 31:  # a key of the tile at or before one of the warp's rows")
     w.indent()
-    ex = (lambda x: f"exp2_approx({x})") if FAST_EXP else gen.exp
     step = WIDE_KEYS // 8  # 8-key blocks a step
     for half in range(8 // step):
         cols = range(step * half, step * half + step)
@@ -556,43 +586,14 @@ def _forward_wide_source(E: int) -> str:
                     w(f"{name} = select(dw > {-d}, T(-math.inf), {name})")
         w.indent(-1)
         for m in rows:
-            for r, (i, j) in enumerate(((0, 1), (2, 3))):  # rows g and g + 8
-                vals = [f"s{m}_{n}_{k}" for n in cols for k in (i, j)]
-                w(f"mx{r} = {_max_tree(vals)}")
-            gen.quad("max", ["mx0", "mx1"], RED)
-            for r, (i, j) in enumerate(((0, 1), (2, 3))):
-                # the first half of tile 0 has key 0, at or before every row: m is finite
-                # after it, and al = exp(-inf) = 0 there
-                mm, ll = f"m{m}{r}", f"l{m}{r}"
-                w(f"mn = max({mm}, mx{r})", f"al = {ex(f'{mm} - mn')}")
-                for n in cols:
-                    w(
-                        *(
-                            f"s{m}_{n}_{k} = {gen.rnd(ex(f's{m}_{n}_{k} - mn'), True)}"
-                            for k in (i, j)
-                        )
-                    )
-                terms = " + ".join(f"s{m}_{n}_{k}" for n in cols for k in (i, j))
-                w(f"{ll} = {ll} * al + {terms}", f"{mm} = mn")
-                w(*(f"o{m}_{n}_{k} *= al" for n in range(NE) for k in (i, j)))
+            _online_softmax(gen, f"s{m}_", f"o{m}_", str(m), cols)
         gen.product_nn("o0_", "s0_", VS, cols, "bp", True, also=[("o1_", "s1_")])
     w.indent(-1)
     w("cur = nxt")
     w.indent(-1)
     w("oc = qo + 2 * t")
     for m in rows:
-        gen.quad("sum", [f"l{m}0", f"l{m}1"], RED)
-        w(f"r0 = i0 + 32 * wp + {16 * m} + g")
-        for r, (i, j) in enumerate(((0, 1), (2, 3))):
-            w(f"if r0 + {8 * r} < Tn:")
-            w.indent()
-            w(f"inv = T(1.0) / l{m}{r}")
-            for n in range(NE):
-                w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = o{m}_{n}_{i} * inv")
-                w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = o{m}_{n}_{j} * inv")
-            mr = f"m{m}{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{m}{r}"
-            w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {mr} + math.log(l{m}{r})")
-            w.indent(-1)
+        _forward_out(gen, f"o{m}_", str(m), f"i0 + 32 * wp + {16 * m} + g")
     return w.text()
 
 
@@ -726,16 +727,13 @@ def _dkv_source(E: int) -> str:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w(f"nq = (Tn + 63) // 64 - {tile}  # query tiles per head", "nit = rep * nq")
+        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
+        w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
-        w("hh = it // nq", "i0 = j0 + 64 * (it - hh * nq)", "h = kvh * rep + hh", f"qo = h * {E}")
-
-        def issue_next() -> None:
-            w("i1 = j0 + 64 * ((it + 1) % nq)", "h1 = kvh * rep + (it + 1) // nq")
-            issue("i1", "h1", "nxt")
-
-        gen.pipeline_top("it + 1 < nit", BUF, issue_next)
+        w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
+        w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
+        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"))
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -751,12 +749,13 @@ def _dkv_source(E: int) -> str:
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w("cuda.syncthreads()")
         bn, bp, lcb = "lb", "lp", "lc"
+    raw = PIPELINE  # B fragments from unrounded cp.async copies
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
+        gen.product_nt("s", "ka", QS, cols, bn, raw)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
+        gen.product_nt("p", "va", DOS, cols, bn, raw)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -774,12 +773,12 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
-        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
+        gen.product_nn("dv", "s", DOS, cols, bp, raw)
+        gen.product_nn("dk", "p", QS, cols, bp, raw)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
-        w("cur = nxt")
+        w("cur = nxt", "i0 = i1", "h = h1")
         w.indent(-1)
     else:
         w("cuda.syncthreads()")
