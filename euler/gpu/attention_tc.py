@@ -546,8 +546,9 @@ def _forward_source(E: int) -> str:
 
 def _forward_wide_source(E: int) -> str:
     """The WIDE forward: 128 query rows a block, 32 a warp (two 16-row A tiles, m = 0, 1,
-    sharing every B fragment), key tiles of 64 taken in halves of 32 keys (the online
-    softmax runs per half, so a half's scores take 32 registers a lane, not 64)."""
+    sharing every B fragment), key tiles of 64 taken WIDE_KEYS at a time (the online
+    softmax runs per step, so 32 keys' scores take 32 registers a lane, not 64). A warp
+    skips a key tile after all its rows; the block's last two key tiles are masked."""
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
     KS, VS, BUF = 0, TILE * LD, _buffers(E)["forward"]
@@ -749,13 +750,12 @@ def _dkv_source(E: int) -> str:
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w("cuda.syncthreads()")
         bn, bp, lcb = "lb", "lp", "lc"
-    raw = PIPELINE  # B fragments from unrounded cp.async copies
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, raw)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, raw)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -773,8 +773,8 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, raw)
-        gen.product_nn("dk", "p", QS, cols, bp, raw)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
