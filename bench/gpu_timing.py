@@ -19,8 +19,10 @@ import time
 import numpy as np
 from numba import cuda
 
+from euler.bench_kernels import GPU_CALLS
+
 WARM_S = 0.5  # seconds of calls before timing: after NVVM's compile the GPU has idled
-CALLS = 10  # calls timed back to back in a round
+CALLS = GPU_CALLS  # calls timed back to back in a round, as `euler bench` times a GPU layer
 HOLD_MS = 20.0  # the spin ahead of a round: far longer than the host takes to queue it
 
 

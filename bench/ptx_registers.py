@@ -11,7 +11,8 @@ version line is lowered for ptxas. bench/notes_gpu.md quotes this script's outpu
 
 `--census` also counts the instructions of each kernel's main loop (the longest span from a
 label back to a branch to it): in PTX, and, when ptxas and cuobjdump (NVIDIA's
-nvidia-cuda-cuobjdump wheel) are on PATH, in the SASS ptxas makes of the whole kernel.
+nvidia-cuda-cuobjdump wheel) are on PATH, in the SASS ptxas makes of the whole kernel and
+of its longest loop.
 """
 
 from __future__ import annotations
@@ -89,8 +90,23 @@ def loop_census(ptx: str) -> str:
     return f"loop {len(body)} PTX instructions: " + ", ".join(f"{n} {o}" for o, n in counts.items())
 
 
+def sass_loop(sass: str) -> str:
+    """The SASS instructions of the longest loop (the widest span from a branch back to its
+    target, its end included), by opcode, most frequent first."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    jumps = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"\bBRA\s+0x(\w+)", t))]
+    back = [(target, a) for target, a in jumps if target < a]
+    if not back:
+        return "no SASS loop"
+    lo, hi = max(back, key=lambda s: s[1] - s[0])
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins if lo <= a <= hi)
+    top = ", ".join(f"{n} {op}" for op, n in ops.most_common(12))
+    return f"SASS loop {sum(ops.values())} instructions: {top}"
+
+
 def sass_census(ptx: str) -> str:
-    """The SASS opcodes ptxas makes of the kernel, most frequent first (ptxas, cuobjdump)."""
+    """The SASS opcodes ptxas makes of the kernel, most frequent first, then its longest
+    loop's (sass_loop) (ptxas, cuobjdump)."""
     if shutil.which("ptxas") is None or shutil.which("cuobjdump") is None:
         return "(no ptxas or cuobjdump on PATH)"
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +115,8 @@ def sass_census(ptx: str) -> str:
         subprocess.run(["ptxas", "-arch=sm_90", str(path), "-o", str(cubin)], check=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass.stdout)
-    return "SASS " + ", ".join(f"{n} {op}" for op, n in Counter(ops).most_common(12))
+    whole = "SASS " + ", ".join(f"{n} {op}" for op, n in Counter(ops).most_common(12))
+    return f"{whole}\n    {sass_loop(sass.stdout)}"
 
 
 def main() -> None:

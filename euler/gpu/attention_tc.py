@@ -396,12 +396,13 @@ class _Gen:
                 for acc_, p_ in ((acc, p), *also):
                     self._mma(acc_, n, [f"{p_}{kk}_{i}" for i in (0, 2, 1, 3)])
 
-    def mask(self, acc: str, cols, rows_are_queries: bool) -> None:
-        """-inf where the key is after the query (on the diagonal tile)."""
+    def mask(self, acc: str, cols, rows_are_queries: bool, diff="dg", shift=0) -> None:
+        """-inf where the key is after the query (on the diagonal tile); column minus row
+        of a fragment's c0 is diff + shift (WIDE: its own per tile and row tile)."""
         for n in cols:
             for i in range(4):
-                d = 8 * n + (i & 1) - 8 * (i >> 1)  # column minus row is dg + d
-                cond = f"dg > {-d}" if rows_are_queries else f"dg < {-d}"
+                d = 8 * n + (i & 1) - 8 * (i >> 1) + shift  # column minus row is diff + d
+                cond = f"{diff} > {-d}" if rows_are_queries else f"{diff} < {-d}"
                 self.w(f"{acc}{n}_{i} = select({cond}, T(-math.inf), {acc}{n}_{i})")
 
     def quad(self, op: str, names: list[str], red: int) -> None:
@@ -580,11 +581,7 @@ def _forward_wide_source(E: int) -> str:
         w.indent()
         w("dw = j0 - i0 + 2 * t - 32 * wp - g")
         for m in rows:
-            for n in cols:
-                for i in range(4):
-                    d = 8 * n + (i & 1) - 8 * (i >> 1) - 16 * m
-                    name = f"s{m}_{n}_{i}"
-                    w(f"{name} = select(dw > {-d}, T(-math.inf), {name})")
+            gen.mask(f"s{m}_", cols, rows_are_queries=True, diff="dw", shift=-16 * m)
         w.indent(-1)
         for m in rows:
             _online_softmax(gen, f"s{m}_", f"o{m}_", str(m), cols)

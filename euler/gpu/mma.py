@@ -74,6 +74,11 @@ if not SIMULATOR:
 
         return types.float32(types.float32), codegen
 
+    def _half_unit_added(builder, x):
+        """x's bits plus 0x1000, as an i32 (llvmlite)."""
+        i32 = ir.IntType(32)
+        return builder.add(builder.bitcast(x, i32), ir.Constant(i32, HALF_TF32_UNIT))
+
     @intrinsic
     def tf32_operand(typingctx, x):
         """x (float32) as an mma_tf32 operand rounded to TF32: its bits plus 0x1000, the
@@ -82,9 +87,7 @@ if not SIMULATOR:
             raise TypingError(f"tf32_operand takes a float32, not {x}")
 
         def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, HALF_TF32_UNIT))
-            return builder.bitcast(bits, f32)
+            return builder.bitcast(_half_unit_added(builder, args[0]), ir.FloatType())
 
         return types.float32(types.float32), codegen
 
@@ -96,10 +99,9 @@ if not SIMULATOR:
             raise TypingError(f"tf32_finite takes a float32, not {x}")
 
         def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, HALF_TF32_UNIT))
-            bits = builder.and_(bits, ir.Constant(i32, TF32_MASK))
-            return builder.bitcast(bits, f32)
+            mask = ir.Constant(ir.IntType(32), TF32_MASK)
+            return builder.bitcast(builder.and_(_half_unit_added(builder, args[0]), mask),
+                                   ir.FloatType())  # fmt: skip
 
         return types.float32(types.float32), codegen
 
