@@ -319,15 +319,13 @@ def main() -> None:
     ap.add_argument(
         "--tiles",
         default="",
-        help="attention_tiles UNROLL,LOAD_CHUNK,MIN_BLOCKS,UNSIGNED_OFFSETS (the lab's winner)",
+        help="attention_tiles KSTEP,MIN_BLOCKS (the lab's winner)",
     )
     args = ap.parse_args()
     if args.tiles:
         from euler.gpu import attention_tiles
 
-        unroll, chunk, min_blocks, unsigned = (int(x) for x in args.tiles.split(","))
-        attention_tiles.UNROLL, attention_tiles.LOAD_CHUNK = unroll, chunk
-        attention_tiles.MIN_BLOCKS, attention_tiles.UNSIGNED_OFFSETS = min_blocks, bool(unsigned)
+        attention_tiles.KSTEP, attention_tiles.MIN_BLOCKS = (int(x) for x in args.tiles.split(","))
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device_name().strip(),

@@ -5,6 +5,7 @@
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
+#     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -41,6 +42,16 @@ variants)
                 --out "$OUT/attention-tc-$name.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
         done
     done
+    ;;
+exact)
+    log "exact attention lab: attention_tiles knobs, launch-free, T=512 and 2048"
+    timeout 400 python3 bench/attention_lab_gpu.py --out "$OUT/attention-lab.json" 2>&1 \
+        | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
+    if [ -f scratch/time_old.py ]; then  # an uncommitted A/B against older kernels
+        log "older kernels (scratch)"
+        timeout 150 python3 scratch/time_old.py 2>&1 | grep -v Warning | tail -4 \
+            | tee -a "$OUT/log.txt"
+    fi
     ;;
 attention)
     log "attention table: tc, tc 3xtf32, exact, torch SDPA, naive at T=512 and 2048"
@@ -91,7 +102,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|attention|overlap|labs|curves|final" >&2
+    echo "usage: $0 check|variants|exact|attention|overlap|labs|curves|final" >&2
     exit 2
     ;;
 esac

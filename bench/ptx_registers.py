@@ -32,7 +32,7 @@ import numba.cuda.dispatcher as dispatcher
 import numpy as np
 from numba import cuda
 
-from euler.gpu import attention, attention_tc
+from euler.gpu import attention, attention_tc, attention_tiles
 
 
 def launches(kind: str, E: int) -> list[tuple]:
@@ -125,15 +125,20 @@ def main() -> None:
     ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
     ap.add_argument(
         "--set", action="append", default=[], metavar="KNOB=N",
-        help="an attention_tc generation knob (e.g. SPLIT_TF32=1); repeatable",
+        help="a generation knob of attention_tc or attention_tiles (both where both have it,"
+        " as MIN_BLOCKS), e.g. SPLIT_TF32=1; repeatable",
     )  # fmt: skip
     ap.add_argument("--census", action="store_true", help="instruction counts, PTX and SASS")
     args = ap.parse_args()
+    modules = (attention_tc, attention_tiles)
+    names = sorted({k for m in modules for k in m.knobs()})
     for item in args.set:
         knob, _, value = item.partition("=")
-        if knob not in attention_tc.knobs() or not value.lstrip("-").isdigit():
-            ap.error(f"--set {item}: want KNOB=N, KNOB one of {', '.join(attention_tc.knobs())}")
-        setattr(attention_tc, knob, type(attention_tc.knobs()[knob])(int(value)))
+        if knob not in names or not value.lstrip("-").isdigit():
+            ap.error(f"--set {item}: want KNOB=N, KNOB one of {', '.join(names)}")
+        for m in modules:
+            if knob in m.knobs():
+                setattr(m, knob, type(m.knobs()[knob])(int(value)))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
     kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
     for kind in kinds:

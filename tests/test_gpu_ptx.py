@@ -123,6 +123,8 @@ def _compile_all(monkeypatch, calls) -> None:
         assert ".target sm_90" in ptx, name
         if name.endswith("_vec_kernel"):  # 16-byte accesses, as vector.py promises
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+        if name.endswith("_tiled_kernel"):  # operands 16 bytes a load (attention_tiles)
+            assert "ld.shared.v4.f32" in ptx and "cp.async.cg.shared.global" in ptx, name
         if name not in F64_ALLOWED:
             bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
             if name in F64_SCALAR_READS:

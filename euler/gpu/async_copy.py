@@ -37,6 +37,17 @@ from numba.core.errors import TypingError
 
 from euler.gpu.reduce import SIMULATOR
 
+
+def check_aligned(*arrays) -> None:
+    """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous 3-d arrays whose
+    rows are a whole number of 16 bytes starting on 16 bytes (asserted)."""
+    for a in arrays:
+        assert a.flags["C_CONTIGUOUS"] and a.shape[2] % 4 == 0  # (B, T, C)
+        if not SIMULATOR:  # whose arrays have no device address
+            face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+            assert face["data"][0] % 16 == 0
+
+
 if not SIMULATOR:
     from llvmlite import ir
     from numba.core import cgutils

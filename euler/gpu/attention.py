@@ -25,6 +25,7 @@ import numba
 from numba import cuda, float32
 
 from euler.gpu import attention_tiles
+from euler.gpu.async_copy import check_aligned
 from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, warp_sum_all
 from euler.layer_math import online_softmax_rescale
 
@@ -286,6 +287,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
     scale = qkv.dtype.type(1.0 / math.sqrt(E))
     if not tile and attention_tiles.supports(E):
+        check_aligned(qkv)
         fwd = attention_tiles.kernels(E)[0]
         nbytes = attention_tiles.shared_bytes(E)["forward"]
         grid = (B * H, (Tn + 63) // 64)
@@ -307,17 +309,12 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     assert lse.shape == dsum.shape == (B, H, Tn)
     scale = qkv.dtype.type(1.0 / math.sqrt(E))
     if not tile and attention_tiles.supports(E):
-        built = attention_tiles.kernels(E)
-        nbytes = attention_tiles.shared_bytes(E)
-        nt = (Tn + 63) // 64
-        if attention_tiles.ATOMIC_DQ:
-            grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
-            backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
-        else:
-            args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-            _launch_dynamic(built[1], (B * H, nt), stream, nbytes["dq"], *args)
+        check_aligned(qkv, dout)
+        dkv, nbytes = attention_tiles.kernels(E)[1], attention_tiles.shared_bytes(E)["dkv"]
+        grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
+        backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
         args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        _launch_dynamic(built[-1], (B * G, nt), stream, nbytes["dkv"], *args)
+        _launch_dynamic(dkv, (B * G, (Tn + 63) // 64), stream, nbytes, *args)
         return
     t = tile or tile_for(E)
     _, dq, dkv = kernels(E, t, t)

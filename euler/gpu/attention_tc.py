@@ -100,6 +100,7 @@ from numba import float32
 
 from euler.gpu import attention
 from euler.gpu.approx import LOG2E
+from euler.gpu.async_copy import check_aligned
 from euler.gpu.generated import Source, compile_generated
 from euler.gpu.mma import SIMULATOR
 
@@ -919,16 +920,6 @@ def _check(qkv, H, G, E) -> tuple[int, int]:
     return B, Tn
 
 
-def _check_async(*arrays) -> None:
-    """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous 3-d arrays whose
-    rows are a whole number of 16 bytes (E is a multiple of 8) starting on 16 bytes."""
-    for a in arrays:
-        assert a.flags["C_CONTIGUOUS"] and a.shape[2] % 4 == 0  # (B, T, C)
-        if not SIMULATOR:  # whose arrays have no device address
-            face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-            assert face["data"][0] % 16 == 0
-
-
 def _grid(tiles: int, heads: int, heavy_first: bool) -> tuple[int, int]:
     """A launch grid over tiles and heads, in the kernel's order (Gen.block)."""
     return (heads, tiles) if heavy_first else (tiles, heads)
@@ -946,7 +937,7 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     B, Tn = _check(qkv, H, G, E)
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
     if PIPELINE:
-        _check_async(qkv)
+        check_aligned(qkv)
     # with FAST_EXP the forward's exponentials are 2^x: log2(e) rides on Q's scale
     scale = float32((LOG2E if FAST_EXP else 1.0) / math.sqrt(E))
     fwd = kernels(E)[0]
@@ -965,7 +956,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
     assert lse.shape == dsum.shape == (B, H, Tn)
     if PIPELINE:
-        _check_async(qkv, dout)
+        check_aligned(qkv, dout)
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE

@@ -1,27 +1,36 @@
 """Register-tiled FlashAttention kernels (the FlashAttention-2 structure on fp32 CUDA cores).
 
 A block of 128 threads owns a 64 x 64 tile of scores: thread (ty, tx) = (tid // 8, tid % 8)
-holds rows r_i = 4 ty + i (i < 4) and columns c_j = tx + 8 j (j < 8) in registers, and an
-E-wide output tile of rows r_i and columns c_j (j < E / 8). Every operand is staged in one
-dynamic shared-memory array, transposed so that a product's k index is the slow one
-(X^T[k][row], rows padded to LD = 65 floats): a product step then reads 4 + 8 words at
-fixed offsets from two base addresses for 32 FMAs, the broadcast and consecutive reads
-are free of bank conflicts, and so are the staging stores (consecutive k, one row). A
-row's max and sum over its 8 column threads use warp shuffles (shared memory in the
-simulator).
+holds rows ty + 16 i (i < 4) and columns tx + 8 j (j < 8) in registers. Every operand sits
+in one dynamic shared-memory array, and a product step reads it 16 bytes at a time
+(vector.load4_shared, LDS.128): 3 loads for 32 FMAs. The kernels these replaced read
+4 + 8 scalars for the same 32 FMAs and were bound by shared-memory bandwidth.
+
+A product C[m][n] += sum_k A[m][k] B[k][n] reads each operand one of two ways:
+- "mk", the tile stored [m][k] (rows `ld` floats apart): a thread reads 4 consecutive k of
+  each of its m, which are strided (rows ty + 16 i, columns tx + 8 j). With ld / 4 odd
+  (Q, K, V, dO: ld = E + 4) or ld = 72 (P^T, dS^T) the words a warp reads fall in
+  distinct banks.
+- "km", the tile stored [k][m]: a thread reads 4 consecutive m at one k, its m in runs of 4
+  (rows 4 ty + i; output columns 4 tx + j and 32 + 4 tx + j), so a warp reads one
+  contiguous run. Under 32 output columns (E = 8, 16) the columns are tx + 8 j, read one
+  float at a time.
+Q, K, V and dO tiles are copied row-major ([row][e], as in qkv) by cp.async, with no
+transposition: S = Q K^T reads both "mk"; O += P V reads P "mk" and V "km". The backward
+writes P^T and dS^T (rows: keys) once and reads dS^T both ways, "mk" for dK += dS^T Q and
+"km" for dQ += dS K.
 
 NVVM does not unroll the register-tile loops itself, and register arrays indexed in a
 loop would live in local memory, so the kernel source is generated with those loops
-written out (one scalar per register, k unrolled by 8 so that each load is a base plus
-a constant) and compiled per head size E (8, 16, 32 or 64).
+written out (one scalar per register, 8 k steps a loop iteration, so each load is a base
+plus a constant) and compiled per head size E (8, 16, 32 or 64).
 
-forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V.
+forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V. While
+  S is computed V's tile is in flight, and while P V is computed the next K tile is.
 backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of every
   head of its group: P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dV += P^T dO,
-  dK += dS^T Q, and dQ += dS K added to dqkv with atomics (ATOMIC_DQ; D = rowsum(dO O)
-  and the zeroed dQ come from attention.backward_prep_kernel).
-backward_dq (without ATOMIC_DQ): one block per (64 query rows, b, h) computes D and dQ on
-  its own, recomputing S and dP, and backward_dkv leaves dQ alone.
+  dK += dS^T Q, and dQ += dS K added to dqkv with atomics (D = rowsum(dO O) and the zeroed
+  dQ come from attention.backward_prep_kernel); the next Q, dO tiles land during dS K.
 
 The grid's slow (y) axis is the causal work per block, heaviest first: the blocks that
 visit the most tiles start in the first wave rather than trailing the last one.
@@ -32,85 +41,108 @@ from __future__ import annotations
 from euler.gpu.generated import Source, compile_generated
 
 THREADS = 128
-LD = 65  # padded row of a staged tile, in floats
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
-UNROLL = 8  # product steps written out per loop iteration
-LOAD_CHUNK = 8  # staging loads in flight per tile before their stores
+LDW = 72  # row of P^T and dS^T: a warp's stores at [ty + 16 i][tx + 8 j] hit all 32 banks
+# k steps written out per loop iteration of a product: ptxas hoists their loads, so at 8
+# the forward takes 248 registers (2 blocks a multiprocessor), at 4 167 (3)
+KSTEP = 4
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
-# Shared-memory offsets as uint64: numba then emits no negative-index wraparound test.
-# On the H200 (B=32, H=12, G=4, E=64, T=512) this took the forward from 1.37 to 0.76 ms
-# and the backward from 5.21 to 2.86 ms, and registers from 254 to 128 (forward).
-UNSIGNED_OFFSETS = True
-# Backward in one kernel per key tile that also adds dQ = dS K into dqkv with atomics (five
-# tile products per tile pair), instead of a second kernel per query tile that recomputes
-# S and dP for dQ (seven).
-ATOMIC_DQ = True
-
-
-def _ix(n) -> str:
-    """A shared-memory offset term, uint64 when UNSIGNED_OFFSETS."""
-    return f"uint64({n})" if UNSIGNED_OFFSETS else str(n)
 
 
 def supports(E: int) -> bool:
-    """Head sizes these kernels are generated for (E must divide the 128 threads)."""
+    """Head sizes these kernels are generated for."""
     return E in (8, 16, 32, 64)
 
 
-def _prologue(w: Source) -> None:
-    w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty4 = (tid // 8) * 4")
+def _ld(E: int) -> int:
+    """Row of a staged Q, K, V or dO tile, in floats: 16-byte rows, an odd count of them."""
+    return E + 4
+
+
+def _run(E: int) -> int:
+    """Output columns a thread reads at once from a "km" tile E wide (4: one LDS.128)."""
+    return 4 if E >= 32 else 1
+
+
+def _u(expr) -> str:
+    """A shared-memory offset as uint64: numba then emits no negative-index wraparound test
+    (on the H200 this once took the forward from 1.37 to 0.76 ms)."""
+    return f"uint64({expr})"
+
+
+def _prologue(w: Source, E: int) -> None:
+    run = _run(E)
+    w("tid = cuda.threadIdx.x", "tx = tid % 8", "ty = tid // 8")
     w("sm = cuda.shared.array(0, float32)")
-    w(*(f"r{i} = ty4 + {i}" for i in range(4)))
+    w(*(f"r{i} = ty + {16 * i}" for i in range(4)))
     w(*(f"c{j} = tx + {8 * j}" for j in range(8)))
+    w(*(f"e{j} = {run} * tx + {j % run + 8 * run * (j // run)}" for j in range(E // 8)))
+    per = E // 4  # 16-byte pieces of a row
+    w(f"qd = tid % {per}", f"rq = tid // {per}", f"sq = {_u(f'rq * {_ld(E)} + 4 * qd')}")
 
 
 def _stage(w: Source, E: int, tiles: list[tuple]) -> None:
-    """Stage 64-row tiles (off, row0, col, src, scale) of src (B, T, C) as X^T at sm[off].
-
-    Thread tid takes column tid % E of rows tid // E + 128 / E * it: all of a chunk's loads
-    are issued before its stores, so their memory latencies overlap (a plain loop would
-    wait for each load in turn). Rows past the sequence are staged as zeros.
-    """
-    step, n = 128 // E, E // 2  # rows per pass of the block, passes per tile
-    w(f"ee = tid % {E}", f"rb = tid // {E}")
-    for t, tile in enumerate(tiles):
-        w(f"sb{t} = {_ix(f'{tile[0]} + ee * {LD} + rb')}")
-    for it0 in range(0, n, LOAD_CHUNK):
-        its = range(it0, min(n, it0 + LOAD_CHUNK))
-        for t, (_, row0, col, src, scale) in enumerate(tiles):
-            for it in its:
-                row = f"{row0} + rb + {it * step}"
-                w(f"v{t}_{it} = {src}[b, {row}, {col} + ee]{scale} if {row} < Tn else T(0.0)")
-        for t in range(len(tiles)):
-            w(*(f"sm[sb{t} + {_ix(it * step)}] = v{t}_{it}" for it in its))
+    """Start cp.async copies of 64-row tiles (off, row0, col, src) of src (B, T, C) to
+    sm[off], row-major; rows past the sequence land as zeros. The caller commits them."""
+    step = 4 * THREADS // E  # rows a pass of the block copies
+    for off, row0, col, src in tiles:
+        for it in range(64 // step):
+            row = f"{row0} + rq + {it * step}"
+            dst = f"sq + {_u(off + it * step * _ld(E))}"
+            at = f"{src}, b, min({row}, Tn - 1), {col} + 4 * qd"
+            w(f"cp_async16(sm, {dst}, {at}, select({row} < Tn, 16, 0))")
 
 
-def _product(w, acc, a_off, b_off, b_mode, K, ncols) -> None:
-    """acc{i}_{j} += sum_k A[r_i][k] B[k][c_j] for k < K, A staged as [k][row] at a_off.
+def _base(off: int, ld: int, way: str, own: str) -> str:
+    """Offset of a thread's first operand word at k0; own: its index (ty for A, tx for B)
+    strided ("mk") or the start of its run ("km", 4 ty for A, run * tx for B)."""
+    return _u(f"{off} + {own} * {ld} + k0" if way == "mk" else f"{off} + k0 * {ld} + {own}")
 
-    b_mode "kmajor": B staged as [k][col]; "colmajor": B staged as [col][k] (a tile whose
-    other index is the one summed over).
-    """
-    w(f"for k0 in range(0, {K}, {UNROLL}):")
+
+def _load_runs(w: Source, names: list[str], at: str) -> None:
+    """names[0..3] = sm[at .. at + 3], one 16-byte load."""
+    w(f"{', '.join(names)} = load4_shared(sm, {at})")
+
+
+def _product(w: Source, acc: str, a: tuple, b: tuple, K: int, ncols: int, E: int) -> None:
+    """acc{i}_{j} += sum_k A[m_i][k] B[k][n_j] for k < K; a and b are (off, ld, way), way
+    "mk" or "km" (module docstring). "mk" B is a 64-column score tile (ncols 8); "km" B an
+    output of E columns (ncols E / 8). Operand values are a{i}_{u}, b{j}_{u} at k = k0 + u."""
+    (a_off, a_ld, a_way), (b_off, b_ld, b_way) = a, b
+    run = _run(E)
+    w(f"for k0 in range(0, {K}, {KSTEP}):")
     w.level += 1
-    w(f"ab = {_ix(f'{a_off} + k0 * {LD} + ty4')}")
-    b_base = f"{b_off} + k0 * {LD} + tx" if b_mode == "kmajor" else f"{b_off} + tx * {LD} + k0"
-    w(f"bb = {_ix(b_base)}")
-    for u in range(UNROLL):
-        w(*(f"a{i} = sm[ab + {_ix(u * LD + i)}]" for i in range(4)))
-        if b_mode == "kmajor":
-            w(*(f"b{j} = sm[bb + {_ix(u * LD + 8 * j)}]" for j in range(ncols)))
+    w("ab = " + _base(a_off, a_ld, a_way, "ty" if a_way == "mk" else "4 * ty"))
+    w("bb = " + _base(b_off, b_ld, b_way, "tx" if b_way == "mk" else f"{run} * tx"))
+    for k in range(0, KSTEP, 4):
+        us = range(k, k + 4)
+        if a_way == "mk":  # 4 k of row i a load
+            for i in range(4):
+                _load_runs(w, [f"a{i}_{u}" for u in us], f"ab + {_u(16 * i * a_ld + k)}")
+        else:  # rows 4 ty .. 4 ty + 3 at one k a load
+            for u in us:
+                _load_runs(w, [f"a{i}_{u}" for i in range(4)], f"ab + {_u(u * a_ld)}")
+        if b_way == "mk":  # 4 k of column j a load
+            for j in range(ncols):
+                _load_runs(w, [f"b{j}_{u}" for u in us], f"bb + {_u(8 * j * b_ld + k)}")
+        elif run == 4:  # 4 columns at one k a load
+            for u in us:
+                for jq in range(ncols // 4):
+                    names = [f"b{4 * jq + t}_{u}" for t in range(4)]
+                    _load_runs(w, names, f"bb + {_u(u * b_ld + 32 * jq)}")
         else:
-            w(*(f"b{j} = sm[bb + {_ix(8 * j * LD + u)}]" for j in range(ncols)))
-        w(*(f"{acc}{i}_{j} += a{i} * b{j}" for i in range(4) for j in range(ncols)))
+            for u in us:
+                w(*(f"b{j}_{u} = sm[bb + {_u(u * b_ld + 8 * j)}]" for j in range(ncols)))
+        for u in us:
+            w(*(f"{acc}{i}_{j} += a{i}_{u} * b{j}_{u}" for i in range(4) for j in range(ncols)))
     w.level -= 1
 
 
-def _zero(w, acc, ncols) -> None:
+def _zero(w: Source, acc: str, ncols: int) -> None:
     w(*(f"{acc}{i}_{j} = T(0.0)" for i in range(4) for j in range(ncols)))
 
 
-def _group(w, op: str, names: list[str], red: int) -> None:
+def _group(w: Source, op: str, names: list[str], red: int) -> None:
     """Each name becomes op over the 8 threads of its row (lanes differing in tx).
 
     The simulator has no shuffles: there the values meet in shared scratch at sm[red].
@@ -133,7 +165,7 @@ def _group(w, op: str, names: list[str], red: int) -> None:
     w.level -= 1
 
 
-def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
+def _mask_diagonal(w: Source, acc: str, rows_are_queries: bool) -> None:
     """On the diagonal tile, -inf where the key is after the query."""
     for i in range(4):
         for j in range(8):
@@ -141,197 +173,164 @@ def _mask_diagonal(w, acc: str, rows_are_queries: bool) -> None:
             w(f"{acc}{i}_{j} = select({cond}, T(-math.inf), {acc}{i}_{j})")
 
 
-def _write_tile_t(w, off: str, acc: str) -> None:
-    """Store register tile M[r_i][c_j] as M^T[c][r] at sm[off]."""
-    w(f"tb = {_ix(f'{off} + tx * {LD} + ty4')}")
-    w(*(f"sm[tb + {_ix(8 * j * LD + i)}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
+def _write_tile(w: Source, off: int, acc: str) -> None:
+    """Store score tile acc{i}_{j} (row r_i, column c_j) row-major at sm[off], rows LDW apart."""
+    w(f"tb = {_u(f'{off} + ty * {LDW} + tx')}")
+    w(*(f"sm[tb + {_u(16 * i * LDW + 8 * j)}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
 
 
-def _write_tile(w, off: str, acc: str) -> None:
-    """Store register tile M[r_i][c_j] as M[r][c] at sm[off]."""
-    w(f"tb = {_ix(f'{off} + ty4 * {LD} + tx')}")
-    w(*(f"sm[tb + {_ix(i * LD + 8 * j)}] = {acc}{i}_{j}" for i in range(4) for j in range(8)))
+def _layout(E: int) -> dict[str, int]:
+    """Offsets (floats) of each kernel's regions in its dynamic shared array, and its end."""
+    tile, wide = 64 * _ld(E), 64 * LDW
+    fwd = {"Q": 0, "K": tile, "V": 2 * tile, "P": 3 * tile, "RED": 3 * tile + wide}
+    dkv = {"K": 0, "V": tile, "Q": 2 * tile, "DO": 3 * tile, "PT": 4 * tile}
+    dkv |= {"DS": 4 * tile + wide, "LS": 4 * tile + 2 * wide, "DD": 4 * tile + 2 * wide + 64}
+    dkv["RED"] = dkv["DD"] + 64
+    fwd["end"], dkv["end"] = fwd["RED"] + RED, dkv["RED"] + RED
+    return {"forward": fwd, "dkv": dkv}
+
+
+def shared_bytes(E: int) -> dict[str, int]:
+    """Dynamic shared memory of each kernel, in bytes."""
+    return {name: 4 * regions["end"] for name, regions in _layout(E).items()}
 
 
 def _forward_source(E: int) -> str:
-    NJ = E // 8
-    Q, KP, V = 0, E * LD, E * LD + max(E, 64) * LD
+    NJ, LD, at = E // 8, _ld(E), _layout(E)["forward"]
     w = Source()
     w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
     w.level += 1
     w('"""out (B, T, H E), lse (B, H, T) from qkv; grid (B H, T / 64), 128 threads."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w)
+    _prologue(w, E)
     w("rep = H // G", "b = cuda.blockIdx.x // H", "h = cuda.blockIdx.x % H")
     w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
     w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.y) * 64")
-    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale")])
+    _stage(w, E, [(at["Q"], "i0", "qo", "qkv"), (at["K"], "0", "ko", "qkv")])
+    w("cp_async_commit()")
+    _stage(w, E, [(at["V"], "0", "vo", "qkv")])
+    w("cp_async_commit()")
     w(*(f"m{i} = T(-math.inf)" for i in range(4)), *(f"l{i} = T(0.0)" for i in range(4)))
     _zero(w, "o", NJ)
     w("for j0 in range(0, i0 + 64, 64):")
     w.level += 1
-    _stage(w, E, [(KP, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
-    w("cuda.syncthreads()")
+    w("cp_async_wait(1)  # K's tile has landed; V's may still be in flight", "cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", Q, KP, "kmajor", E, 8)
+    _product(w, "s", (at["Q"], LD, "mk"), (at["K"], LD, "mk"), E, 8, E)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=True)
     w.level -= 1
-    w("cuda.syncthreads()  # K^T is read; its space takes P")
-    for i in range(4):
-        w(f"mx{i} = max(" + ", ".join(f"s{i}_{j}" for j in range(8)) + ")")
-    _group(w, "max", [f"mx{i}" for i in range(4)], V + E * LD)
+    w("cuda.syncthreads()  # K is read: the next tile may land there", "if j0 < i0:")
+    w.level += 1
+    _stage(w, E, [(at["K"], "j0 + 64", "ko", "qkv")])
+    w.level -= 1
+    w("cp_async_commit()")
+    for i in range(4):  # scale > 0: the max of the raw scores, scaled, is the scaled max
+        w(f"mx{i} = max(" + ", ".join(f"s{i}_{j}" for j in range(8)) + ") * scale")
+    _group(w, "max", [f"mx{i}" for i in range(4)], at["RED"])
     for i in range(4):
         w(f"mn{i} = max(m{i}, mx{i})", f"al{i} = online_softmax_rescale(m{i}, mn{i}, T)")
-        w(*(f"s{i}_{j} = math.exp(s{i}_{j} - mn{i})" for j in range(8)))
+        w(*(f"s{i}_{j} = math.exp(s{i}_{j} * scale - mn{i})" for j in range(8)))
         w(f"rs{i} = " + " + ".join(f"s{i}_{j}" for j in range(8)))
-    _group(w, "sum", [f"rs{i}" for i in range(4)], V + E * LD)
+    _group(w, "sum", [f"rs{i}" for i in range(4)], at["RED"])
     for i in range(4):
         w(f"l{i} = l{i} * al{i} + rs{i}", f"m{i} = mn{i}")
         w(*(f"o{i}_{j} *= al{i}" for j in range(NJ)))
-    _write_tile_t(w, str(KP), "s")
-    w("cuda.syncthreads()")
-    _product(w, "o", KP, V, "colmajor", 64, NJ)
-    w("cuda.syncthreads()")
+    _write_tile(w, at["P"], "s")
+    w("cp_async_wait(1)  # V's tile has landed", "cuda.syncthreads()")
+    _product(w, "o", (at["P"], LDW, "mk"), (at["V"], LD, "km"), 64, NJ, E)
+    w("cuda.syncthreads()  # V and P are read", "if j0 < i0:")
+    w.level += 1
+    _stage(w, E, [(at["V"], "j0 + 64", "vo", "qkv")])
+    w.level -= 1
+    w("cp_async_commit()")
     w.level -= 1
     for i in range(4):
         w(f"if i0 + r{i} < Tn:")
         w.level += 1
         w(f"inv = T(1.0) / l{i}")
-        w(*(f"out[b, i0 + r{i}, qo + c{j}] = o{i}_{j} * inv" for j in range(NJ)))
+        w(*(f"out[b, i0 + r{i}, qo + e{j}] = o{i}_{j} * inv" for j in range(NJ)))
         w("if tx == 0:", f"    lse[b, h, i0 + r{i}] = m{i} + math.log(l{i})")
         w.level -= 1
     return w.text()
 
 
-def _dq_source(E: int) -> str:
-    NJ = E // 8
-    Q, DO, K, V, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD
-    w = Source()
-    w("def backward_dq_tiled_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):")
-    w.level += 1
-    w('"""dQ part of dqkv, dsum (B, H, T) = rowsum(dO O); grid (B H, T / 64), 128 threads."""')
-    w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w)
-    w("rep = H // G", "b = cuda.blockIdx.x // H", "h = cuda.blockIdx.x % H")
-    w(f"qo = h * {E}", f"ko = H * {E} + (h // rep) * {E}", f"vo = ko + G * {E}")
-    w("nt = (Tn + 63) // 64", "i0 = (nt - 1 - cuda.blockIdx.y) * 64")
-    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale"), (DO, "i0", "qo", "dout", "")])
-    for i in range(4):
-        w(f"d{i} = T(0.0)", f"ls{i} = T(0.0)", f"if i0 + r{i} < Tn:")
-        w.level += 1
-        w(f"ls{i} = lse[b, h, i0 + r{i}]")
-        w(
-            *(
-                f"d{i} += dout[b, i0 + r{i}, qo + c{j}] * out[b, i0 + r{i}, qo + c{j}]"
-                for j in range(NJ)
-            )
-        )
-        w.level -= 1
-    _group(w, "sum", [f"d{i}" for i in range(4)], DS + 64 * LD)
-    for i in range(4):
-        w(f"if tx == 0 and i0 + r{i} < Tn:", f"    dsum[b, h, i0 + r{i}] = d{i}")
-    _zero(w, "q", NJ)
-    w("for j0 in range(0, i0 + 64, 64):")
-    w.level += 1
-    _stage(w, E, [(K, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
-    w("cuda.syncthreads()")
-    _zero(w, "s", 8)
-    _product(w, "s", Q, K, "kmajor", E, 8)
-    _zero(w, "p", 8)
-    _product(w, "p", DO, V, "kmajor", E, 8)
-    w("if j0 == i0:")
-    w.level += 1
-    _mask_diagonal(w, "s", rows_are_queries=True)
-    w.level -= 1
-    for i in range(4):
-        for j in range(8):
-            w(f"s{i}_{j} = math.exp(s{i}_{j} - ls{i})", f"s{i}_{j} = s{i}_{j} * (p{i}_{j} - d{i})")
-    _write_tile_t(w, str(DS), "s")
-    w("cuda.syncthreads()")
-    _product(w, "q", DS, K, "colmajor", 64, NJ)
-    w("cuda.syncthreads()")
-    w.level -= 1
-    for i in range(4):
-        w(f"if i0 + r{i} < Tn:")
-        w(*(f"    dqkv[b, i0 + r{i}, qo + c{j}] = q{i}_{j} * scale" for j in range(NJ)))
-    return w.text()
-
-
 def _dkv_source(E: int) -> str:
-    NJ = E // 8
-    K, V, Q, DO, P, DS = 0, E * LD, 2 * E * LD, 3 * E * LD, 4 * E * LD, (4 * E + 64) * LD
-    LS, DD = (4 * E + 128) * LD, (4 * E + 128) * LD + 64
+    NJ, LD, at = E // 8, _ld(E), _layout(E)["dkv"]
     w = Source()
     w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
     w.level += 1
-    w('"""dK, dV (and dQ, atomic) parts of dqkv; grid (B G, T / 64), 128 threads; rows: keys."""')
+    w('"""dK, dV and (atomic) dQ parts of dqkv; grid (B G, T / 64), 128 threads; rows: keys."""')
     w("B, Tn, _ = qkv.shape", "T = qkv.dtype.type")
-    _prologue(w)
+    _prologue(w, E)
     w("rep = H // G", "b = cuda.blockIdx.x // G", "g = cuda.blockIdx.x % G")
     w(f"ko = H * {E} + g * {E}", f"vo = ko + G * {E}")
-    w("j0 = cuda.blockIdx.y * 64")
-    _stage(w, E, [(K, "j0", "ko", "qkv", ""), (V, "j0", "vo", "qkv", "")])
+    w("j0 = cuda.blockIdx.y * 64", "h = g * rep", "i0 = j0")
+
+    def issue_queries(i0: str, h: str) -> None:
+        """Q, dO tiles of query rows i0.. of head h, with their lse and D, started."""
+        _stage(w, E, [(at["Q"], i0, f"{h} * {E}", "qkv"), (at["DO"], i0, f"{h} * {E}", "dout")])
+        w("if tid < 64:")
+        for region, src in (("LS", "lse"), ("DD", "dsum")):
+            at_row = f"{src}, b, {h}, min({i0} + tid, Tn - 1)"
+            w(f"    cp_async4(sm, {at[region]} + tid, {at_row}, select({i0} + tid < Tn, 4, 0))")
+
+    _stage(w, E, [(at["K"], "j0", "ko", "qkv"), (at["V"], "j0", "vo", "qkv")])
+    issue_queries("i0", "h")
+    w("cp_async_commit()")
     _zero(w, "dk", NJ)
     _zero(w, "dv", NJ)
-    w("for hh in range(rep):")
+    w("for step in range(rep * ((Tn - j0 + 63) // 64)):")
     w.level += 1
-    w(f"qo = (g * rep + hh) * {E}", "h = g * rep + hh")
-    w("for i0 in range(j0, Tn, 64):")
-    w.level += 1
-    _stage(w, E, [(Q, "i0", "qo", "qkv", " * scale"), (DO, "i0", "qo", "dout", "")])
-    w("if tid < 64:")
-    w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
-    w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
-    w("cuda.syncthreads()")
+    w(f"qo = h * {E}", "cp_async_wait(0)", "cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", K, Q, "kmajor", E, 8)
+    _product(w, "s", (at["K"], LD, "mk"), (at["Q"], LD, "mk"), E, 8, E)
     _zero(w, "p", 8)
-    _product(w, "p", V, DO, "kmajor", E, 8)
+    _product(w, "p", (at["V"], LD, "mk"), (at["DO"], LD, "mk"), E, 8, E)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=False)
     w.level -= 1
     for j in range(8):
-        w(f"lc{j} = sm[{LS} + c{j}]", f"dc{j} = sm[{DD} + c{j}]")
+        w(f"lc{j} = sm[{at['LS']} + c{j}]", f"dc{j} = sm[{at['DD']} + c{j}]")
     for i in range(4):
         for j in range(8):
-            w(f"s{i}_{j} = math.exp(s{i}_{j} - lc{j})", f"p{i}_{j} = s{i}_{j} * (p{i}_{j} - dc{j})")
-    _write_tile_t(w, str(P), "s")
-    _write_tile_t(w, str(DS), "p")
+            w(f"s{i}_{j} = math.exp(s{i}_{j} * scale - lc{j})")
+            w(f"p{i}_{j} = s{i}_{j} * (p{i}_{j} - dc{j})")
+    _write_tile(w, at["PT"], "s")
+    _write_tile(w, at["DS"], "p")
     w("cuda.syncthreads()")
-    _product(w, "dv", P, DO, "colmajor", 64, NJ)
-    _product(w, "dk", DS, Q, "colmajor", 64, NJ)
-    w("cuda.syncthreads()")
-    if ATOMIC_DQ:
-        # dQ[query][e] += sum_key dS[query][key] K[key][e]: dS as [key][query] in P's space
-        _write_tile(w, str(P), "p")
-        w("cuda.syncthreads()")
-        _zero(w, "q", NJ)
-        _product(w, "q", P, K, "colmajor", 64, NJ)
-        for i in range(4):
-            w(f"if i0 + r{i} < Tn:")
-            w.level += 1
-            for j in range(NJ):
-                w(f"cuda.atomic.add(dqkv, (b, i0 + r{i}, qo + c{j}), q{i}_{j} * scale)")
-            w.level -= 1
-        w("cuda.syncthreads()")
-    w.level -= 2
+    _product(w, "dv", (at["PT"], LDW, "mk"), (at["DO"], LD, "km"), 64, NJ, E)
+    _product(w, "dk", (at["DS"], LDW, "mk"), (at["Q"], LD, "km"), 64, NJ, E)
+    w("cuda.syncthreads()  # Q, dO, lse and D are read: the next pair's may land")
+    w("i1 = i0 + 64", "wrap = i1 >= Tn", "i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
+    w("if step + 1 < rep * ((Tn - j0 + 63) // 64):")
+    w.level += 1
+    issue_queries("i1", "h1")
+    w.level -= 1
+    w("cp_async_commit()")
+    # dQ[query][e] += sum_key dS[query][key] K[key][e]: dS^T read "km", rows 4 ty + i
+    _zero(w, "q", NJ)
+    _product(w, "q", (at["DS"], LDW, "km"), (at["K"], LD, "km"), 64, NJ, E)
+    for i in range(4):
+        w(f"if i0 + 4 * ty + {i} < Tn:")
+        w.level += 1
+        row = f"b, i0 + 4 * ty + {i}"
+        if _run(E) == 4:
+            for jq in range(NJ // 4):
+                vals = ", ".join(f"q{i}_{4 * jq + t} * scale" for t in range(4))
+                w(f"atomic_add4(dqkv, {row}, qo + e{4 * jq}, {vals})")
+        else:
+            w(*(f"cuda.atomic.add(dqkv, ({row}, qo + e{j}), q{i}_{j} * scale)" for j in range(NJ)))
+        w.level -= 1
+    w("i0 = i1", "h = h1")
+    w.level -= 1
     for i in range(4):
         w(f"if j0 + r{i} < Tn:")
-        w(*(f"    dqkv[b, j0 + r{i}, ko + c{j}] = dk{i}_{j}" for j in range(NJ)))
-        w(*(f"    dqkv[b, j0 + r{i}, vo + c{j}] = dv{i}_{j}" for j in range(NJ)))
+        w(*(f"    dqkv[b, j0 + r{i}, ko + e{j}] = dk{i}_{j} * scale" for j in range(NJ)))
+        w(*(f"    dqkv[b, j0 + r{i}, vo + e{j}] = dv{i}_{j}" for j in range(NJ)))
     return w.text()
-
-
-def shared_bytes(E: int) -> dict[str, int]:
-    """Dynamic shared memory of each kernel, in bytes."""
-    return {
-        "forward": 4 * ((2 * E + max(E, 64)) * LD + RED),
-        "dq": 4 * ((4 * E + 64) * LD + RED),
-        "dkv": 4 * ((4 * E + 128) * LD + 128),
-    }
 
 
 _BUILT: dict[tuple, tuple] = {}
@@ -341,29 +340,29 @@ HEADER = """import math
 
 from numba import cuda, float32, uint64
 
+from euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait
 from euler.gpu.branchless import select
 from euler.gpu.reduce import FULL_MASK, SIMULATOR
+from euler.gpu.vector import atomic_add4, load4_shared
 from euler.layer_math import online_softmax_rescale"""
 
 
-def _compile(name: str, src: str, min_blocks: int):
-    if min_blocks:
-        return compile_generated(name, src, HEADER, launch_bounds=(THREADS, min_blocks))
-    return compile_generated(name, src, HEADER)
+def sources(E: int) -> dict[str, str]:
+    """The generated source of each kernel for head size E."""
+    return {"forward_tiled_kernel": _forward_source(E), "backward_dkv_tiled_kernel": _dkv_source(E)}
+
+
+def knobs() -> dict:
+    """The generation knobs the kernel lab and bench/ptx_registers.py vary."""
+    return {"KSTEP": KSTEP, "MIN_BLOCKS": MIN_BLOCKS}
 
 
 def kernels(E: int):
-    """(forward, dkv) dispatchers, or (forward, dq, dkv) without ATOMIC_DQ, for head size E
-    (and the current generation knobs, which the kernel lab varies), built once."""
-    key = (E, UNROLL, LOAD_CHUNK, MIN_BLOCKS, UNSIGNED_OFFSETS, ATOMIC_DQ)
+    """(forward, dkv) dispatchers for head size E and the current knobs, built once."""
+    key = (E, *knobs().values())
     if key not in _BUILT:
         assert supports(E)
-        srcs = {
-            "forward_tiled_kernel": _forward_source(E),
-            "backward_dq_tiled_kernel": _dq_source(E),
-            "backward_dkv_tiled_kernel": _dkv_source(E),
-        }
-        if ATOMIC_DQ:
-            del srcs["backward_dq_tiled_kernel"]
-        _BUILT[key] = tuple(_compile(n, s, MIN_BLOCKS) for n, s in srcs.items())
+        options = {"launch_bounds": (THREADS, MIN_BLOCKS)} if MIN_BLOCKS else {}
+        built = (compile_generated(n, s, HEADER, **options) for n, s in sources(E).items())
+        _BUILT[key] = tuple(built)
     return _BUILT[key]

@@ -16,6 +16,11 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
 are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
 8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
 
+    a0, a1, a2, a3 = load4_shared(sm, i)    sm[i : i + 4] of a 1-d float32 shared array
+
+is one ld.shared.v4.f32 (LDS.128): the register-tiled attention reads its operands four
+at a time with it, a quarter of the shared-memory instructions of scalar loads.
+
 The element pointer is computed without numba's negative-index wraparound; i must be a
 multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`).
 In the CUDA simulator they are plain element loops.
@@ -50,11 +55,13 @@ if not SIMULATOR:
 
     _V4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _vector_ptr(context, builder, aryty, ary, i, ity):
-        """<4 x float> addrspace(1)* to ary[i] (no wraparound, no bounds check)."""
+    def _vector_ptr(context, builder, aryty, ary, i, ity, space: int = 1):
+        """<4 x float> pointer to ary[i] (no wraparound, no bounds check) in address space
+        `space`: 1 global, 3 shared (numba-cuda keeps a shared array's data as a generic
+        pointer; the cast back lets NVPTX emit ld.shared)."""
         p = element_ptr(context, builder, aryty, ary, [i], [ity])
-        p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, 1))  # global memory
-        return builder.bitcast(p, ir.PointerType(_V4, 1))
+        p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, space))
+        return builder.bitcast(p, ir.PointerType(_V4, space))
 
     def _check(name: str, ary, i) -> None:
         ok = (
@@ -66,19 +73,27 @@ if not SIMULATOR:
         if not ok:
             raise TypingError(f"{name} takes a 1-d float32 array and an integer index")
 
-    @intrinsic
-    def load4(typingctx, ary, i):
-        """ary[i : i + 4] as a 4-tuple of float32, one 16-byte load."""
-        _check("load4", ary, i)
+    def _load4_typing(name: str, ary, i, space: int):
+        _check(name, ary, i)
         ret = types.UniTuple(types.float32, 4)
 
         def codegen(context, builder, sig, args):
-            vec = builder.load(_vector_ptr(context, builder, sig.args[0], args[0], args[1],
-                                           sig.args[1]), align=16)  # fmt: skip
+            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], space)
+            vec = builder.load(ptr, align=16)
             items = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
             return context.make_tuple(builder, ret, items)
 
         return ret(ary, i), codegen
+
+    @intrinsic
+    def load4(typingctx, ary, i):
+        """ary[i : i + 4] as a 4-tuple of float32, one 16-byte load."""
+        return _load4_typing("load4", ary, i, 1)
+
+    @intrinsic
+    def load4_shared(typingctx, ary, i):
+        """sm[i : i + 4] of a shared array as a 4-tuple of float32, one 16-byte load."""
+        return _load4_typing("load4_shared", ary, i, 3)
 
     @intrinsic
     def store4(typingctx, ary, i, a0, a1, a2, a3):
@@ -139,6 +154,8 @@ else:
     def load4(ary, i):
         """The simulator's load4: four element loads."""
         return ary[i], ary[i + 1], ary[i + 2], ary[i + 3]
+
+    load4_shared = load4
 
     @cuda.jit(device=True)
     def store4(ary, i, a0, a1, a2, a3):
