@@ -44,8 +44,10 @@ THREADS = 128
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
 LDW = 72  # row of P^T and dS^T: a warp's stores at [ty + 16 i][tx + 8 j] hit all 32 banks
 # k steps written out per loop iteration of a product: ptxas hoists their loads, so at 8
-# the forward takes 248 registers (2 blocks a multiprocessor), at 4 167 (3)
-KSTEP = 4
+# the forward takes 248 registers (2 blocks a multiprocessor), at 4 167 (3). 8 won on the
+# H200, forward 0.459 against 0.467 ms, backward 1.117 against 1.156 at T=512
+# (results/attention-exact-lab-2026-11-30-h200.json)
+KSTEP = 8
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
 
 
