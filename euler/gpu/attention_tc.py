@@ -89,7 +89,9 @@ two were one call between CUDA events, the host's launch (40-90 us) included:
   3xTF32 (SPLIT_TF32, libdevice exp) 0.659 2.133 (6.19 21.4)   errors 4e-6 (out), 9e-5 (dqkv)
   PIPELINE alone                     0.312 0.881 (2.52 7.72)
   neither (staged loads, dq kernel)  0.401 1.059 (3.91 9.98)
-exact fp32 kernels (attention_tiles): 0.77 and 2.10; torch SDPA fp32: 0.51 and 1.41.
+Launch-free in one run (2026-11-30, results/attention-table-launchfree-2026-11-30-h200.json):
+this module 0.167 and 0.468 (1.87 5.13), 3xTF32 0.416 1.249, the exact fp32 kernels
+(attention_tiles) 0.460 1.117 (6.32 14.5), torch SDPA fp32 0.487 1.271 (6.17 15.4).
 """
 
 from __future__ import annotations
