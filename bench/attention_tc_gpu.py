@@ -68,8 +68,6 @@ VARIANTS = [
     ("libdevice-exp", {"FAST_EXP": False}),
     ("3xtf32", SPLIT := {"SPLIT_TF32": True, "FAST_EXP": False}),  # fp32-level errors throughout
     ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),
-    ("kv-split", {"KV_SPLIT": True, "FORWARD_MIN_BLOCKS": 4}),  # forward: 4 blocks an SM
-    ("kv-split-3", {"KV_SPLIT": True, "FORWARD_MIN_BLOCKS": 3}),  # 3 blocks, no spill
 ]
 REFERENCES: dict[tuple, tuple] = {}  # float64 reference results by shape, seed and batch
 

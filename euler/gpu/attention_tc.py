@@ -172,17 +172,6 @@ ADD_ROUND = True
 WIDE = False
 WIDE_KEYS = 32  # keys of a key tile taken per online-softmax step by WIDE (8, 16, 32 or 64)
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
-# KV_SPLIT (with PIPELINE, not WIDE): the forward keeps one buffer for K and one for V, the
-# next K tile landing during P V and the next V during S (four barriers a tile, not two),
-# so its shared memory halves to 34 KB: with FORWARD_MIN_BLOCKS 4 (128 registers, 16 bytes
-# spilled) four blocks fit a multiprocessor, 16 warps, where two buffers fit three.
-KV_SPLIT = False
-FORWARD_MIN_BLOCKS = 0  # the forward's launch bound (0: MIN_BLOCKS's)
-
-
-def _kv_split() -> bool:
-    """Whether the forward is KV_SPLIT's."""
-    return KV_SPLIT and PIPELINE and not _wide()
 
 
 def _wide() -> bool:
@@ -448,8 +437,6 @@ def _layout(E: int) -> dict[str, int]:
     buffer, two with PIPELINE; ATOMIC_DQ's dkv adds a K tile and a dS^T tile after them."""
     nbuf = 2 if PIPELINE else 1
     sizes = {k: nbuf * v for k, v in _buffers(E).items()}
-    if _kv_split():
-        sizes["forward"] = _buffers(E)["forward"]
     if ATOMIC_DQ:
         sizes["dkv"] += TILE * (E + 4) + TILE * LDS
     return sizes
@@ -531,9 +518,6 @@ def _forward_source(E: int) -> str:
     w, NE, LD = gen.w, gen.NE, gen.LD
     KS, VS, BUF = 0, TILE * LD, _buffers(E)["forward"]
     _forward_head(gen, TILE)
-    if _kv_split():
-        _forward_kv_split(gen)
-        return w.text()
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
@@ -562,51 +546,6 @@ def _forward_source(E: int) -> str:
     w("oc = qo + 2 * t")
     _forward_out(gen, "o", "", "i0 + 16 * wp + g")
     return w.text()
-
-
-def _forward_kv_split(gen: _Gen) -> None:
-    """KV_SPLIT's forward body: K at sm[0], V at sm[64 LD], one buffer each. Q is staged in
-    V's place while K's tile 0 lands; the copies go in groups K0, V0, K1, V1, ..., so
-    waiting for all but the last group finds each tile in turn."""
-    w, NE = gen.w, gen.NE
-    KS, VS = 0, TILE * gen.LD
-
-    def issue(region: int, col: str) -> None:
-        w("if j0 < i0:")
-        w.indent()
-        gen.stage_async([(region, "j0 + 64", col, "qkv")], gen.u(0))
-        w.indent(-1)
-        w("cp_async_commit()")
-
-    gen.stage_async(gen.kv_tiles("0")[:1], gen.u(0))
-    w("cp_async_commit()")
-    gen.stage([(VS, "i0", "qo", "qkv", " * scale")])
-    w("cuda.syncthreads()")
-    gen.load_a("qa", VS)
-    w("cuda.syncthreads()  # Q is in registers; its space takes V")
-    gen.stage_async(gen.kv_tiles("0")[1:], gen.u(0))
-    w("cp_async_commit()")
-    w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
-    gen.zero("o", range(NE))
-    w("for j0 in range(0, i0 + 64, 64):")
-    w.indent()
-    w("cp_async_wait(1)  # K's tile has landed", "cuda.syncthreads()")
-    gen.zero("s", range(8))
-    gen.product_nt("s", "qa", KS, range(8), "lb", True)
-    w("if j0 == i0:")
-    w.indent()
-    gen.mask("s", range(8), rows_are_queries=True)
-    w.indent(-1)
-    w("cuda.syncthreads()  # K is read")
-    issue(KS, "ko")
-    _online_softmax(gen, "s", "o", "", range(8))
-    w("cp_async_wait(1)  # V's tile has landed", "cuda.syncthreads()")
-    gen.product_nn("o", "s", VS, range(8), "lp", True)
-    w("cuda.syncthreads()  # V is read")
-    issue(VS, "vo")
-    w.indent(-1)
-    w("oc = qo + 2 * t")
-    _forward_out(gen, "o", "", "i0 + 16 * wp + g")
 
 
 def _forward_wide_source(E: int) -> str:
@@ -936,13 +875,11 @@ def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
     header += WIDE_ATOMIC_IMPORT if ATOMIC_WIDTH > 1 and ATOMIC_DQ else ""
-    min_blocks = FORWARD_MIN_BLOCKS if name == "forward_tc_kernel" else 0
-    min_blocks = min_blocks or MIN_BLOCKS
-    if not min_blocks:
+    if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
-    header += f"\n\n# launch_bounds ({THREADS}, {min_blocks})"
-    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, min_blocks)}  # no register cap there
+    header += f"\n\n# launch_bounds ({THREADS}, {MIN_BLOCKS})"
+    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, MIN_BLOCKS)}  # no register cap there
     return compile_generated(name, src, header, **opts)
 
 
@@ -953,7 +890,6 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS,
-                KV_SPLIT=KV_SPLIT, FORWARD_MIN_BLOCKS=FORWARD_MIN_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
