@@ -68,8 +68,6 @@ VARIANTS = [
     ("libdevice-exp", {"FAST_EXP": False}),
     ("3xtf32", SPLIT := {"SPLIT_TF32": True, "FAST_EXP": False}),  # fp32-level errors throughout
     ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),
-    ("persistent", {"PERSISTENT": 3}),  # the forward's blocks loop over items, 3 an SM
-    ("persistent-2", {"PERSISTENT": 2}),  # 2 an SM, no register cap spill
 ]
 REFERENCES: dict[tuple, tuple] = {}  # float64 reference results by shape, seed and batch
 

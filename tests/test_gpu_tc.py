@@ -46,7 +46,7 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
-        "ATOMIC_WIDTH": 1, "WIDE": False, "PERSISTENT": 0}  # fmt: skip
+        "ATOMIC_WIDTH": 1, "WIDE": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND")
 VARIANTS = {
@@ -64,14 +64,12 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
-VARIANTS["persistent"] = VARIANTS["default"] | {"PERSISTENT": 3}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
 QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
-QUICK_PTX += ("persistent",)
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -147,9 +145,8 @@ if not IN_SIMULATOR:
             assert ".local" not in text, f"{name}: a register tile spilled to local memory"
             copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", text)
             # two 64-row tiles of E floats per buffer fill, E / 8 copies each per thread, at
-            # the prologue and in the loop (PERSISTENT: and for the next item)
-            fills = 3 if knobs["PERSISTENT"] and name == "forward" else 2
-            assert len(copies) == (2 * fills * E // 8 if pipeline else 0), (name, len(copies))
+            # the prologue and in the loop
+            assert len(copies) == (4 * E // 8 if pipeline else 0), (name, len(copies))
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
@@ -299,14 +296,6 @@ else:
             monkeypatch.setattr(attention_tc, knob, value)
         forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
         _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
-
-    def test_attention_tc_persistent_forward(monkeypatch) -> None:
-        """PERSISTENT's forward: 8 items (2 query tiles x 2 batch x 2 heads, each its own kv
-        head) on 3 blocks (the simulator has one multiprocessor), so a block's next item
-        has another batch element, head and kv head, whose tile 0 it copies ahead."""
-        for knob, value in VARIANTS["persistent"].items():
-            monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(2, 70, 2, 2, 8, backward=False)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from

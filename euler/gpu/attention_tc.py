@@ -98,7 +98,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import float32
 
 from euler.gpu import attention
 from euler.gpu.approx import LOG2E
@@ -172,17 +172,6 @@ ADD_ROUND = True
 WIDE = False
 WIDE_KEYS = 32  # keys of a key tile taken per online-softmax step by WIDE (8, 16, 32 or 64)
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
-# PERSISTENT (with PIPELINE, not WIDE, not SPLIT_TF32): the forward launches PERSISTENT blocks
-# a multiprocessor, and each loops over (query tile, head) items, heaviest first, round
-# robin; an item's last key tile also copies the next item's K and V tile 0, so they land
-# during its epilogue and the next Q's staging. On the H200 a block of the launched grid
-# costs as much as 2.2 key tiles, a third of the forward at T=512 (bench/notes_gpu.md).
-PERSISTENT = 0
-
-
-def _persistent() -> bool:
-    """Whether the forward is PERSISTENT's (_forward_persistent_source)."""
-    return bool(PERSISTENT) and PIPELINE and not SPLIT_TF32 and not WIDE
 
 
 def _wide() -> bool:
@@ -295,7 +284,7 @@ class _Gen:
                     else:
                         w(f"{dst} = {value} if {row} < Tn else T(0.0)")
 
-    def stage_async(self, tiles: list[tuple], buf: str, batch: str = "b") -> None:
+    def stage_async(self, tiles: list[tuple], buf: str) -> None:
         """Start cp.async copies of 64-row tiles (region, row0, col, src) of src (B, T, C) to
         sm[buf + region], row-major [row][e], raw float32; rows past the sequence read no
         bytes and land as zeros. Thread tid copies columns cc..cc+3 of rows ra + 512 / E * it
@@ -306,12 +295,12 @@ class _Gen:
             for it in range(E // 8):
                 row = f"{row0} + ra + {it * step}"
                 dst = f"{buf} + ca + {self.u(region + it * step * LD)}"
-                src_at = f"{src}, {batch}, min({row}, Tn - 1), {col} + cc"
+                src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
                 self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
 
-    def kv_tiles(self, row0: str, ko: str = "ko", vo: str = "vo") -> list[tuple]:
+    def kv_tiles(self, row0: str) -> list[tuple]:
         """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
-        return [(0, row0, ko, "qkv"), (TILE * self.LD, row0, vo, "qkv")]
+        return [(0, row0, "ko", "qkv"), (TILE * self.LD, row0, "vo", "qkv")]
 
     def key_tile_loop(self, buf: int) -> tuple[str, str]:
         """Open the loop over the causal key tiles j0 <= i0 with tile j0's K and V in shared
@@ -344,7 +333,7 @@ class _Gen:
         w.indent(-1)
         w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
 
-    def load_a(self, name: str, region: int, presplit: bool = False, base: str = "la") -> None:
+    def load_a(self, name: str, region: int, presplit: bool = False) -> None:
         """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]; with
         SPLIT_TF32 and presplit, held as their hi and lo parts (fewer instructions, more
         registers: the forward's one A operand fits, the dkv kernel's two spill)."""
@@ -352,7 +341,7 @@ class _Gen:
         for kk in range(self.NE):
             names = [f"{name}{kk}_{i}" for i in range(4)]
             for x, off in zip(names, (0, 8 * LD, 4, 8 * LD + 4), strict=True):
-                self.w(f"{x} = sm[{base} + {self.u(region + 8 * kk + off)}]")
+                self.w(f"{x} = sm[la + {self.u(region + 8 * kk + off)}]")
             if presplit and SPLIT_TF32:
                 self.split(names)
                 self.presplit.update(names)
@@ -556,72 +545,6 @@ def _forward_source(E: int) -> str:
     w.indent(-1)
     w("oc = qo + 2 * t")
     _forward_out(gen, "o", "", "i0 + 16 * wp + g")
-    return w.text()
-
-
-def _forward_persistent_source(E: int) -> str:
-    """PERSISTENT's forward: items k = blockIdx.x, + gridDim.x, ... of nt B H (query tile
-    k // (B H) from the last, head k % (B H)); K, V tile 0 of each item land in the buffer
-    `cur` (the previous item's last tile copied them), Q is staged in the other one."""
-    gen = _Gen(E)
-    w, NE = gen.w, gen.NE
-    KS, VS, BUF = 0, TILE * gen.LD, _buffers(E)["forward"]
-    gen.prologue(
-        "forward_tc_kernel",
-        "out, lse, qkv, H, G, scale",
-        "out (B, T, H E), lse (B, H, T) from qkv; grid (PERSISTENT x multiprocessors, ), 128 "
-        "threads; scale multiplies Q (with FAST_EXP it carries log2(e)).",
-        _layout(E)["forward"],
-        _dynamic("forward"),
-    )
-    w("rep = H // G", "BH = B * H", "nt = (Tn + 63) // 64", "items = nt * BH")
-
-    def coords(k: str, sfx: str) -> None:
-        w(f"b{sfx} = {k} % BH // H", f"h{sfx} = {k} % H", f"i0{sfx} = (nt - 1 - {k} // BH) * 64")
-        w(f"ko{sfx} = H * {E} + h{sfx} // rep * {E}", f"vo{sfx} = ko{sfx} + G * {E}")
-
-    w("k = cuda.blockIdx.x", "cur = uint64(0)", "if k < items:")
-    w.indent()
-    coords("k", "")
-    gen.stage_async(gen.kv_tiles("0"), "cur")
-    w("cp_async_commit()")
-    w.indent(-1)
-    w("while k < items:")
-    w.indent()
-    coords("k", "")
-    w(f"qo = h * {E}", "k1 = k + cuda.gridDim.x")
-    w("cuda.syncthreads()  # the previous item's last tile is read: Q takes its buffer")
-    w(f"qs = {gen.u(BUF)} - cur")
-    gen.stage([("qs", "i0", "qo", "qkv", " * scale")])
-    w("cuda.syncthreads()", "lq = la + qs")
-    gen.load_a("qa", 0, presplit=True, base="lq")
-    w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
-    gen.zero("o", range(NE))
-    w("for j0 in range(0, i0 + 64, 64):")
-    w.indent()
-    w("cp_async_wait(0)", "cuda.syncthreads()", f"nxt = {gen.u(BUF)} - cur", "if j0 < i0:")
-    w.indent()
-    gen.stage_async(gen.kv_tiles("j0 + 64"), "nxt")
-    w.indent(-1)
-    w("elif k1 < items:  # the next item's first tile")
-    w.indent()
-    coords("k1", "1")
-    gen.stage_async(gen.kv_tiles("0", "ko1", "vo1"), "nxt", batch="b1")
-    w.indent(-1)
-    w("cp_async_commit()", "bn = lb + cur", "bp = lp + cur")
-    gen.zero("s", range(8))
-    gen.product_nt("s", "qa", KS, range(8), "bn", True)
-    w("if j0 == i0:")
-    w.indent()
-    gen.mask("s", range(8), rows_are_queries=True)
-    w.indent(-1)
-    _online_softmax(gen, "s", "o", "", range(8))
-    gen.product_nn("o", "s", VS, range(8), "bp", True)
-    w("cur = nxt")
-    w.indent(-1)
-    w("oc = qo + 2 * t")
-    _forward_out(gen, "o", "", "i0 + 16 * wp + g")
-    w("k = k1")
     return w.text()
 
 
@@ -952,13 +875,11 @@ def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
     header += WIDE_ATOMIC_IMPORT if ATOMIC_WIDTH > 1 and ATOMIC_DQ else ""
-    # PERSISTENT's blocks must all be resident: its forward is bounded to fit that many
-    bound = PERSISTENT if _persistent() and name == "forward_tc_kernel" else MIN_BLOCKS
-    if not bound:
+    if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
-    header += f"\n\n# launch_bounds ({THREADS}, {bound})"
-    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, bound)}  # no register cap there
+    header += f"\n\n# launch_bounds ({THREADS}, {MIN_BLOCKS})"
+    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, MIN_BLOCKS)}  # no register cap there
     return compile_generated(name, src, header, **opts)
 
 
@@ -968,7 +889,7 @@ def knobs() -> dict:
                 SPLIT_TF32=SPLIT_TF32,
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
-                WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, PERSISTENT=PERSISTENT,
+                WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -976,13 +897,7 @@ def sources(E: int) -> dict[str, str]:
     """The generated source of each kernel for head size E and the current knobs, by kernel
     name: forward, dq (absent with ATOMIC_DQ), dkv."""
     srcs = {
-        "forward_tc_kernel": (
-            _forward_persistent_source(E)
-            if _persistent()
-            else _forward_wide_source(E)
-            if _wide()
-            else _forward_source(E)
-        ),
+        "forward_tc_kernel": _forward_wide_source(E) if _wide() else _forward_source(E),
         "backward_dq_tc_kernel": _dq_source(E),
         "backward_dkv_tc_kernel": _dkv_source(E),
     }
@@ -1005,15 +920,6 @@ def _check(qkv, H, G, E) -> tuple[int, int]:
     B, Tn, C = qkv.shape
     assert C == (H + 2 * G) * E and H % G == 0 and supports(E)
     return B, Tn
-
-
-def _multiprocessors() -> int:
-    """The current GPU's multiprocessors (the simulator's: 1, so its blocks loop; none
-    without a GPU, where the PTX checks launch nothing: 1)."""
-    try:
-        return getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1)
-    except cuda.CudaSupportError:
-        return 1
 
 
 def _grid(tiles: int, heads: int, heavy_first: bool) -> tuple[int, int]:
@@ -1039,8 +945,6 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     fwd = kernels(E)[0]
     rows = _forward_rows()
     grid = _grid((Tn + rows - 1) // rows, B * H, HEAVY_FIRST_FORWARD)
-    if _persistent():
-        grid = (min(grid[0] * grid[1], PERSISTENT * _multiprocessors()),)
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
