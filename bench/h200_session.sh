@@ -6,6 +6,7 @@
 #     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
 #     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
+#     bash bench/h200_session.sh ablation   # the tc forward with per-block parts removed, 2 min
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -52,6 +53,13 @@ exact)
         timeout 150 python3 scratch/time_old.py 2>&1 | grep -v Warning | tail -4 \
             | tee -a "$OUT/log.txt"
     fi
+    ;;
+ablation)
+    log "tc forward ablations (attention_tc_ablation.py), T=512 and 2048"
+    for T in 512 2048; do
+        timeout 200 python3 bench/attention_tc_ablation.py --T $T --out "$OUT/ablation-$T.json" \
+            2>&1 | grep ablation | tee -a "$OUT/log.txt"
+    done
     ;;
 attention)
     log "attention table: tc, tc 3xtf32, exact, torch SDPA, naive at T=512 and 2048"
@@ -102,7 +110,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|exact|attention|overlap|labs|curves|final" >&2
+    echo "usage: $0 check|variants|exact|ablation|attention|overlap|labs|curves|final" >&2
     exit 2
     ;;
 esac

@@ -199,6 +199,33 @@ if not IN_SIMULATOR:
             monkeypatch.setattr(attention_tc, knob, value)
         _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, VARIANTS[name])
 
+    def test_ablation_sources(monkeypatch) -> None:
+        """bench/attention_tc_ablation.py's edits of the default forward (head size 8): each
+        removes or guards what it names and nothing else, and each compiles to PTX."""
+        import numba
+        import numba.cuda.dispatcher as dispatcher
+
+        from bench.attention_tc_ablation import ablations
+        from euler.gpu import attention_tc
+
+        monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
+            compute_capability=(9, 0)
+        ))  # fmt: skip
+        src = attention_tc.sources(8)["forward_tc_kernel"]
+        got = ablations(src)
+        lines = src.splitlines()
+        staged = [x for x in lines if x.strip().startswith(("v0_", "sm[sb0"))]
+        assert len(staged) == 2 * 64 * 8 // attention_tc.THREADS  # a load and a store each
+        assert got["no-q-stage"].splitlines() == [x for x in lines if x not in staged]
+        for name, n in (("no-store", 2), ("no-mask", 1)):
+            changed = [a for a, b in zip(lines, got[name].splitlines(), strict=True) if a != b]
+            assert len(changed) == n, name
+        f32 = numba.float32[:, :, ::1]
+        sig = (f32, f32, f32, numba.int64, numba.int64, numba.float32)
+        for name, text in got.items():
+            kernel = attention_tc._compile("forward_tc_kernel", text)
+            assert "mma.sync" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0], name
+
     def _in_simulator(marks: str) -> None:
         """This file's simulator tests selected by marks, in a subprocess."""
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
