@@ -7,6 +7,7 @@
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
 #     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
 #     bash bench/h200_session.sh ablation   # the tc forward with per-block parts removed, 2 min
+#     bash bench/h200_session.sh parts      # the tc backward's parts (prep, dkv) alone, 1 min
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -61,6 +62,11 @@ ablation)
             2>&1 | grep ablation | tee -a "$OUT/log.txt"
     done
     ;;
+parts)
+    log "tc backward parts (attention_backward_parts.py), T=512 and 2048"
+    timeout 200 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
+        | grep '"part"' | tee -a "$OUT/log.txt"
+    ;;
 attention)
     log "attention table: tc, tc 3xtf32, exact, torch SDPA, naive at T=512 and 2048"
     timeout 500 python3 bench/attention_tc_gpu.py --out "$OUT/attention-tc.json" 2>&1 \
@@ -110,7 +116,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|exact|ablation|attention|overlap|labs|curves|final" >&2
+    echo "usage: $0 check|variants|exact|ablation|parts|attention|overlap|labs|curves|final" >&2
     exit 2
     ;;
 esac

@@ -46,9 +46,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
-        "ATOMIC_WIDTH": 1, "WIDE": False}  # fmt: skip
+        "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
-_ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND")
+_ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
+       "ASYNC_Q", "STAGED_OUT")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -145,8 +146,18 @@ if not IN_SIMULATOR:
             assert ".local" not in text, f"{name}: a register tile spilled to local memory"
             copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", text)
             # two 64-row tiles of E floats per buffer fill, E / 8 copies each per thread, at
-            # the prologue and in the loop
-            assert len(copies) == (4 * E // 8 if pipeline else 0), (name, len(copies))
+            # the prologue and in the loop; and Q's tile with ASYNC_Q
+            wide = knobs["WIDE"] and name == "forward"  # its own staging and stores
+            async_q = pipeline and knobs["ASYNC_Q"] and name == "forward" and not wide
+            want_copies = 4 * E // 8 + (E // 8 if async_q else 0) if pipeline else 0
+            assert len(copies) == want_copies, (name, len(copies))
+            assert ("cp.async.wait_group 1;" in text) == async_q, name
+            # STAGED_OUT: a warp's 16 rows of each output tile (out; dK and dV) leave through
+            # shared memory, 16 bytes a lane: E / 8 loads and stores of each
+            staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
+            vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
+            assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
+            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == vectors, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
@@ -211,6 +222,8 @@ if not IN_SIMULATOR:
         monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
             compute_capability=(9, 0)
         ))  # fmt: skip
+        monkeypatch.setattr(attention_tc, "ASYNC_Q", False)  # as the script sets them
+        monkeypatch.setattr(attention_tc, "STAGED_OUT", False)
         src = attention_tc.sources(8)["forward_tc_kernel"]
         got = ablations(src)
         lines = src.splitlines()

@@ -26,7 +26,8 @@ from numba import cuda, float32
 
 from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
-from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, warp_sum_all
+from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, group_sum, warp_sum_all
+from euler.gpu.vector import aligned4, load4_3d, store4_3d
 from euler.layer_math import online_softmax_rescale
 
 _KERNELS: dict = {}
@@ -275,6 +276,51 @@ def backward_prep_kernel(dqkv, dsum, dout, out, H):
         dsum[b, h, i] = s
 
 
+PREP_THREADS = 256
+
+
+@cuda.jit
+def backward_prep4_kernel(dqkv, dsum, dout, out, H):
+    """backward_prep_kernel with 16-byte accesses (float32, E / 4 a power of 2 up to 32):
+    thread k takes 4 columns of row k // (E / 4), the E / 4 lanes of a row summing by
+    shuffles. With one 4-byte load per lane and a whole warp per row of 64, the scalar
+    kernel keeps a quarter of the bytes in flight (vector.py's Little's-law note)."""
+    B, Tn, HE = out.shape
+    E = HE // H
+    L = E // 4
+    T = out.dtype.type
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    k = cuda.grid(1)
+    row, e = k // L, 4 * (k % L)
+    b, i, h = row // (Tn * H), row // H % Tn, row % H
+    s = T(0.0)
+    if row < B * Tn * H:
+        c = h * E + e
+        o0, o1, o2, o3 = load4_3d(out, b, i, c)
+        d0, d1, d2, d3 = load4_3d(dout, b, i, c)
+        s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
+        z = T(0.0)
+        store4_3d(dqkv, b, i, c, z, z, z, z)
+    s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
+    if row < B * Tn * H and e == 0:
+        dsum[b, h, i] = s
+
+
+def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
+    """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed:
+    what the backwards that add dQ with atomics start from. 16-byte accesses where the
+    arrays allow them, else one warp per row."""
+    lanes = E // 4
+    if E % 4 == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP and aligned4(dqkv, dout, out):
+        n = dout.size // 4
+        grid = (n + PREP_THREADS - 1) // PREP_THREADS
+        backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H)
+        return
+    B, Tn, _ = dout.shape
+    grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
+    backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
+
+
 def _check(qkv, H, G, E) -> tuple[int, int]:
     B, Tn, C = qkv.shape
     assert C == (H + 2 * G) * E and H % G == 0 and E % 2 == 0
@@ -311,8 +357,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     if not tile and attention_tiles.supports(E):
         check_aligned(qkv, dout)
         dkv, nbytes = attention_tiles.kernels(E)[1], attention_tiles.shared_bytes(E)["dkv"]
-        grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
-        backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
+        backward_prep(dqkv, dsum, dout, out, H, E, stream)
         args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
         _launch_dynamic(dkv, (B * G, (Tn + 63) // 64), stream, nbytes, *args)
         return

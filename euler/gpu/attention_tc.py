@@ -172,6 +172,16 @@ ADD_ROUND = True
 WIDE = False
 WIDE_KEYS = 32  # keys of a key tile taken per online-softmax step by WIDE (8, 16, 32 or 64)
 MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
+# ASYNC_Q (with PIPELINE): the forward copies Q raw by cp.async (with K, V tile 0) and scales
+# and rounds it as its A fragments load, instead of staging it through registers (64 x 64
+# loads, then stores and a barrier). Removing that staging outright took the forward from
+# 0.167 ms to 0.149 at T=512 on the H200 (bench/attention_tc_ablation.py, no-q-stage).
+ASYNC_Q = True
+# STAGED_OUT (with PIPELINE): the forward's output and dkv's dK, dV go through the free
+# buffer in shared memory, each warp its own 16 rows, and leave in 16-byte stores of whole
+# rows, instead of 4-byte stores scattered two per 32-byte sector. Removing the forward's
+# stores outright took it from 0.167 ms to 0.143 at T=512 (ablation no-store).
+STAGED_OUT = True
 
 
 def _wide() -> bool:
@@ -333,15 +343,17 @@ class _Gen:
         w.indent(-1)
         w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
 
-    def load_a(self, name: str, region: int, presplit: bool = False) -> None:
+    def load_a(self, name: str, region: int, presplit: bool = False, scale: str = "") -> None:
         """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]; with
         SPLIT_TF32 and presplit, held as their hi and lo parts (fewer instructions, more
-        registers: the forward's one A operand fits, the dkv kernel's two spill)."""
+        registers: the forward's one A operand fits, the dkv kernel's two spill). scale
+        (" * scale"): the tile is raw (cp.async), so each value is scaled and rounded here."""
         LD = self.LD
         for kk in range(self.NE):
             names = [f"{name}{kk}_{i}" for i in range(4)]
             for x, off in zip(names, (0, 8 * LD, 4, 8 * LD + 4), strict=True):
-                self.w(f"{x} = sm[la + {self.u(region + 8 * kk + off)}]")
+                v = f"sm[la + {self.u(region + 8 * kk + off)}]"
+                self.w(f"{x} = {self.rnd(v + scale) if scale else v}")
             if presplit and SPLIT_TF32:
                 self.split(names)
                 self.presplit.update(names)
@@ -425,6 +437,33 @@ class _Gen:
                 w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
 
 
+def _store_staged(gen: _Gen, tiles: list[tuple[str, str, str]], dst: str, row0: str) -> None:
+    """Store this warp's 16 rows (row0 + 16 wp..) of C-fragment tiles (acc, column, value
+    suffix; the value of fragment value x is x + suffix, where suffix may use r, the row
+    half) to dst[b, row, column + e] through the free buffer at sm[cur]: each warp writes
+    its rows there (rows padded to E + 4), then reads them back 4 columns a lane and stores
+    16 bytes at a time, whole rows a request (STAGED_OUT). No barrier but the warp's own:
+    no warp reads the free buffer after the loop's last top barrier."""
+    w, E, LD = gen.w, gen.E, gen.LD
+    per = 16 * LD  # floats of a warp's rows of one tile
+    cr = E // 4  # 16-byte chunks of a row
+    w(f"so = cur + uint64((16 * wp + g) * {LD} + 2 * t)")
+    for k, (acc, _, suffix) in enumerate(tiles):
+        for r, (i, j) in enumerate(((0, 1), (2, 3))):
+            for n in range(gen.NE):
+                for c, x in ((0, i), (1, j)):
+                    off = 4 * per * k + 8 * r * LD + 8 * n + c
+                    w(f"sm[so + {gen.u(off)}] = {acc}{n}_{x}{suffix.format(r=r)}")
+    w("cuda.syncthreads()" if SIMULATOR else "cuda.syncwarp()")
+    w(f"lr = (tid % 32) // {cr}", f"lc = 4 * ((tid % 32) % {cr})  # a lane's row, column")
+    w(f"sr = cur + uint64((16 * wp + lr) * {LD} + lc)")
+    for k, (_, col, _) in enumerate(tiles):
+        for it in range(16 * cr // 32):
+            row = f"{row0} + 16 * wp + lr + {it * (32 // cr)}"
+            w(f"x0, x1, x2, x3 = load4_shared(sm, sr + {gen.u(4 * per * k + it * (32 // cr) * LD)})")
+            w(f"if {row} < Tn:", f"    store4_3d({dst}, b, {row}, {col} + lc, x0, x1, x2, x3)")
+
+
 def _buffers(E: int) -> dict[str, int]:
     """Floats of one buffer of each kernel's loop tiles: K, V (forward, dq); Q, dO and
     the 64 rows' lse and dsum (dkv)."""
@@ -495,19 +534,24 @@ def _online_softmax(gen: _Gen, s: str, o: str, st: str, cols) -> None:
         w(*(f"{o}{n}_{k} *= al" for n in range(NE) for k in (i, j)))
 
 
-def _forward_out(gen: _Gen, o: str, st: str, row: str) -> None:
+def _forward_out(gen: _Gen, o: str, st: str, row: str, staged: bool = False) -> None:
     """Store a warp's 16 rows from row `row` on: out = o / l (columns oc + 8n, + 1 of
-    lane t), lse = m + ln l from lane t = 0 (natural log; m in log2 units with FAST_EXP)."""
+    lane t; staged: through shared memory, _store_staged), lse = m + ln l from lane t = 0
+    (natural log; m in log2 units with FAST_EXP)."""
     w = gen.w
     gen.quad("sum", [f"l{st}0", f"l{st}1"], _layout(gen.E)["forward"])
     w(f"r0 = {row}")
+    if staged:
+        w(f"inv0 = T(1.0) / l{st}0", f"inv1 = T(1.0) / l{st}1")
+        _store_staged(gen, [(o, "qo", " * inv{r}")], "out", "i0")
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         w(f"if r0 + {8 * r} < Tn:")
         w.indent()
-        w(f"inv = T(1.0) / l{st}{r}")
-        for n in range(gen.NE):
-            w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = {o}{n}_{i} * inv")
-            w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = {o}{n}_{j} * inv")
+        if not staged:
+            w(f"inv = T(1.0) / l{st}{r}")
+            for n in range(gen.NE):
+                w(f"out[b, r0 + {8 * r}, oc + {8 * n}] = {o}{n}_{i} * inv")
+                w(f"out[b, r0 + {8 * r}, oc + {8 * n + 1}] = {o}{n}_{j} * inv")
         m = f"m{st}{r} * T({math.log(2.0)!r})" if FAST_EXP else f"m{st}{r}"
         w("if t == 0:", f"    lse[b, h, r0 + {8 * r}] = {m} + math.log(l{st}{r})")
         w.indent(-1)
@@ -518,13 +562,20 @@ def _forward_source(E: int) -> str:
     w, NE, LD = gen.w, gen.NE, gen.LD
     KS, VS, BUF = 0, TILE * LD, _buffers(E)["forward"]
     _forward_head(gen, TILE)
+    async_q = PIPELINE and ASYNC_Q
+    if async_q:  # Q lands in buffer 1, then K, V tile 0 in buffer 0
+        gen.stage_async([(0, "i0", "qo", "qkv")], gen.u(BUF))
+        w("cp_async_commit()")
     if PIPELINE:  # K, V tile 0 lands in buffer 0 while Q is staged in buffer 1
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
     qs = BUF if PIPELINE else KS
-    gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
+    if async_q:
+        w("cp_async_wait(1)  # Q's copies (K, V tile 0's may still fly)")
+    else:
+        gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
     w("cuda.syncthreads()")
-    gen.load_a("qa", qs, presplit=True)
+    gen.load_a("qa", qs, presplit=True, scale=" * scale" if async_q else "")
     if not PIPELINE:
         w("cuda.syncthreads()  # Q is in registers; its space takes K")
     w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
@@ -543,8 +594,10 @@ def _forward_source(E: int) -> str:
     else:
         w("cuda.syncthreads()")
     w.indent(-1)
-    w("oc = qo + 2 * t")
-    _forward_out(gen, "o", "", "i0 + 16 * wp + g")
+    staged = PIPELINE and STAGED_OUT
+    if not staged:
+        w("oc = qo + 2 * t")
+    _forward_out(gen, "o", "", "i0 + 16 * wp + g", staged)
     return w.text()
 
 
@@ -783,8 +836,11 @@ def _dkv_source(E: int) -> str:
     else:
         w("cuda.syncthreads()")
         w.indent(-2)
-    w("r0 = j0 + 16 * wp + g", "kc = ko + 2 * t", "vc = vo + 2 * t")
     dk_scale = " * scale" if PIPELINE else ""
+    if PIPELINE and STAGED_OUT:
+        _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0")
+        return w.text()
+    w("r0 = j0 + 16 * wp + g", "kc = ko + 2 * t", "vc = vo + 2 * t")
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
         w(f"if r0 + {8 * r} < Tn:")
         for n in range(NE):
@@ -868,13 +924,13 @@ ASYNC_IMPORT = (
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
-WIDE_ATOMIC_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4"
+VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
-    header += WIDE_ATOMIC_IMPORT if ATOMIC_WIDTH > 1 and ATOMIC_DQ else ""
+    header += VECTOR_IMPORT
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -889,7 +945,8 @@ def knobs() -> dict:
                 SPLIT_TF32=SPLIT_TF32,
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
-                WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS,
+                WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
+                STAGED_OUT=STAGED_OUT,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -963,9 +1020,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
     if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
-        grid = (B * Tn * H + attention.PREP_WARPS - 1) // attention.PREP_WARPS
-        prep = attention.backward_prep_kernel
-        prep[grid, attention.PREP_WARPS * attention.WARP, stream](dqkv, dsum, dout, out, H)
+        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)

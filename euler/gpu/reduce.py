@@ -36,8 +36,9 @@ def warp_max(v):
 
 
 @cuda.jit(device=True)
-def warp_sum_all(v, buf, zero):
-    """Sum of v over each warp, returned to its lanes; buf: shared (MAX_THREADS,) scratch.
+def group_sum(v, buf, zero, width):
+    """Sum of v over each aligned group of `width` lanes (a power of 2, at most 32),
+    returned to its lanes; buf: shared (MAX_THREADS,) scratch.
 
     Every warp of the block must call it the same number of times: the simulator's path
     (it has no shuffles) meets through shared memory at block barriers.
@@ -47,11 +48,21 @@ def warp_sum_all(v, buf, zero):
         buf[tid] = v
         cuda.syncthreads()
         s = zero
-        for i in range(tid - tid % WARP, tid - tid % WARP + WARP):
+        for i in range(tid - tid % width, tid - tid % width + width):
             s += buf[i]
         cuda.syncthreads()
         return s
-    return warp_sum(v)
+    off = width // 2
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL_MASK, v, off)
+        off //= 2
+    return v
+
+
+@cuda.jit(device=True)
+def warp_sum_all(v, buf, zero):
+    """Sum of v over each warp, returned to its lanes (group_sum over 32 lanes)."""
+    return group_sum(v, buf, zero, WARP)
 
 
 @cuda.jit(device=True)

@@ -9,6 +9,8 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
 
     a0, a1, a2, a3 = load4(ary, i)       ary[i : i + 4] of a 1-d float32 array
     store4(ary, i, a0, a1, a2, a3)       ary[i : i + 4] = a0, a1, a2, a3
+    a0, .., a3 = load4_3d(ary, i0, i1, i2)         ary[i0, i1, i2 : i2 + 4] of a 3-d array
+    store4_3d(ary, i0, i1, i2, a0, a1, a2, a3)     ary[i0, i1, i2 : i2 + 4] = a0, .., a3
 
     atomic_add2(ary, i0, i1, i2, a0, a1)    ary[i0, i1, i2 : i2 + 2] += a0, a1 atomically
     atomic_add4(ary, i0, i1, i2, a0, .., a3)
@@ -55,63 +57,81 @@ if not SIMULATOR:
 
     _V4 = ir.VectorType(ir.FloatType(), 4)
 
-    def _vector_ptr(context, builder, aryty, ary, i, ity, space: int = 1):
-        """<4 x float> pointer to ary[i] (no wraparound, no bounds check) in address space
-        `space`: 1 global, 3 shared (numba-cuda keeps a shared array's data as a generic
-        pointer; the cast back lets NVPTX emit ld.shared)."""
-        p = element_ptr(context, builder, aryty, ary, [i], [ity])
+    def _vector_ptr(context, builder, aryty, ary, inds, indtys, space: int = 1):
+        """<4 x float> pointer to ary[inds] (no wraparound, no bounds check) in address
+        space `space`: 1 global, 3 shared (numba-cuda keeps a shared array's data as a
+        generic pointer; the cast back lets NVPTX emit ld.shared)."""
+        p = element_ptr(context, builder, aryty, ary, list(inds), list(indtys))
         p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, space))
         return builder.bitcast(p, ir.PointerType(_V4, space))
 
-    def _check(name: str, ary, i) -> None:
+    def _check(name: str, ary, *indices) -> None:
         ok = (
             isinstance(ary, types.Array)
-            and ary.ndim == 1
+            and ary.ndim == len(indices)
             and ary.dtype == types.float32
-            and isinstance(i, types.Integer)
+            and all(isinstance(i, types.Integer) for i in indices)
         )
         if not ok:
-            raise TypingError(f"{name} takes a 1-d float32 array and an integer index")
+            n = len(indices)
+            raise TypingError(f"{name} takes a {n}-d float32 array and {n} integer indices")
 
-    def _load4_typing(name: str, ary, i, space: int):
-        _check(name, ary, i)
+    def _load4_typing(name: str, ary, indices, space: int = 1):
+        _check(name, ary, *indices)
         ret = types.UniTuple(types.float32, 4)
+        n = len(indices)
 
         def codegen(context, builder, sig, args):
-            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], space)
+            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
+                              sig.args[1 : 1 + n], space)  # fmt: skip
             vec = builder.load(ptr, align=16)
             items = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
             return context.make_tuple(builder, ret, items)
 
-        return ret(ary, i), codegen
+        return ret(ary, *indices), codegen
 
     @intrinsic
     def load4(typingctx, ary, i):
         """ary[i : i + 4] as a 4-tuple of float32, one 16-byte load."""
-        return _load4_typing("load4", ary, i, 1)
+        return _load4_typing("load4", ary, (i,))
 
     @intrinsic
     def load4_shared(typingctx, ary, i):
         """sm[i : i + 4] of a shared array as a 4-tuple of float32, one 16-byte load."""
-        return _load4_typing("load4_shared", ary, i, 3)
+        return _load4_typing("load4_shared", ary, (i,), 3)
 
     @intrinsic
-    def store4(typingctx, ary, i, a0, a1, a2, a3):
-        """ary[i : i + 4] = (a0, a1, a2, a3), one 16-byte store."""
-        _check("store4", ary, i)
-        if not all(isinstance(a, types.Float) for a in (a0, a1, a2, a3)):
-            raise TypingError("store4 stores four floats")
+    def load4_3d(typingctx, ary, i0, i1, i2):
+        """ary[i0, i1, i2 : i2 + 4] of a 3-d array as a 4-tuple of float32, one 16-byte load."""
+        return _load4_typing("load4_3d", ary, (i0, i1, i2))
+
+    def _store4_typing(name: str, ary, indices, values):
+        _check(name, ary, *indices)
+        if not all(isinstance(a, types.Float) for a in values):
+            raise TypingError(f"{name} stores four floats")
+        n = len(indices)
 
         def codegen(context, builder, sig, args):
             vec = ir.Constant(_V4, ir.Undefined)
             for k in range(4):
-                v = context.cast(builder, args[2 + k], sig.args[2 + k], types.float32)
+                v = context.cast(builder, args[1 + n + k], sig.args[1 + n + k], types.float32)
                 vec = builder.insert_element(vec, v, ir.Constant(ir.IntType(32), k))
-            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
+                              sig.args[1 : 1 + n])  # fmt: skip
             builder.store(vec, ptr, align=16)
             return context.get_dummy_value()
 
-        return types.void(ary, i, a0, a1, a2, a3), codegen
+        return types.void(ary, *indices, *values), codegen
+
+    @intrinsic
+    def store4(typingctx, ary, i, a0, a1, a2, a3):
+        """ary[i : i + 4] = (a0, a1, a2, a3), one 16-byte store."""
+        return _store4_typing("store4", ary, (i,), (a0, a1, a2, a3))
+
+    @intrinsic
+    def store4_3d(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
+        """ary[i0, i1, i2 : i2 + 4] = (a0, .., a3) of a 3-d array, one 16-byte store."""
+        return _store4_typing("store4_3d", ary, (i0, i1, i2), (a0, a1, a2, a3))
 
     def _atomic_add_typing(ary, indices, values):
         """The signature of an atomic_add of len(values) floats, or a TypingError."""
@@ -164,6 +184,19 @@ else:
         ary[i + 1] = a1
         ary[i + 2] = a2
         ary[i + 3] = a3
+
+    @cuda.jit(device=True)
+    def load4_3d(ary, i0, i1, i2):
+        """The simulator's load4_3d: four element loads."""
+        return ary[i0, i1, i2], ary[i0, i1, i2 + 1], ary[i0, i1, i2 + 2], ary[i0, i1, i2 + 3]
+
+    @cuda.jit(device=True)
+    def store4_3d(ary, i0, i1, i2, a0, a1, a2, a3):
+        """The simulator's store4_3d: four element stores."""
+        ary[i0, i1, i2] = a0
+        ary[i0, i1, i2 + 1] = a1
+        ary[i0, i1, i2 + 2] = a2
+        ary[i0, i1, i2 + 3] = a3
 
     @cuda.jit(device=True)
     def atomic_add2(ary, i0, i1, i2, a0, a1):

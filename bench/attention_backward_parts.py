@@ -1,0 +1,96 @@
+"""The tensor-core backward's parts, timed alone on a GPU (launch-free, not checked).
+
+    python bench/attention_backward_parts.py [--T 512,2048] [--out parts.json]
+
+Session 8 fit the backward at T=512 as 0.0216 us per (key tile, query tile, head) plus a
+term linear in T, 35% of it (bench/notes_gpu.md), which holds the prep kernel (D =
+rowsum(dO O) and dQ's zeros) and the dkv blocks' own staging and stores. This times, at
+B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
+
+- prep: attention.backward_prep_kernel (a warp a row, 4-byte accesses) and
+  backward_prep4_kernel (16-byte accesses, what attention.backward_prep launches);
+- dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
+  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design);
+- backward: attention_tc.attention_backward whole, and the forward for the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.attention_tc_ablation import NEVER  # noqa: E402
+from bench.gpu_timing import timed  # noqa: E402
+from euler.gpu import attention, attention_tc  # noqa: E402
+
+
+def no_atomics(src: str) -> str:
+    """The dkv source with each of dQ's atomic adds guarded by NEVER."""
+    return "\n".join(
+        line.replace("< Tn:", f"< Tn and {NEVER}:") if line.strip().startswith("if rq +") else line
+        for line in src.splitlines()
+    ) + "\n"  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", default="512,2048")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    from euler.gpu.backend import GpuBackend
+
+    be = GpuBackend(tf32=True)
+    s = be.stream
+    H, G, E = 12, 4, 64
+    name = "backward_dkv_tc_kernel"
+    dkv_src = attention_tc.sources(E)[name]
+    dkv = attention_tc.kernels(E)[-1]
+    dkv_ablated = attention_tc._compile(name, no_atomics(dkv_src))
+    rows = []
+    for T in (int(x) for x in args.T.split(",")):
+        B = args.batch
+        rng = np.random.default_rng(0)
+        qkv = be.to_device(rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32))
+        dout = be.to_device(rng.standard_normal((B, T, H * E)).astype(np.float32))
+        out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
+        dqkv, dsum = be.zeros(qkv.shape, np.float32), be.zeros((B, H, T), np.float32)
+        scale = np.float32(1.0 / math.sqrt(E))
+        grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
+        nbytes = attention_tc.shared_bytes(E)["dkv"]
+        warps = (B * T * H + attention.PREP_WARPS - 1) // attention.PREP_WARPS
+        vec = (dout.size // 4 + attention.PREP_THREADS - 1) // attention.PREP_THREADS
+        prep_args = (dqkv, dsum, dout, out, H)
+        dkv_args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
+        calls = {
+            "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
+            "backward": lambda: attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, s
+            ),
+            "prep scalar": lambda: attention.backward_prep_kernel[
+                warps, attention.PREP_WARPS * attention.WARP, s
+            ](*prep_args),
+            "prep vector": lambda: attention.backward_prep4_kernel[
+                vec, attention.PREP_THREADS, s
+            ](*prep_args),
+            "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *dkv_args),
+            "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *dkv_args),
+        }
+        for part, call in calls.items():
+            call()
+            rows.append({"part": part, "B": B, "T": T, "ms": timed(s, call, args.reps)})
+            print(json.dumps(rows[-1]), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
