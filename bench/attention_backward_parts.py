@@ -39,6 +39,35 @@ def no_atomics(src: str) -> str:
     ) + "\n"  # fmt: skip
 
 
+def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
+    """Each part's call on random data of batch B, length T, by name."""
+    s, H, G, E = be.stream, 12, 4, 64
+    rng = np.random.default_rng(0)
+    qkv = be.to_device(rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32))
+    dout = be.to_device(rng.standard_normal((B, T, H * E)).astype(np.float32))
+    out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
+    dqkv, dsum = be.zeros(qkv.shape, np.float32), be.zeros((B, H, T), np.float32)
+    scale = np.float32(1.0 / math.sqrt(E))
+    grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
+    nbytes = attention_tc.shared_bytes(E)["dkv"]
+    warps = (B * T * H + attention.PREP_WARPS - 1) // attention.PREP_WARPS
+    vec = (dout.size // 4 + attention.PREP_THREADS - 1) // attention.PREP_THREADS
+    prep = (dqkv, dsum, dout, out, H)
+    args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
+    scalar_prep = attention.backward_prep_kernel[warps, attention.PREP_WARPS * attention.WARP, s]
+    vector_prep = attention.backward_prep4_kernel[vec, attention.PREP_THREADS, s]
+    return {
+        "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
+        "backward": lambda: attention_tc.attention_backward(
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, s
+        ),
+        "prep scalar": lambda: scalar_prep(*prep),
+        "prep vector": lambda: vector_prep(*prep),
+        "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
+        "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="512,2048")
@@ -49,44 +78,16 @@ def main() -> None:
     from euler.gpu.backend import GpuBackend
 
     be = GpuBackend(tf32=True)
-    s = be.stream
-    H, G, E = 12, 4, 64
     name = "backward_dkv_tc_kernel"
-    dkv_src = attention_tc.sources(E)[name]
-    dkv = attention_tc.kernels(E)[-1]
-    dkv_ablated = attention_tc._compile(name, no_atomics(dkv_src))
+    dkv = attention_tc.kernels(64)[-1]
+    dkv_ablated = attention_tc._compile(name, no_atomics(attention_tc.sources(64)[name]))
     rows = []
     for T in (int(x) for x in args.T.split(",")):
-        B = args.batch
-        rng = np.random.default_rng(0)
-        qkv = be.to_device(rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32))
-        dout = be.to_device(rng.standard_normal((B, T, H * E)).astype(np.float32))
-        out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
-        dqkv, dsum = be.zeros(qkv.shape, np.float32), be.zeros((B, H, T), np.float32)
-        scale = np.float32(1.0 / math.sqrt(E))
-        grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
-        nbytes = attention_tc.shared_bytes(E)["dkv"]
-        warps = (B * T * H + attention.PREP_WARPS - 1) // attention.PREP_WARPS
-        vec = (dout.size // 4 + attention.PREP_THREADS - 1) // attention.PREP_THREADS
-        prep_args = (dqkv, dsum, dout, out, H)
-        dkv_args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        calls = {
-            "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
-            "backward": lambda: attention_tc.attention_backward(
-                dqkv, dout, qkv, out, lse, H, G, E, dsum, s
-            ),
-            "prep scalar": lambda: attention.backward_prep_kernel[
-                warps, attention.PREP_WARPS * attention.WARP, s
-            ](*prep_args),
-            "prep vector": lambda: attention.backward_prep4_kernel[
-                vec, attention.PREP_THREADS, s
-            ](*prep_args),
-            "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *dkv_args),
-            "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *dkv_args),
-        }
-        for part, call in calls.items():
+        for part, call in calls_at(be, args.batch, T, dkv, dkv_ablated).items():
             call()
-            rows.append({"part": part, "B": B, "T": T, "ms": timed(s, call, args.reps)})
+            rows.append(
+                {"part": part, "B": args.batch, "T": T, "ms": timed(be.stream, call, args.reps)}
+            )
             print(json.dumps(rows[-1]), flush=True)
             if args.out:
                 args.out.write_text(json.dumps(rows, indent=1))

@@ -460,7 +460,8 @@ def _store_staged(gen: _Gen, tiles: list[tuple[str, str, str]], dst: str, row0: 
     for k, (_, col, _) in enumerate(tiles):
         for it in range(16 * cr // 32):
             row = f"{row0} + 16 * wp + lr + {it * (32 // cr)}"
-            w(f"x0, x1, x2, x3 = load4_shared(sm, sr + {gen.u(4 * per * k + it * (32 // cr) * LD)})")
+            at = gen.u(4 * per * k + it * (32 // cr) * LD)
+            w(f"x0, x1, x2, x3 = load4_shared(sm, sr + {at})")
             w(f"if {row} < Tn:", f"    store4_3d({dst}, b, {row}, {col} + lc, x0, x1, x2, x3)")
 
 
