@@ -46,10 +46,11 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 # both passes run in the quick suite)
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
-        "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False}  # fmt: skip
+        "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -149,9 +150,11 @@ if not IN_SIMULATOR:
             # the prologue and in the loop; and Q's tile with ASYNC_Q
             wide = knobs["WIDE"] and name == "forward"  # its own staging and stores
             async_q = pipeline and knobs["ASYNC_Q"] and name == "forward" and not wide
-            want_copies = 4 * E // 8 + (E // 8 if async_q else 0) if pipeline else 0
+            async_kv = pipeline and knobs["ASYNC_KV"] and name == "dkv"  # and K, V's
+            extra = E // 8 if async_q else 2 * E // 8 if async_kv else 0
+            want_copies = 4 * E // 8 + extra if pipeline else 0
             assert len(copies) == want_copies, (name, len(copies))
-            assert ("cp.async.wait_group 1;" in text) == async_q, name
+            assert ("cp.async.wait_group 1;" in text) == (async_q or async_kv), name
             # STAGED_OUT: a warp's 16 rows of each output tile (out; dK and dV) leave through
             # shared memory, 16 bytes a lane: E / 8 loads and stores of each
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide

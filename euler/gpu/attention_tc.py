@@ -182,6 +182,10 @@ ASYNC_Q = True
 # rows, instead of 4-byte stores scattered two per 32-byte sector. Removing the forward's
 # stores outright took it from 0.167 ms to 0.143 at T=512 (ablation no-store).
 STAGED_OUT = True
+# ASYNC_KV (with PIPELINE): the dkv kernel's K and V come by cp.async with query tile 0 (K
+# then scaled and rounded in place by the thread that copied it, V rounded at its fragment
+# loads), not through registers 8 rows at a time (LOAD_CHUNK_DKV: 8 memory latencies).
+ASYNC_KV = True
 
 
 def _wide() -> bool:
@@ -343,17 +347,20 @@ class _Gen:
         w.indent(-1)
         w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
 
-    def load_a(self, name: str, region: int, presplit: bool = False, scale: str = "") -> None:
+    def load_a(
+        self, name: str, region: int, presplit: bool = False, raw: str | None = None
+    ) -> None:
         """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region]; with
         SPLIT_TF32 and presplit, held as their hi and lo parts (fewer instructions, more
-        registers: the forward's one A operand fits, the dkv kernel's two spill). scale
-        (" * scale"): the tile is raw (cp.async), so each value is scaled and rounded here."""
+        registers: the forward's one A operand fits, the dkv kernel's two spill). raw (a
+        suffix, "" or " * scale"): the tile came by cp.async, so each value takes the suffix
+        and is rounded here."""
         LD = self.LD
         for kk in range(self.NE):
             names = [f"{name}{kk}_{i}" for i in range(4)]
             for x, off in zip(names, (0, 8 * LD, 4, 8 * LD + 4), strict=True):
                 v = f"sm[la + {self.u(region + 8 * kk + off)}]"
-                self.w(f"{x} = {self.rnd(v + scale) if scale else v}")
+                self.w(f"{x} = {v if raw is None else self.rnd(v + raw)}")
             if presplit and SPLIT_TF32:
                 self.split(names)
                 self.presplit.update(names)
@@ -576,7 +583,7 @@ def _forward_source(E: int) -> str:
     else:
         gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
     w("cuda.syncthreads()")
-    gen.load_a("qa", qs, presplit=True, scale=" * scale" if async_q else "")
+    gen.load_a("qa", qs, presplit=True, raw=" * scale" if async_q else None)
     if not PIPELINE:
         w("cuda.syncthreads()  # Q is in registers; its space takes K")
     w("m0 = T(-math.inf)", "m1 = T(-math.inf)", "l0 = T(0.0)", "l1 = T(0.0)")
@@ -763,16 +770,26 @@ def _dkv_source(E: int) -> str:
             n = f"select({row} < Tn, 4, 0)"
             w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), {n})")
 
+    ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
+    vs = BUF + DOS if PIPELINE else DOS
+    async_kv = PIPELINE and ASYNC_KV
+    if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
+        gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
+        w("cp_async_commit()")
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0))
         w("cp_async_commit()")
-    ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
-    vs = BUF + DOS if PIPELINE else DOS
-    # ptxas 13 spills 20 bytes of this kernel (255 registers) when its staging uses select()
-    gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
+    if async_kv:
+        w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
+        step = 4 * THREADS // E
+        for it in range(E // 8):  # K scaled and rounded in place, each thread its own copies
+            at = f"ca + {gen.u(ks + it * step * LD)}"
+            w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
+    else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
+        gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
     w("cuda.syncthreads()")
     gen.load_a("ka", ks)
-    gen.load_a("va", vs)
+    gen.load_a("va", vs, raw="" if async_kv else None)
     if not PIPELINE:
         w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
     gen.zero("dk", range(NE))
@@ -947,7 +964,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
