@@ -47,10 +47,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "ROUND_ONCE": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "ROUND_ONCE")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -160,12 +160,7 @@ if not IN_SIMULATOR:
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
             assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
-            # ROUND_ONCE: dkv's Q and dO rounded in place, E / 8 16-byte chunks each a thread
-            once = pipeline and knobs["ROUND_ONCE"] and knobs["ADD_ROUND"] and not split
-            once = once and name == "dkv"
-            rounded = 2 * E // 8 if once else 0
-            assert len(re.findall(r"ld\.shared\.v4\.[fu]32", text)) == vectors + rounded, name
-            assert len(re.findall(r"st\.shared\.v4\.f32", text)) == rounded, name
+            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == vectors, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
@@ -182,9 +177,8 @@ if not IN_SIMULATOR:
             want_masks = 0 if split else rows * {"forward": 32, "dq": 32, "dkv": 64}[name]
             assert masks == want_masks, (name, masks)
             # (WIDE: each B value, rounded once, feeds both row tiles' mma)
-            raw = {"forward": 2, "dkv": 0 if once else 4, "dq": 3}[name]
-            raw = raw if knobs["ADD_ROUND"] else 0
-            assert adds - masks == 2 * raw * per_product + 4 * rounded, (name, adds, masks)
+            raw = {"forward": 2, "dkv": 4, "dq": 3}[name] if knobs["ADD_ROUND"] else 0
+            assert adds - masks == 2 * raw * per_product, (name, adds, masks)
 
     def test_default_variant_is_the_modules() -> None:
         """VARIANTS["default"] names the knobs the package trains with."""

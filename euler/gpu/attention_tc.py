@@ -186,11 +186,6 @@ STAGED_OUT = True
 # then scaled and rounded in place by the thread that copied it, V rounded at its fragment
 # loads), not through registers 8 rows at a time (LOAD_CHUNK_DKV: 8 memory latencies).
 ASYNC_KV = True
-# ROUND_ONCE (with PIPELINE and ADD_ROUND, not SPLIT_TF32): dkv's Q and dO tiles, each an
-# operand of two products, are rounded in place once per tile (each thread its own copies,
-# after its wait and before the loop's barrier) instead of at each of their B fragment
-# loads: 2 (E / 8) 16-byte loads, stores and 4 E adds a thread instead of 512 adds a lane.
-ROUND_ONCE = True
 
 
 def _wide() -> bool:
@@ -339,15 +334,12 @@ class _Gen:
             w("cuda.syncthreads()")
         return ("bn", "bp") if PIPELINE else ("lb", "lp")
 
-    def pipeline_top(self, more: str, buf: int, issue, landed=lambda: None) -> None:
+    def pipeline_top(self, more: str, buf: int, issue) -> None:
         """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
-        landed() (on this thread's own copies), a barrier (every thread's copies visible;
-        every warp done with the other buffer), then if `more`, issue() starts the next
-        tile's copies into the other buffer, nxt."""
+        a barrier (every thread's copies visible; every warp done with the other buffer),
+        then if `more`, issue() starts the next tile's copies into the other buffer, nxt."""
         w = self.w
-        w("cp_async_wait(0)")
-        landed()
-        w("cuda.syncthreads()")
+        w("cp_async_wait(0)", "cuda.syncthreads()")
         w(f"nxt = {self.u(buf)} - cur", f"if {more}:")
         w.indent()
         issue()
@@ -806,21 +798,6 @@ def _dkv_source(E: int) -> str:
     if ATOMIC_DQ:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
-    round_once = PIPELINE and ROUND_ONCE and ADD_ROUND and not SPLIT_TF32
-
-    def landed() -> None:
-        """With round_once: this thread's copies of Q and dO rounded in place (tf32_operand)."""
-        if not round_once:
-            return
-        step = 4 * THREADS // E
-        for region in (QS, DOS):
-            for it in range(E // 8):
-                at = f"cur + ca + {gen.u(region + it * step * LD)}"
-                w(f"x0, x1, x2, x3 = load4_shared(sm, {at})")
-                rounded = ", ".join(f"tf32_operand(x{k})" for k in range(4))
-                w(f"store4_shared(sm, {at}, {rounded})")
-
-    raw = PIPELINE and not round_once  # Q, dO rounded at their B fragment loads
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
         w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
@@ -828,7 +805,7 @@ def _dkv_source(E: int) -> str:
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
+        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"))
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -847,9 +824,9 @@ def _dkv_source(E: int) -> str:
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, raw)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, raw)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -867,8 +844,8 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, raw)
-        gen.product_nn("dk", "p", QS, cols, bp, raw)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
@@ -965,10 +942,7 @@ ASYNC_IMPORT = (
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
-VECTOR_IMPORT = (
-    "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d,"
-    " store4_shared"
-)
+VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
 
 
 def _compile(name: str, src: str):
@@ -990,7 +964,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, ROUND_ONCE=ROUND_ONCE,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
