@@ -50,7 +50,7 @@ PIPELINE: the loop's tiles go through cp.async (async_copy.py) into two buffers:
   query tile) pairs, so the next tile may be the next head's; lse and dsum come with
   4-byte copies. Shared memory is dynamic (shared_bytes, over 48 KB at E = 64: the
   launcher raises the limit as attention.py does), and tiles must start on 16 bytes.
-ATOMIC_DQ: no dq kernel: attention.backward_prep_kernel writes dsum and zeroes dQ, and
+ATOMIC_DQ: no dq kernel: attention.backward_prep writes dsum and zeroes dQ, and
   the dkv kernel, after dS^T of a tile pair, stores it to shared memory ([key][query],
   rows padded to 68) and each warp adds dQ = dS K (scaled) for 16 queries into dqkv
   with atomics: 5 tile products per tile pair instead of 7, nondeterministic sums.
@@ -78,7 +78,9 @@ Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, 
 errors against a float64 reference within 4e-4 of the values' scale), forward and
 backward ms at T=512 (T=2048). Since 2026-11-30 each figure is the device's time alone (10
 calls back to back behind a spinning kernel, bench/gpu_timing.py); the rows below the first
-two were one call between CUDA events, the host's launch (40-90 us) included:
+three were one call between CUDA events, the host's launch (40-90 us) included:
+  default (2026-11-30, session 9: ASYNC_Q, STAGED_OUT, ASYNC_KV, the 16-byte prep kernel)
+                                     0.143 0.379 (1.79 4.73)  90 (115) TFLOP/s forward
   default (2026-11-30: ATOMIC_WIDTH 2, ADD_ROUND and HEAVY_FIRST_FORWARD on)
                                      0.169 0.467 (1.88 5.10)  76 (110) TFLOP/s forward
   default of 2026-11-29 (ATOMIC_WIDTH 1, cvt.rna, tiles first in the forward, e^x)
@@ -89,9 +91,9 @@ two were one call between CUDA events, the host's launch (40-90 us) included:
   3xTF32 (SPLIT_TF32, libdevice exp) 0.659 2.133 (6.19 21.4)   errors 4e-6 (out), 9e-5 (dqkv)
   PIPELINE alone                     0.312 0.881 (2.52 7.72)
   neither (staged loads, dq kernel)  0.401 1.059 (3.91 9.98)
-Launch-free in one run (2026-11-30, results/attention-table-launchfree-2026-11-30-h200.json):
-this module 0.167 and 0.468 (1.87 5.13), 3xTF32 0.416 1.249, the exact fp32 kernels
-(attention_tiles) 0.460 1.117 (6.32 14.5), torch SDPA fp32 0.487 1.271 (6.17 15.4).
+Launch-free in one run (2026-11-30, results/attention-table-launchfree-s9-2026-11-30-h200.json):
+this module 0.143 and 0.380 (1.79 4.84), 3xTF32 0.385 1.167, the exact fp32 kernels
+(attention_tiles) 0.460 1.050 (6.32 14.3), torch SDPA fp32 0.485 1.263 (6.15 15.5).
 """
 
 from __future__ import annotations
@@ -175,16 +177,23 @@ MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register
 # ASYNC_Q (with PIPELINE): the forward copies Q raw by cp.async (with K, V tile 0) and scales
 # and rounds it as its A fragments load, instead of staging it through registers (64 x 64
 # loads, then stores and a barrier). Removing that staging outright took the forward from
-# 0.167 ms to 0.149 at T=512 on the H200 (bench/attention_tc_ablation.py, no-q-stage).
+# 0.167 ms to 0.149 at T=512 on the H200 (bench/attention_tc_ablation.py, no-q-stage); the
+# knob took it to 0.143 with STAGED_OUT, against 0.157 without (variant q-staged).
 ASYNC_Q = True
 # STAGED_OUT (with PIPELINE): the forward's output and dkv's dK, dV go through the free
 # buffer in shared memory, each warp its own 16 rows, and leave in 16-byte stores of whole
 # rows, instead of 4-byte stores scattered two per 32-byte sector. Removing the forward's
-# stores outright took it from 0.167 ms to 0.143 at T=512 (ablation no-store).
+# stores outright took it from 0.167 ms to 0.143 at T=512 (ablation no-store); the knob
+# took it to 0.143 with ASYNC_Q, against 0.155 without, and the backward to 0.387 from 0.398
+# (variant out-scattered; results/attention-tc-launchfree-s9-*).
 STAGED_OUT = True
 # ASYNC_KV (with PIPELINE): the dkv kernel's K and V come by cp.async with query tile 0 (K
 # then scaled and rounded in place by the thread that copied it, V rounded at its fragment
 # loads), not through registers 8 rows at a time (LOAD_CHUNK_DKV: 8 memory latencies).
+# Backward 0.379 ms at T=512 against 0.386 (variant kv-staged), dkv 235 registers from 249.
+# Rounding dkv's Q and dO tiles in place once a tile (after each thread's wait, before the
+# barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
+# ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
 
 

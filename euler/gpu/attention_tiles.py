@@ -32,7 +32,7 @@ forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P 
 backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of every
   head of its group: P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dV += P^T dO,
   dK += dS^T Q, and dQ += dS K added to dqkv with atomics (D = rowsum(dO O) and the zeroed
-  dQ come from attention.backward_prep_kernel); the next Q, dO tiles land during dS K.
+  dQ come from attention.backward_prep); the next Q, dO tiles land during dS K.
 
 The grid's slow (y) axis is the causal work per block, heaviest first: the blocks that
 visit the most tiles start in the first wave rather than trailing the last one.
