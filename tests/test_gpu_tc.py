@@ -116,7 +116,7 @@ if not IN_SIMULATOR:
         ptx = {}
         for kernel, args in calls:
             name = kernel.py_func.__name__
-            if name.endswith("_tc_kernel"):  # not attention.backward_prep_kernel
+            if name.endswith("_tc_kernel"):  # not attention.backward_prep's kernels
                 sig = tuple(numba.typeof(a) for a in args)
                 bounds = kernel.targetoptions.get("launch_bounds")  # MIN_BLOCKS
                 ptx[name] = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), launch_bounds=bounds)[

@@ -26,8 +26,8 @@ from numba import cuda, float32
 
 from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
-from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, group_sum, warp_sum_all
-from euler.gpu.vector import aligned4, load4_3d, store4_3d
+from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
+from euler.gpu.vector import load4_3d, store4_3d
 from euler.layer_math import online_softmax_rescale
 
 _KERNELS: dict = {}
@@ -252,73 +252,67 @@ def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
     kernel[grid, attention_tiles.THREADS, stream, nbytes](*args)
 
 
-PREP_WARPS = 8
-
-
-@cuda.jit
-def backward_prep_kernel(dqkv, dsum, dout, out, H):
-    """dsum (B, H, T) = rowsum(dO O) per head, and dQ's part of dqkv zeroed, for the
-    backward that adds dQ with atomics; one warp per (b, t, h), consecutive in memory."""
-    B, Tn, HE = out.shape
-    E = HE // H
-    T = out.dtype.type
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    lane = cuda.threadIdx.x % WARP
-    row = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
-    b, i, h = row // (Tn * H), row // H % Tn, row % H
-    s = T(0.0)
-    if row < B * Tn * H:
-        for e in range(h * E + lane, h * E + E, WARP):
-            s += dout[b, i, e] * out[b, i, e]
-            dqkv[b, i, e] = T(0.0)
-    s = warp_sum_all(s, buf, T(0.0))  # every warp calls it: the simulator's is a barrier
-    if row < B * Tn * H and lane == 0:
-        dsum[b, h, i] = s
-
-
 PREP_THREADS = 256
+# PREP_SPLIT: the 16-byte prep as two kernels, one reading dO and O for D, one writing dQ's
+# zeros, instead of one doing both (backward_prep4_kernel): whether DRAM serves a pure read
+# stream and a pure write stream faster than their mix (bench/attention_backward_parts.py).
+PREP_SPLIT = True
+
+
+@cuda.jit(device=True, inline=True)
+def _prep_row(out, H, k, L):
+    """(b, i, h, e, inside): where thread k's 4 columns are in out (B, T, H E), for L lanes
+    a row; inside is False past the last row."""
+    B, Tn, HE = out.shape
+    row, e = k // L, 4 * (k % L)
+    return row // (Tn * H), row // H % Tn, row % H, e, row < B * Tn * H
 
 
 @cuda.jit
-def backward_prep4_kernel(dqkv, dsum, dout, out, H):
-    """backward_prep_kernel with 16-byte accesses (float32, E / 4 a power of 2 up to 32):
-    thread k takes 4 columns of row k // (E / 4), the E / 4 lanes of a row summing by
-    shuffles. With one 4-byte load per lane and a whole warp per row of 64, the scalar
-    kernel keeps a quarter of the bytes in flight (vector.py's Little's-law note)."""
-    B, Tn, HE = out.shape
-    E = HE // H
+def backward_prep4_kernel(dqkv, dsum, dout, out, H, zero):
+    """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed if
+    zero; float32, E / 4 a power of 2 up to 32. Thread k takes 4 columns of row k // (E / 4)
+    with 16-byte accesses, the E / 4 lanes of a row summing by shuffles. (A warp a row with
+    4-byte accesses kept a quarter of the bytes in flight, vector.py's Little's-law note:
+    0.126 ms against 0.059 at T=512 on the H200.)"""
+    E = out.shape[2] // H
     L = E // 4
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
-    k = cuda.grid(1)
-    row, e = k // L, 4 * (k % L)
-    b, i, h = row // (Tn * H), row // H % Tn, row % H
+    b, i, h, e, inside = _prep_row(out, H, cuda.grid(1), L)
     s = T(0.0)
-    if row < B * Tn * H:
+    if inside:
         c = h * E + e
         o0, o1, o2, o3 = load4_3d(out, b, i, c)
         d0, d1, d2, d3 = load4_3d(dout, b, i, c)
         s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
-        z = T(0.0)
-        store4_3d(dqkv, b, i, c, z, z, z, z)
+        if zero:
+            z = T(0.0)
+            store4_3d(dqkv, b, i, c, z, z, z, z)
     s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
-    if row < B * Tn * H and e == 0:
+    if inside and e == 0:
         dsum[b, h, i] = s
+
+
+@cuda.jit
+def zero_q4_kernel(dqkv, out, H):
+    """dQ's columns of dqkv (B, T, (H + 2G) E) zeroed, 16 bytes a thread (PREP_SPLIT)."""
+    E = out.shape[2] // H
+    b, i, h, e, inside = _prep_row(out, H, cuda.grid(1), E // 4)
+    if inside:
+        z = out.dtype.type(0.0)
+        store4_3d(dqkv, b, i, h * E + e, z, z, z, z)
 
 
 def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed:
-    what the backwards that add dQ with atomics start from. 16-byte accesses where the
-    arrays allow them, else one warp per row."""
-    lanes = E // 4
-    if E % 4 == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP and aligned4(dqkv, dout, out):
-        n = dout.size // 4
-        grid = (n + PREP_THREADS - 1) // PREP_THREADS
-        backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H)
-        return
-    B, Tn, _ = dout.shape
-    grid = (B * Tn * H + PREP_WARPS - 1) // PREP_WARPS
-    backward_prep_kernel[grid, PREP_WARPS * WARP, stream](dqkv, dsum, dout, out, H)
+    what the backwards that add dQ with atomics start from (16-byte aligned arrays)."""
+    assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
+    check_aligned(dqkv, dout, out)
+    grid = (dout.size // 4 + PREP_THREADS - 1) // PREP_THREADS
+    if PREP_SPLIT:
+        zero_q4_kernel[grid, PREP_THREADS, stream](dqkv, out, H)
+    backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H, not PREP_SPLIT)
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:

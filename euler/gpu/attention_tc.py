@@ -125,7 +125,7 @@ LDS = TILE + 4  # padded row of ATOMIC_DQ's 64 x 64 dS^T tile
 # 48 KB at E = 64 (shared_bytes).
 PIPELINE = True
 # ATOMIC_DQ: no dq kernel; the dkv kernel writes its tile's dS to shared memory and adds
-# dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep_kernel has zeroed
+# dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep has zeroed
 # dQ and written dsum: 5 tile products per tile pair instead of 7.
 ATOMIC_DQ = True
 # ATOMIC_WIDTH: ATOMIC_DQ's adds take 1, 2 or 4 adjacent columns a request (vector.py's
