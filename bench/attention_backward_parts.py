@@ -7,10 +7,10 @@ term linear in T, 35% of it (bench/notes_gpu.md), which holds the prep kernel (D
 rowsum(dO O) and dQ's zeros) and the dkv blocks' own staging and stores. This times, at
 B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
 
-- prep: attention.backward_prep4_kernel zeroing dQ as it goes, and the same reading only
-  after zero_q4_kernel has zeroed dQ (PREP_SPLIT). (The 4-byte kernel of a warp a row
-  that preceded them took 0.126 ms at T=512, 0.494 at 2048: results
-  attention-tc-backward-parts-launchfree-2026-11-30-h200.json.)
+- prep: attention.backward_prep4_kernel. (The 4-byte kernel of a warp a row that preceded
+  it took 0.126 ms at T=512, 0.494 at 2048: results
+  attention-tc-backward-parts-launchfree-2026-11-30-h200.json; a split of it into a
+  zeroing kernel and a reading one, 0.101 and 0.379: -s9d-prep-split-.)
 - dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
   decide (scale < 0: the products stay, the adds go; its dQ is wrong by design);
 - backward: attention_tc.attention_backward whole, and the forward for the ratio.
@@ -56,14 +56,12 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     prep = (dqkv, dsum, dout, out, H)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     vector_prep = attention.backward_prep4_kernel[vec, attention.PREP_THREADS, s]
-    zero_q = attention.zero_q4_kernel[vec, attention.PREP_THREADS, s]
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
-        "prep vector": lambda: vector_prep(*prep, True),
-        "prep split": lambda: (zero_q(dqkv, out, H), vector_prep(*prep, False)),
+        "prep vector": lambda: vector_prep(*prep),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
         "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
     }

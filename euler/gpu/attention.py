@@ -253,55 +253,35 @@ def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
 
 
 PREP_THREADS = 256
-# PREP_SPLIT: the 16-byte prep as two kernels, one reading dO and O for D, one writing dQ's
-# zeros, instead of one doing both (backward_prep4_kernel): whether DRAM serves a pure read
-# stream and a pure write stream faster than their mix (bench/attention_backward_parts.py).
-PREP_SPLIT = True
-
-
-@cuda.jit(device=True, inline=True)
-def _prep_row(out, H, k, L):
-    """(b, i, h, e, inside): where thread k's 4 columns are in out (B, T, H E), for L lanes
-    a row; inside is False past the last row."""
-    B, Tn, HE = out.shape
-    row, e = k // L, 4 * (k % L)
-    return row // (Tn * H), row // H % Tn, row % H, e, row < B * Tn * H
 
 
 @cuda.jit
-def backward_prep4_kernel(dqkv, dsum, dout, out, H, zero):
-    """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed if
-    zero; float32, E / 4 a power of 2 up to 32. Thread k takes 4 columns of row k // (E / 4)
+def backward_prep4_kernel(dqkv, dsum, dout, out, H):
+    """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed;
+    float32, E / 4 a power of 2 up to 32. Thread k takes 4 columns of row k // (E / 4)
     with 16-byte accesses, the E / 4 lanes of a row summing by shuffles. (A warp a row with
     4-byte accesses kept a quarter of the bytes in flight, vector.py's Little's-law note:
-    0.126 ms against 0.059 at T=512 on the H200.)"""
-    E = out.shape[2] // H
+    0.126 ms against 0.059 at T=512 on the H200. Zeroing dQ in a kernel of its own, this one
+    only reading, took 0.101: results/attention-tc-backward-parts-s9d-*.)"""
+    B, Tn, HE = out.shape
+    E = HE // H
     L = E // 4
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
-    b, i, h, e, inside = _prep_row(out, H, cuda.grid(1), L)
+    k = cuda.grid(1)
+    row, e = k // L, 4 * (k % L)
+    b, i, h = row // (Tn * H), row // H % Tn, row % H
     s = T(0.0)
-    if inside:
+    if row < B * Tn * H:
         c = h * E + e
         o0, o1, o2, o3 = load4_3d(out, b, i, c)
         d0, d1, d2, d3 = load4_3d(dout, b, i, c)
         s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
-        if zero:
-            z = T(0.0)
-            store4_3d(dqkv, b, i, c, z, z, z, z)
+        z = T(0.0)
+        store4_3d(dqkv, b, i, c, z, z, z, z)
     s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
-    if inside and e == 0:
+    if row < B * Tn * H and e == 0:
         dsum[b, h, i] = s
-
-
-@cuda.jit
-def zero_q4_kernel(dqkv, out, H):
-    """dQ's columns of dqkv (B, T, (H + 2G) E) zeroed, 16 bytes a thread (PREP_SPLIT)."""
-    E = out.shape[2] // H
-    b, i, h, e, inside = _prep_row(out, H, cuda.grid(1), E // 4)
-    if inside:
-        z = out.dtype.type(0.0)
-        store4_3d(dqkv, b, i, h * E + e, z, z, z, z)
 
 
 def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
@@ -310,9 +290,7 @@ def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
     check_aligned(dqkv, dout, out)
     grid = (dout.size // 4 + PREP_THREADS - 1) // PREP_THREADS
-    if PREP_SPLIT:
-        zero_q4_kernel[grid, PREP_THREADS, stream](dqkv, out, H)
-    backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H, not PREP_SPLIT)
+    backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H)
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:
