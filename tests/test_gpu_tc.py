@@ -242,6 +242,29 @@ if not IN_SIMULATOR:
             kernel = attention_tc._compile("forward_tc_kernel", text)
             assert "mma.sync" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0], name
 
+    def test_parts_no_atomics_source(monkeypatch) -> None:
+        """bench/attention_backward_parts.py's dkv without dQ's adds (head size 8): only the
+        tests in front of the atomics change, and the adds stay in the PTX, behind them."""
+        import numba
+        import numba.cuda.dispatcher as dispatcher
+
+        from bench.attention_backward_parts import no_atomics
+        from euler.gpu import attention_tc
+
+        monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
+            compute_capability=(9, 0)
+        ))  # fmt: skip
+        name = "backward_dkv_tc_kernel"
+        src = attention_tc.sources(8)[name]
+        lines, got = src.splitlines(), no_atomics(src).splitlines()
+        changed = [b for a, b in zip(lines, got, strict=True) if a != b]
+        assert len(changed) == 2  # rows g and g + 8 of the one column block at E = 8
+        assert all(x.strip().startswith("if rq +") and "scale < T(0.0)" in x for x in changed)
+        f32 = numba.float32[:, :, ::1]
+        sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
+        kernel = attention_tc._compile(name, no_atomics(src))
+        assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
+
     def _in_simulator(marks: str) -> None:
         """This file's simulator tests selected by marks, in a subprocess."""
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
