@@ -71,6 +71,9 @@ ADD_ROUND: the raw tiles' B fragments rounded by one integer add (mma.tf32_opera
   cvt.rna (a test and an add in SASS).
 WIDE: forward blocks of 128 query rows, 32 a warp (two A tiles per B fragment).
 MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles.
+ASYNC_Q: the forward's Q by cp.async too, scaled and rounded as its fragments load.
+STAGED_OUT: out, dK and dV leave through the free buffer, 16 bytes a lane (_store_staged).
+ASYNC_KV: dkv's K and V by cp.async, K scaled and rounded in place by its copier.
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
