@@ -245,11 +245,12 @@ def _raise_shared_limit(kernel, args, nbytes: int) -> None:
     _SHARED_RAISED.add((kernel, sig))
 
 
-def _launch_dynamic(kernel, grid, stream, nbytes: int, *args) -> None:
-    """Launch a register-tiled kernel with nbytes of dynamic shared memory."""
+def launch_dynamic(kernel, grid, threads: int, stream, nbytes: int, *args) -> None:
+    """Launch a kernel with nbytes of dynamic shared memory (0: its array is static),
+    raising its limit first where nbytes is over the 48 KB a kernel gets unasked."""
     if not SIMULATOR and nbytes > 48 * 1024:
         _raise_shared_limit(kernel, args, nbytes)
-    kernel[grid, attention_tiles.THREADS, stream, nbytes](*args)
+    kernel[grid, threads, stream, nbytes](*args)
 
 
 PREP_THREADS = 256
@@ -309,7 +310,8 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
         fwd = attention_tiles.kernels(E)[0]
         nbytes = attention_tiles.shared_bytes(E)["forward"]
         grid = (B * H, (Tn + 63) // 64)
-        _launch_dynamic(fwd, grid, stream, nbytes, out, lse, qkv, H, G, scale)
+        args = (out, lse, qkv, H, G, scale)
+        launch_dynamic(fwd, grid, attention_tiles.THREADS, stream, nbytes, *args)
         return
     t = tile or tile_for(E)
     fwd, _, _ = kernels(E, t, t)
@@ -331,7 +333,8 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
         dkv, nbytes = attention_tiles.kernels(E)[1], attention_tiles.shared_bytes(E)["dkv"]
         backward_prep(dqkv, dsum, dout, out, H, E, stream)
         args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        _launch_dynamic(dkv, (B * G, (Tn + 63) // 64), stream, nbytes, *args)
+        grid = (B * G, (Tn + 63) // 64)
+        launch_dynamic(dkv, grid, attention_tiles.THREADS, stream, nbytes, *args)
         return
     t = tile or tile_for(E)
     _, dq, dkv = kernels(E, t, t)

@@ -1015,10 +1015,8 @@ def _grid(tiles: int, heads: int, heavy_first: bool) -> tuple[int, int]:
 
 
 def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
-    """Launch with nbytes of dynamic shared memory (0: the kernel's array is static)."""
-    if not SIMULATOR and nbytes > 48 * 1024:
-        attention._raise_shared_limit(kernel, args, nbytes)
-    kernel[grid, THREADS, stream, nbytes](*args)
+    """Launch one of these kernels (THREADS a block) with nbytes of dynamic shared memory."""
+    attention.launch_dynamic(kernel, grid, THREADS, stream, nbytes, *args)
 
 
 def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
