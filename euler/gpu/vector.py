@@ -24,7 +24,8 @@ is one ld.shared.v4.f32 (LDS.128): the register-tiled attention reads its operan
 at a time with it, a quarter of the shared-memory instructions of scalar loads.
 
 The element pointer is computed without numba's negative-index wraparound; i must be a
-multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`).
+multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`, or
+async_copy.check_aligned for the 3-d arrays, whose rows must hold a multiple of 4 too).
 In the CUDA simulator they are plain element loops.
 """
 
