@@ -8,6 +8,7 @@
 #     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
 #     bash bench/h200_session.sh ablation   # the tc forward with per-block parts removed, 2 min
 #     bash bench/h200_session.sh parts      # the tc backward's parts (prep, dkv) alone, 1 min
+#     bash bench/h200_session.sh prep       # prep_variants.py (the prep's schedules), then parts
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -62,6 +63,11 @@ ablation)
             2>&1 | grep ablation | tee -a "$OUT/log.txt"
     done
     ;;
+prep)
+    log "prep variants (prep_variants.py), T=512 and 2048"
+    timeout 200 python3 bench/prep_variants.py --out "$OUT/prep.json" 2>&1 \
+        | grep '"variant"' | tee -a "$OUT/log.txt"
+    ;&
 parts)
     log "tc backward parts (attention_backward_parts.py), T=512 and 2048"
     timeout 200 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
