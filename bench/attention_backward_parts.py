@@ -7,8 +7,9 @@ term linear in T, 35% of it (bench/notes_gpu.md), which holds the prep kernel (D
 rowsum(dO O) and dQ's zeros) and the dkv blocks' own staging and stores. This times, at
 B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
 
-- prep: attention.backward_prep4_kernel. (The 4-byte kernel of a warp a row that preceded
-  it took 0.126 ms at T=512, 0.494 at 2048: results
+- prep: attention.backward_prep (named "prep vector" in the results of session 9, when a
+  1-d grid of 16-byte chunks took 0.059 ms at T=512; the 4-byte kernel of a warp a row
+  before it took 0.126 ms at T=512, 0.494 at 2048: results
   attention-tc-backward-parts-launchfree-2026-11-30-h200.json; a split of it into a
   zeroing kernel and a reading one, 0.101 and 0.379: -s9d-prep-split-.)
 - dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
@@ -52,16 +53,13 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     scale = np.float32(1.0 / math.sqrt(E))
     grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
     nbytes = attention_tc.shared_bytes(E)["dkv"]
-    vec = (dout.size // 4 + attention.PREP_THREADS - 1) // attention.PREP_THREADS
-    prep = (dqkv, dsum, dout, out, H)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    vector_prep = attention.backward_prep4_kernel[vec, attention.PREP_THREADS, s]
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
-        "prep vector": lambda: vector_prep(*prep),
+        "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
         "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
     }

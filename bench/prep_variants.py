@@ -2,13 +2,14 @@
 
     python bench/prep_variants.py [--T 512,2048] [--out prep.json]
 
-attention.backward_prep4_kernel moves 151 MB at T=512 (B=32, H=12, E=64: dO and O read,
-dQ's columns of dqkv written) in 0.059 ms on the H200, 2.55 TB/s: the rate of the brief's
-numba copy kernel, but about half of HBM3e's 4.8. Its 1-d grid takes six 64-bit
-divisions a thread for one 16-byte chunk of each array. The variants here index by a
-grid (T / R, B) of blocks of H E / 4 threads: thread k takes columns 4k..4k+3 of R rows
-(its head is k // (E / 4), a shift), all 2R loads issued before the first sum. For scale:
-dQ's zeros alone by the driver's 2-d memset, and the reads alone (no zeros).
+The prep moves 151 MB at T=512 (B=32, H=12, E=64: dO and O read, dQ's columns of dqkv
+written). Session 9's kernel (backward_prep4_kernel, since replaced) took 0.059 ms on the
+H200, 2.55 TB/s, about half of HBM3e's 4.8: its 1-d grid took six 64-bit divisions a
+thread for one 16-byte chunk of each array. The variants here index by a grid (T / R, B)
+of blocks of H E / 4 threads: thread k takes columns 4k..4k+3 of R rows (its head is
+k // (E / 4), a shift), all 2R loads issued before the first sum. For scale: dQ's zeros
+alone by the driver's 2-d memset, and the reads alone (no zeros). "package" is
+attention.backward_prep as it is now (rows1's schedule since 2026-11-30, session 10).
 
 Each variant's dsum and dqkv are checked against the package kernel's before it is timed.
 """
@@ -113,12 +114,7 @@ def variant_calls(stream, dqkv, dsum, dout, out, H: int, E: int) -> dict:
     """name -> a zero-argument call of each variant on these arrays."""
     B, T, HE = out.shape
     shift = (E // 4).bit_length() - 1
-    vec = (dout.size // 4 + attention.PREP_THREADS - 1) // attention.PREP_THREADS
-    calls = {
-        "package": lambda: attention.backward_prep4_kernel[vec, attention.PREP_THREADS, stream](
-            dqkv, dsum, dout, out, H
-        )
-    }
+    calls = {"package": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)}
     for r, kern in ROWS.items():
         grid = ((T + r - 1) // r, B)
         for reads_only in (False, True):

@@ -123,6 +123,9 @@ def _compile_all(monkeypatch, calls) -> None:
         assert ".target sm_90" in ptx, name
         if name.endswith("_vec_kernel"):  # 16-byte accesses, as vector.py promises
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+        if name == "backward_prep_kernel":  # 16-byte chunks, no index divided (its docstring)
+            assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+            assert not re.search(r"\b(div|rem)\.[su]\d+", ptx), name
         if name.endswith("_tiled_kernel"):  # operands 16 bytes a load (attention_tiles)
             assert "ld.shared.v4.f32" in ptx and "cp.async.cg.shared.global" in ptx, name
         if name not in F64_ALLOWED:

@@ -253,36 +253,46 @@ def launch_dynamic(kernel, grid, threads: int, stream, nbytes: int, *args) -> No
     kernel[grid, threads, stream, nbytes](*args)
 
 
-PREP_THREADS = 256
+PREP_MAX_THREADS = 1024  # a prep block takes the heads of a row that fit in this many
 
 
 @cuda.jit
-def backward_prep4_kernel(dqkv, dsum, dout, out, H):
+def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
     """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed;
-    float32, E / 4 a power of 2 up to 32. Thread k takes 4 columns of row k // (E / 4)
-    with 16-byte accesses, the E / 4 lanes of a row summing by shuffles. (A warp a row with
-    4-byte accesses kept a quarter of the bytes in flight, vector.py's Little's-law note:
-    0.126 ms against 0.059 at T=512 on the H200. Zeroing dQ in a kernel of its own, this one
-    only reading, took 0.101: results/attention-tc-backward-parts-s9d-*.)"""
-    B, Tn, HE = out.shape
-    E = HE // H
-    L = E // 4
+    float32, E / 4 = 2^shift lanes a head (at most 32). Grid (T, B, H E / 4 / per), blocks
+    of per (rounded up to whole warps) threads: thread k of block z takes 16-byte chunk
+    z per + k of row (b, t), so its head is a shift away and no index is divided; the
+    E / 4 lanes of a head sum by shuffles.
+
+    On the H200 at T=512 this took 0.040 ms (3.8 TB/s) where a 1-d grid, with six 64-bit
+    divisions a thread, took 0.059 (bench/prep_variants.py; 4 rows a thread: no faster).
+    A warp a row with 4-byte accesses took 0.126; zeroing dQ in a kernel of its own, 0.101
+    with the reads (results/attention-tc-backward-parts-*)."""
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
-    k = cuda.grid(1)
-    row, e = k // L, 4 * (k % L)
-    b, i, h = row // (Tn * H), row // H % Tn, row % H
+    tid = cuda.threadIdx.x
+    k = cuda.blockIdx.z * per + tid
+    b, i, c, L = cuda.blockIdx.y, cuda.blockIdx.x, 4 * k, 1 << shift
     s = T(0.0)
-    if row < B * Tn * H:
-        c = h * E + e
+    if tid < per:
         o0, o1, o2, o3 = load4_3d(out, b, i, c)
         d0, d1, d2, d3 = load4_3d(dout, b, i, c)
-        s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
         z = T(0.0)
         store4_3d(dqkv, b, i, c, z, z, z, z)
+        s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
     s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
-    if row < B * Tn * H and e == 0:
-        dsum[b, h, i] = s
+    if tid < per and k & (L - 1) == 0:
+        dsum[b, k >> shift, i] = s
+
+
+def prep_launch(B: int, Tn: int, H: int, E: int) -> tuple[tuple, int, int, int]:
+    """(grid, threads, shift, per) of backward_prep_kernel: per = E / 4 lanes times the
+    most heads dividing H that fit PREP_MAX_THREADS; threads, per rounded up to whole warps
+    (the shuffles name all 32 lanes)."""
+    L = E // 4
+    heads = max(d for d in range(1, H + 1) if H % d == 0 and d * L <= PREP_MAX_THREADS)
+    per = heads * L
+    return (Tn, B, H // heads), -(-per // 32) * 32, L.bit_length() - 1, per
 
 
 def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
@@ -290,8 +300,9 @@ def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     what the backwards that add dQ with atomics start from (16-byte aligned arrays)."""
     assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
     check_aligned(dqkv, dout, out)
-    grid = (dout.size // 4 + PREP_THREADS - 1) // PREP_THREADS
-    backward_prep4_kernel[grid, PREP_THREADS, stream](dqkv, dsum, dout, out, H)
+    B, Tn, _ = out.shape
+    grid, threads, shift, per = prep_launch(B, Tn, H, E)
+    backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per)
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:
