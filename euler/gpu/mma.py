@@ -31,9 +31,9 @@ in a block-shared scratch, a barrier, each lane computes its four outputs from t
 warp's fragments, a barrier. The simulator has no warp barrier, so `_warp_barrier` makes
 one (a threading.Barrier per warp: the simulator runs a block's threads as Python threads
 and its blocks one at a time), and warps may branch apart around their products, as on the
-hardware (attention_tc's SKIP_MASKED). The emulation reads only the TF32 part of each operand (the hardware
-ignores the low 13 bits), forms the exact products and rounds their sum with C once to
-float32; the hardware's summation order is unspecified, so the two agree to float32
+hardware (attention_tc's SKIP_MASKED). The emulation reads only the TF32 part of each
+operand (the hardware ignores the low 13 bits), forms the exact products and rounds their
+sum with C once to float32; the hardware's summation order is unspecified, so the two agree to float32
 rounding of the sum, not bit for bit.
 """
 
