@@ -33,8 +33,8 @@ one (a threading.Barrier per warp: the simulator runs a block's threads as Pytho
 and its blocks one at a time), and warps may branch apart around their products, as on the
 hardware (attention_tc's SKIP_MASKED). The emulation reads only the TF32 part of each
 operand (the hardware ignores the low 13 bits), forms the exact products and rounds their
-sum with C once to float32; the hardware's summation order is unspecified, so the two agree to float32
-rounding of the sum, not bit for bit.
+sum with C once to float32; the hardware's summation order is unspecified, so the two
+agree to float32 rounding of the sum, not bit for bit.
 """
 
 from __future__ import annotations
