@@ -119,10 +119,8 @@ def variant_calls(stream, dqkv, dsum, dout, out, H: int, E: int) -> dict:
         grid = ((T + r - 1) // r, B)
         for reads_only in (False, True):
             name = f"rows{r}" + (" reads only" if reads_only else "")
-            calls[name] = (
-                lambda k=kern, g=grid, ro=reads_only: k[g, HE // 4, stream](
-                    dqkv, dsum, dout, out, shift, ro
-                )
+            calls[name] = lambda k=kern, g=grid, ro=reads_only: k[g, HE // 4, stream](
+                dqkv, dsum, dout, out, shift, ro
             )
     calls["memset2d zeros only"] = lambda: _memset_q(dqkv, HE, stream)
     return calls
@@ -173,8 +171,15 @@ def main() -> None:
             ms = timed(stream, call, args.reps)
             moved = nbytes / 3 * ((2 if "zeros only" not in name else 0) + (zeros and 1))
             rows.append(
-                {"variant": name, "B": B, "T": T, "ms": ms, "TB/s": moved / ms / 1e9,
-                 "dsum max err": err, "checked": bool(ok)}  # fmt: skip
+                {
+                    "variant": name,
+                    "B": B,
+                    "T": T,
+                    "ms": ms,
+                    "TB/s": moved / ms / 1e9,
+                    "dsum max err": err,
+                    "checked": bool(ok),
+                }  # fmt: skip
             )
             print(json.dumps(rows[-1]), flush=True)
             if args.out:
