@@ -47,10 +47,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "SKIP_MASKED": False, "SKIP_MASKED_FORWARD": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "SKIP_MASKED", "SKIP_MASKED_FORWARD")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -353,7 +353,7 @@ else:
     )
     def test_attention_tc(B, T, H, G, E) -> None:
         """Two query heads a kv head: the dkv block's second head starts on a diagonal tile
-        after a full one, whose dS^T rows SKIP_MASKED must neither write nor read."""
+        after a full one, so its dS^T tile holds another tile's values to overwrite."""
         _check_attention(B, T, H, G, E)
 
     @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))

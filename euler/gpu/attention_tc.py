@@ -198,14 +198,6 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# SKIP_MASKED (with HALF = 4): on a diagonal tile pair, the dkv kernel's warps 2 and 3 (keys
-# 32..63) skip the first half of the queries (0..31, all before their keys: every
-# probability 0), and in dQ = dS K warps 0 and 1 (queries 0..31) skip keys 32..63, whose
-# dS^T was then not written: a quarter of the diagonal pairs' products, which the other
-# block on the multiprocessor gets. SKIP_MASKED_FORWARD: the forward's warps 0 and 1 (queries
-# 0..31) skip keys 32..63 of the diagonal tile in S = Q K^T and O += P V.
-SKIP_MASKED = True
-SKIP_MASKED_FORWARD = True
 
 
 def _wide() -> bool:
@@ -610,14 +602,13 @@ def _forward_source(E: int) -> str:
     gen.zero("o", range(NE))
     bn, bp = gen.key_tile_loop(BUF)
     gen.zero("s", range(8))
-    skip = SKIP_MASKED_FORWARD and HALF == 4
-    _products_but_masked(gen, skip, lambda c: gen.product_nt("s", "qa", KS, c, bn, PIPELINE))
+    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE)
     w("if j0 == i0:")
     w.indent()
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     _online_softmax(gen, "s", "o", "", range(8))
-    _products_but_masked(gen, skip, lambda c: gen.product_nn("o", "s", VS, c, bp, PIPELINE))
+    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
     else:
@@ -628,21 +619,6 @@ def _forward_source(E: int) -> str:
         w("oc = qo + 2 * t")
     _forward_out(gen, "o", "", "i0 + 16 * wp + g", staged)
     return w.text()
-
-
-def _products_but_masked(gen: _Gen, skip: bool, product) -> None:
-    """product(cols) over the key blocks 0..7 of the forward's tile; with skip, blocks 4..7
-    (keys 32..63) only where a key is at or before one of the warp's queries: not for
-    warps 0 and 1 on the diagonal tile (SKIP_MASKED_FORWARD; their scores stay 0 until the
-    mask makes them -inf, so their probabilities are 0)."""
-    if not skip:
-        product(range(8))
-        return
-    product(range(4))
-    gen.w("if j0 != i0 or wp >= 2:  # warps 0, 1 on the diagonal: keys 32.. all masked")
-    gen.w.indent()
-    product(range(4, 8))
-    gen.w.indent(-1)
 
 
 def _forward_wide_source(E: int) -> str:
@@ -857,12 +833,8 @@ def _dkv_source(E: int) -> str:
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w("cuda.syncthreads()")
         bn, bp, lcb = "lb", "lp", "lc"
-    skip = SKIP_MASKED and HALF == 4
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
-        if skip and half == 0:
-            w("if j0 != i0 or wp < 2:  # warps 2, 3 on the diagonal: queries 0..31 all masked")
-            w.indent()
         gen.zero("s", cols)
         gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
@@ -886,10 +858,8 @@ def _dkv_source(E: int) -> str:
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
         gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
         gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
-        if skip and half == 0:
-            w.indent(-1)
     if ATOMIC_DQ:
-        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED, skip)
+        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
         w("cur = nxt", "i0 = i1", "h = h1")
         w.indent(-1)
@@ -910,16 +880,14 @@ def _dkv_source(E: int) -> str:
     return w.text()
 
 
-def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, skip: bool) -> None:
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
 
     Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
     sm[DS] with the keys permuted as the P V product's (k = t is key 2t, k = t + 4 key
     2t + 1; lane (g, t) reads row 2t, column g: banks 8t + g, no conflicts), B = the K
     tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
-    loop's next barrier keeps the next tile's dS^T stores after these reads. skip
-    (SKIP_MASKED): on the diagonal, warps 0 and 1 leave out keys 32..63, whose dS^T rows
-    for their queries the skipping warps did not write (and would be 0).
+    loop's next barrier keeps the next tile's dS^T stores after these reads.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
@@ -928,17 +896,12 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, skip: bool) ->
         cols = range(n0, min(NE, n0 + HALF))
         gen.zero("dq", cols)
         for kk in range(8):
-            if skip and kk == 4:
-                w("if j0 != i0 or wp >= 2:  # warps 0, 1 on the diagonal: keys 32.. masked")
-                w.indent()
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, ["a0", "a1", "a2", "a3"])
-        if skip:
-            w.indent(-1)
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
@@ -1013,8 +976,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, SKIP_MASKED=SKIP_MASKED,
-                SKIP_MASKED_FORWARD=SKIP_MASKED_FORWARD,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 

@@ -28,13 +28,12 @@ g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group), as (row, column):
 The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run inline assembly, so there the same
 two functions, picked at import time, emulate the instruction: each lane puts its fragments
 in a block-shared scratch, a barrier, each lane computes its four outputs from the whole
-warp's fragments, a barrier. The simulator has no warp barrier, so `_warp_barrier` makes
-one (a threading.Barrier per warp: the simulator runs a block's threads as Python threads
-and its blocks one at a time), and warps may branch apart around their products, as on the
-hardware (attention_tc's SKIP_MASKED). The emulation reads only the TF32 part of each
-operand (the hardware ignores the low 13 bits), forms the exact products and rounds their
-sum with C once to float32; the hardware's summation order is unspecified, so the two
-agree to float32 rounding of the sum, not bit for bit.
+warp's fragments, a barrier. The simulator has no warp barrier, so it uses the block's:
+in the simulator every thread of the block must make the same sequence of calls (the
+kernels here do). The emulation reads only the TF32 part of each operand (the hardware
+ignores the low 13 bits), forms the exact products and rounds their sum with C once to
+float32; the hardware's summation order is unspecified, so the two agree to float32
+rounding of the sum, not bit for bit.
 """
 
 from __future__ import annotations
@@ -129,23 +128,7 @@ if not SIMULATOR:
         return sig, codegen
 
 else:
-    import threading
-
     _MAX_THREADS = 1024
-    _BARRIERS: dict[tuple[int, int], threading.Barrier] = {}  # (warp, lanes) -> barrier
-    _BARRIERS_LOCK = threading.Lock()
-    _WARP_TIMEOUT_S = 120.0  # a lane that died (an exception) breaks its warp's barrier
-
-    def _warp_barrier(tid: int, nthreads: int) -> None:
-        """Wait for every lane of tid's warp (of a block of nthreads): the simulator's
-        warp-wide barrier. Keyed by the warp's place alone: blocks run one at a time."""
-        warp = tid // 32
-        key = (warp, min(32, nthreads - 32 * warp))
-        with _BARRIERS_LOCK:
-            bar = _BARRIERS.get(key)
-            if bar is None:
-                bar = _BARRIERS[key] = threading.Barrier(key[1], timeout=_WARP_TIMEOUT_S)
-        bar.wait()
 
     def _tf32_bits(x) -> np.uint32:
         return np.array(x, dtype=np.float32).view(np.uint32)[()]
@@ -178,8 +161,7 @@ else:
         for i, v in enumerate((a0, a1, a2, a3, b0, b1)):
             bits = _tf32_bits(v) & np.uint32(TF32_MASK)  # the hardware reads only these bits
             frag[tid, i] = np.array(bits, dtype=np.uint32).view(np.float32)[()]
-        nthreads = cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z
-        _warp_barrier(tid, nthreads)
+        cuda.syncthreads()
         warp = tid - tid % 32
         g, t = (tid % 32) // 4, tid % 4
 
@@ -198,5 +180,5 @@ else:
         ):
             # the products of TF32 values are exact in float64; the sum is rounded once
             d.append(np.float32(float(c) + sum(a(row, k) * b(k, col) for k in range(8))))
-        _warp_barrier(tid, nthreads)
+        cuda.syncthreads()
         return d[0], d[1], d[2], d[3]
