@@ -13,9 +13,7 @@ B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
   attention-tc-backward-parts-launchfree-2026-11-30-h200.json; a split of it into a
   zeroing kernel and a reading one, 0.101 and 0.379: -s9d-prep-split-.)
 - dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
-  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design; with
-  FIRST_STORE the first block's stores go too, the arrival counters stay);
-- prep: without dQ's zeros under FIRST_STORE, as the backward calls it;
+  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design);
 - backward: attention_tc.attention_backward whole, and the forward for the ratio.
 """
 
@@ -55,15 +53,13 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     scale = np.float32(1.0 / math.sqrt(E))
     grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
     nbytes = attention_tc.shared_bytes(E)["dkv"]
-    first = attention_tc._first_store()
-    counts = be.zeros((attention_tc.counts_size(B, H, T),), np.uint32)
-    args = (dqkv, dsum, dout, qkv, lse, H, G, scale) + ((counts,) if first else ())
+    args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
-            dqkv, dout, qkv, out, lse, H, G, E, dsum, s, counts
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
-        "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s, not first),
+        "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
         "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
     }

@@ -59,12 +59,11 @@ RECORDS: list[dict] = []
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FIRST_STORE
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
     ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
-    ("zeroed-dq", {"FIRST_STORE": False}),  # the prep zeroes dQ, every block adds
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
@@ -114,16 +113,14 @@ class Case:
         self.lse = cuda.device_array((B, H, T), np.float32)
         self.dqkv = cuda.device_array(self.qkv_h.shape, np.float32)
         self.dsum = cuda.device_array((B, H, T), np.float32)
-        self.counts = cuda.to_device(np.zeros(attention_tc.counts_size(B, H, T), np.uint32))
 
     def fwd(self, mod):
         mod.attention_forward(self.out, self.lse, self.qkv, self.H, self.G, self.E, self.stream)
 
     def bwd(self, mod):
-        counts = (self.counts,) if mod is attention_tc else ()  # FIRST_STORE's, kept zero
         mod.attention_backward(
             self.dqkv, self.dout, self.qkv, self.out, self.lse, self.H, self.G, self.E,
-            self.dsum, self.stream, *counts,
+            self.dsum, self.stream,
         )  # fmt: skip
 
     def results(self, mod):

@@ -47,10 +47,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "FIRST_STORE": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FIRST_STORE")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -66,14 +66,12 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
-VARIANTS["zeroed-dq"] = VARIANTS["default"] | {"FIRST_STORE": False}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4",
-             "zeroed-dq")  # fmt: skip
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -170,11 +168,6 @@ if not IN_SIMULATOR:
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
             assert len(adds) == want_adds, (name, len(adds))
-            # FIRST_STORE (arrival.py): a thread's arrival and its being done, acquire-release,
-            # and the wait's acquiring load (its loop rotated: before it and in it)
-            first = knobs["FIRST_STORE"] and atomic and width != 4 and name == "dkv"
-            assert len(re.findall(r"atom\.acq_rel\.gpu\.global\.add\.u32", text)) == 2 * first
-            assert bool(re.search(r"ld\.acquire\.gpu\.global\.u32", text)) == first, name
             # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
             # warp's tile, 32 a lane) and per probability and score gradient (backward);
             # ADD_ROUND: the add alone for both B values of each product on a cp.async tile
@@ -265,13 +258,10 @@ if not IN_SIMULATOR:
         src = attention_tc.sources(8)[name]
         lines, got = src.splitlines(), no_atomics(src).splitlines()
         changed = [b for a, b in zip(lines, got, strict=True) if a != b]
-        # rows g and g + 8 of the one column block at E = 8, added (and stored: FIRST_STORE)
-        first = attention_tc._first_store()
-        assert len(changed) == (4 if first else 2)
+        assert len(changed) == 2  # rows g and g + 8 of the one column block at E = 8
         assert all(x.strip().startswith("if rq +") and "scale < T(0.0)" in x for x in changed)
         f32 = numba.float32[:, :, ::1]
         sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
-        sig += (numba.uint32[::1],) if first else ()
         kernel = attention_tc._compile(name, no_atomics(src))
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 

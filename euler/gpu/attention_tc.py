@@ -103,12 +103,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-from numba import cuda, float32
+from numba import float32
 
 from euler.gpu import attention
 from euler.gpu.approx import LOG2E
-from euler.gpu.arrival import PASSED
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.generated import Source, compile_generated
 from euler.gpu.mma import SIMULATOR
@@ -200,23 +198,6 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# FIRST_STORE (with ATOMIC_DQ, ATOMIC_WIDTH 1 or 2): the first block to reach a dQ tile
-# stores its dS K there and the later ones add theirs, so the prep kernel no longer zeroes
-# dQ (50 MB at T=512). Which block is first, each thread learns from its own counter
-# (arrival.py: one acquire-release atomic as it starts the tile, one as it is done; a later
-# thread that arrives before the first is done waits for it).
-FIRST_STORE = True
-
-
-def _first_store() -> bool:
-    """Whether the dkv kernel stores the first dQ of each tile (FIRST_STORE in force)."""
-    return FIRST_STORE and ATOMIC_DQ and ATOMIC_WIDTH != 4
-
-
-def counts_size(B: int, H: int, Tn: int) -> int:
-    """uint32 counters FIRST_STORE needs: one per thread of a 64-row dQ tile of each
-    (b, h)."""
-    return B * H * ((Tn + TILE - 1) // TILE) * THREADS
 
 
 def _wide() -> bool:
@@ -780,7 +761,7 @@ def _dkv_source(E: int) -> str:
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", counts" if _first_store() else ""),
+        "dqkv, dsum, dout, qkv, lse, H, G, scale",
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -909,10 +890,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     loop's next barrier keeps the next tile's dS^T stores after these reads.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
-    first_store = _first_store()
-    if first_store:  # this thread's arrival at its part of the tile, ahead of the barrier
-        w(f"ci = uint64(((b * H + h) * ((Tn + 63) // 64) + i0 // 64) * {THREADS} + tid)")
-        w("arr = arrive(counts, ci, 1)", "first = (arr & 0xFFFF) == 0")
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
     for n0 in range(0, NE, HALF):
@@ -928,38 +905,15 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
-        if first_store and n0 == 0:
-            w(f"if not first and arr < {PASSED}:  # the first adder may still be storing")
-            w(f"    while observe(counts, ci) < {PASSED}:", "        pass")
-        if first_store:
-            w("if first:")
-            w.indent()
-            _dq_rows(gen, cols, scale, add=False)
-            w.indent(-1)
-            w("else:")
-            w.indent()
-        _dq_rows(gen, cols, scale, add=True)
-        if first_store:
-            w.indent(-1)
-    if first_store:  # done: the last of the tile's adders leaves its counter zero
-        w(f"pa = arrive(counts, ci, {PASSED})")
-        w("if pa >> 16 == i0 // 64:  # the other i0 / 64 adders are done", "    counts[ci] = 0")
-
-
-def _dq_rows(gen: _Gen, cols, scale: str, add: bool) -> None:
-    """This lane's dQ values of column blocks cols (rows rq, rq + 8; columns qc + 8n, + 1)
-    added to dqkv by atomics (ATOMIC_WIDTH 1 or 2 a request), or stored (FIRST_STORE)."""
-    w = gen.w
-    for r, (i, j) in enumerate(((0, 1), (2, 3))):
-        w(f"if rq + {8 * r} < Tn:")
-        for n in cols:
-            if add and ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one request
-                pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
-                w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair})")
-                continue
-            for k, c in ((i, 8 * n), (j, 8 * n + 1)):
-                at, v = f"b, rq + {8 * r}, qc + {c}", f"dq{n}_{k}{scale}"
-                w(f"    cuda.atomic.add(dqkv, ({at}), {v})" if add else f"    dqkv[{at}] = {v}")
+        for r, (i, j) in enumerate(((0, 1), (2, 3))):
+            w(f"if rq + {8 * r} < Tn:")
+            for n in cols:
+                if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
+                    pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
+                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair})")
+                    continue
+                for k, c in ((i, 8 * n), (j, 8 * n + 1)):
+                    w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
 
 
 def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
@@ -1001,13 +955,12 @@ ASYNC_IMPORT = (
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
-ARRIVAL_IMPORT = "\nfrom euler.gpu.arrival import arrive, observe"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
-    header += VECTOR_IMPORT + (ARRIVAL_IMPORT if _first_store() else "")
+    header += VECTOR_IMPORT
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -1023,7 +976,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FIRST_STORE=FIRST_STORE,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1080,14 +1033,11 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
-def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, counts=None) -> None:
+def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> None:
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 
     dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
-    the query heads of their group. Same math as attention.attention_backward. counts:
-    FIRST_STORE's counters, counts_size(B, H, T) uint32 zeros, which each call leaves zero
-    (allocated here if None, a host array for host arguments: callers that time or capture
-    pass their own).
+    the query heads of their group. Same math as attention.attention_backward.
     """
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
@@ -1097,17 +1047,10 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, count
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    first = _first_store()
-    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds unless FIRST_STORE
-        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream, zero_dq=not first)
+    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
+        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    if first:
-        if counts is None:
-            zeros = np.zeros(counts_size(B, H, Tn), np.uint32)
-            counts = zeros if isinstance(dqkv, np.ndarray) else cuda.to_device(zeros, stream)
-        assert counts.shape == (counts_size(B, H, Tn),) and counts.dtype == np.uint32
-        args += (counts,)
     _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)

@@ -349,9 +349,9 @@ class GpuBackend:
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
         if self._tensor_cores(E):
-            tc = self.k_attention_tc
-            counts = self.scratch("attention_counts", (tc.counts_size(*lse.shape),), np.uint32)
-            tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, counts)
+            self.k_attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
+            )
             return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
