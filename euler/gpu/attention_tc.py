@@ -81,7 +81,9 @@ Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, 
 errors against a float64 reference within 4e-4 of the values' scale), forward and
 backward ms at T=512 (T=2048). Since 2026-11-30 each figure is the device's time alone (10
 calls back to back behind a spinning kernel, bench/gpu_timing.py); the rows below the first
-three were one call between CUDA events, the host's launch (40-90 us) included:
+four were one call between CUDA events, the host's launch (40-90 us) included:
+  default (2026-11-30, session 10: the prep kernel indexed by shifts, 0.040 ms from 0.059)
+                                     0.142 0.361 (1.79 4.73)  90 (115) TFLOP/s forward
   default (2026-11-30, session 9: ASYNC_Q, STAGED_OUT, ASYNC_KV, the 16-byte prep kernel)
                                      0.143 0.379 (1.79 4.73)  90 (115) TFLOP/s forward
   default (2026-11-30: ATOMIC_WIDTH 2, ADD_ROUND and HEAVY_FIRST_FORWARD on)
@@ -94,9 +96,9 @@ three were one call between CUDA events, the host's launch (40-90 us) included:
   3xTF32 (SPLIT_TF32, libdevice exp) 0.659 2.133 (6.19 21.4)   errors 4e-6 (out), 9e-5 (dqkv)
   PIPELINE alone                     0.312 0.881 (2.52 7.72)
   neither (staged loads, dq kernel)  0.401 1.059 (3.91 9.98)
-Launch-free in one run (2026-11-30, results/attention-table-launchfree-s9-2026-11-30-h200.json):
-this module 0.143 and 0.380 (1.79 4.84), 3xTF32 0.385 1.167, the exact fp32 kernels
-(attention_tiles) 0.460 1.050 (6.32 14.3), torch SDPA fp32 0.485 1.263 (6.15 15.5).
+Launch-free in one run (2026-11-30, results/attention-table-launchfree-s10-2026-11-30-h200.json):
+this module 0.144 and 0.365 (1.79 4.58), 3xTF32 0.381 1.143, the exact fp32 kernels
+(attention_tiles) 0.460 1.032 (6.32 14.2), torch SDPA fp32 0.488 1.276 (6.13 15.5).
 """
 
 from __future__ import annotations
