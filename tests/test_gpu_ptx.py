@@ -126,7 +126,6 @@ def _compile_all(monkeypatch, calls) -> None:
         if name == "backward_prep_kernel":  # 16-byte chunks, no index divided (its docstring)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
             assert not re.search(r"\b(div|rem)\.[su]\d+", ptx), name
-            assert "griddepcontrol.launch_dependents;" in ptx, name  # pdl.py
         if name.endswith("_tiled_kernel"):  # operands 16 bytes a load (attention_tiles)
             assert "ld.shared.v4.f32" in ptx and "cp.async.cg.shared.global" in ptx, name
         if name not in F64_ALLOWED:
@@ -162,19 +161,3 @@ def test_tiled_attention_gpu_preset(monkeypatch) -> None:
     monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)
     _attention_launches(64, 0, 2, 3)
     _compile_all(monkeypatch, [c for c in calls if "tiled" in c[0].py_func.__name__])
-
-
-def test_programmatic_launch_config(monkeypatch) -> None:
-    """pdl.programmatic: numba's launches inside the block build cuda.core LaunchConfigs
-    with programmatic_stream_serialization; before and after it, without."""
-    from numba.cuda import dispatcher as numba_dispatcher
-
-    from euler.gpu import pdl
-
-    if not pdl.AVAILABLE:
-        pytest.skip("this cuda.core has no programmatic_stream_serialization")
-    cfg = lambda: numba_dispatcher.LaunchConfig(grid=(1, 1, 1), block=(32, 1, 1))  # noqa: E731
-    assert not cfg().programmatic_stream_serialization
-    with pdl.programmatic():
-        assert cfg().programmatic_stream_serialization
-    assert not cfg().programmatic_stream_serialization

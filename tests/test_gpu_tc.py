@@ -47,10 +47,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "PROGRAMMATIC": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "PROGRAMMATIC")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -66,14 +66,12 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
-VARIANTS["serialized"] = VARIANTS["default"] | {"PROGRAMMATIC": False}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4",
-             "serialized")  # fmt: skip
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -170,9 +168,6 @@ if not IN_SIMULATOR:
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
             assert len(adds) == want_adds, (name, len(adds))
-            # PROGRAMMATIC: dkv waits for the prep kernel once, after its K and V copies
-            waits = text.count("griddepcontrol.wait;")
-            assert waits == (knobs["PROGRAMMATIC"] and atomic and name == "dkv"), name
             # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
             # warp's tile, 32 a lane) and per probability and score gradient (backward);
             # ADD_ROUND: the add alone for both B values of each product on a cp.async tile

@@ -26,7 +26,6 @@ from numba import cuda, float32
 
 from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
-from euler.gpu.pdl import allow_dependents
 from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
 from euler.gpu.vector import load4_3d, store4_3d
 from euler.layer_math import online_softmax_rescale
@@ -269,7 +268,6 @@ def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
     divisions a thread, took 0.059 (bench/prep_variants.py; 4 rows a thread: no faster).
     A warp a row with 4-byte accesses took 0.126; zeroing dQ in a kernel of its own, 0.101
     with the reads (results/attention-tc-backward-parts-*)."""
-    allow_dependents()  # a dkv kernel launched programmatically may start (pdl.py)
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
     tid = cuda.threadIdx.x

@@ -103,12 +103,11 @@ this module 0.144 and 0.365 (1.79 4.58), 3xTF32 0.381 1.143, the exact fp32 kern
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from numba import float32
 
-from euler.gpu import attention, pdl
+from euler.gpu import attention
 from euler.gpu.approx import LOG2E
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.generated import Source, compile_generated
@@ -201,10 +200,6 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# PROGRAMMATIC (with ATOMIC_DQ): the dkv kernel is launched programmatically behind the prep
-# kernel (pdl.py, sm_90): its blocks start during the prep's last wave, copy their K and
-# V, and wait for the prep's dsum and zeros only before their first query tile.
-PROGRAMMATIC = True
 
 
 def _wide() -> bool:
@@ -795,8 +790,6 @@ def _dkv_source(E: int) -> str:
     if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
         gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
-    if PROGRAMMATIC and ATOMIC_DQ:  # nothing above reads what the prep kernel writes
-        w("wait_prior_grid()  # the prep's dsum and dQ's zeros (pdl.py)")
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0))
         w("cp_async_commit()")
@@ -964,13 +957,12 @@ ASYNC_IMPORT = (
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
-PDL_IMPORT = "\nfrom euler.gpu.pdl import wait_prior_grid"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
-    header += VECTOR_IMPORT + (PDL_IMPORT if PROGRAMMATIC and ATOMIC_DQ else "")
+    header += VECTOR_IMPORT
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -986,7 +978,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, PROGRAMMATIC=PROGRAMMATIC,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1063,5 +1055,4 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    with pdl.programmatic() if PROGRAMMATIC and ATOMIC_DQ else contextlib.nullcontext():
-        _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)
+    _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)
