@@ -19,7 +19,6 @@ B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -30,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.attention_tc_ablation import NEVER  # noqa: E402
-from bench.gpu_timing import timed  # noqa: E402
+from bench.gpu_timing import lengths_parser, timed  # noqa: E402
 from euler.gpu import attention, attention_tc  # noqa: E402
 
 
@@ -66,12 +65,7 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--T", default="512,2048")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = lengths_parser(__doc__).parse_args()
     from euler.gpu.backend import GpuBackend
 
     be = GpuBackend(tf32=True)

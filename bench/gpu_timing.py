@@ -14,7 +14,9 @@ alone, back to back.
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
@@ -76,3 +78,14 @@ def timed(stream, fn, reps: int, calls: int = CALLS) -> float:
         hold_stream(stream, HOLD_MS)
         times.append(_events_ms(stream, fn, calls) / calls)
     return float(np.median(times))
+
+
+def lengths_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the launch-free benchmarks over sequence lengths: --T (comma-separated
+    lengths), --batch, --reps (rounds of `timed`), --out (a JSON file of the rows)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--T", default="512,2048")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    return ap

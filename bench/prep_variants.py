@@ -16,7 +16,6 @@ Each variant's dsum and dqkv are checked against the package kernel's before it 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from numba import cuda, float32
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_timing import timed  # noqa: E402
+from bench.gpu_timing import lengths_parser, timed  # noqa: E402
 from euler.gpu import attention  # noqa: E402
 from euler.gpu.reduce import MAX_THREADS, group_sum  # noqa: E402
 from euler.gpu.vector import load4_3d, store4_3d  # noqa: E402
@@ -136,12 +135,7 @@ def _memset_q(dqkv, HE: int, stream) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--T", default="512,2048")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = lengths_parser(__doc__).parse_args()
     stream = cuda.stream()
     H, G, E, B = 12, 4, 64, args.batch
     rows = []
