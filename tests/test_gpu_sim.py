@@ -1,7 +1,8 @@
 """The GPU kernels in the CUDA simulator against the CPU engine, on tiny shapes (no GPU needed).
 
 NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the one test that
-runs in the ordinary session starts this same file again in a subprocess with it set;
+runs in the ordinary session reports this same file run again in a subprocess with it set
+(started as the session's collection ends, conftest.py);
 there the layer checks of test_gpu_device.py run on a GpuBackend whose blocks and tiles
 are small (the simulator runs one Python thread per GPU thread) and whose matrix products
 come from NumPy (cuBLAS cannot run in the simulator). Block reductions take their
@@ -11,9 +12,6 @@ shared-memory path here, since the simulator has no warp shuffles.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,13 +21,11 @@ IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 if not IN_SIMULATOR:
 
-    def test_kernels_in_simulator() -> None:
-        pytest.importorskip("numba.cuda")
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-        root = Path(__file__).resolve().parents[1]
-        r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    @pytest.mark.simulator_run(__file__, "")
+    def test_kernels_in_simulator(simulator_run_result) -> None:
+        """This file's simulator tests (started at collection: conftest.py)."""
+        rc, out = simulator_run_result
+        assert rc == 0, out
 
 else:
     from test_gpu_device import (

@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -265,23 +262,18 @@ if not IN_SIMULATOR:
         kernel = attention_tc._compile(name, no_atomics(src))
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 
-    def _in_simulator(marks: str) -> None:
-        """This file's simulator tests selected by marks, in a subprocess."""
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", marks]
-        root = Path(__file__).resolve().parents[1]
-        r = subprocess.run(
-            [*cmd, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=900
-        )
-        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-
-    def test_in_simulator() -> None:
-        _in_simulator("not slow")
+    @pytest.mark.simulator_run(__file__, "not slow")
+    def test_in_simulator(simulator_run_result) -> None:
+        """This file's simulator tests, in a subprocess started at collection (conftest.py)."""
+        rc, out = simulator_run_result
+        assert rc == 0, out
 
     @pytest.mark.slow
-    def test_in_simulator_slow() -> None:
+    @pytest.mark.simulator_run(__file__, "slow")
+    def test_in_simulator_slow(simulator_run_result) -> None:
         """The variants outside QUICK (about a minute each)."""
-        _in_simulator("slow")
+        rc, out = simulator_run_result
+        assert rc == 0, out
 
 else:
     from numba import cuda
