@@ -24,6 +24,7 @@ if not IN_SIMULATOR:
     @pytest.mark.simulator_run(__file__, "")
     def test_kernels_in_simulator(simulator_run_result) -> None:
         """This file's simulator tests (started at collection: conftest.py)."""
+        pytest.importorskip("numba.cuda")
         rc, out = simulator_run_result
         assert rc == 0, out
 

@@ -317,14 +317,18 @@ class _Gen:
         sm[buf + region], row-major [row][e], raw float32; rows past the sequence read no
         bytes and land as zeros. Thread tid copies columns cc..cc+3 of rows ra + 512 / E * it
         (E / 8 copies of 16 bytes per tile); the caller commits them as a group."""
-        E, LD = self.E, self.LD
-        step = 4 * THREADS // E
         for region, row0, col, src in tiles:
-            for it in range(E // 8):
-                row = f"{row0} + ra + {it * step}"
-                dst = f"{buf} + ca + {self.u(region + it * step * LD)}"
+            for rows, at in self.async_chunks(region):
+                row = f"{row0} + ra + {rows}"
+                dst = f"{buf} + ca + {self.u(at)}"
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
                 self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
+
+    def async_chunks(self, region: int) -> list[tuple[int, int]]:
+        """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
+        copies): (row offset past ra, shared offset past ca) of each of its E / 8."""
+        step = 4 * THREADS // self.E
+        return [(it * step, region + it * step * self.LD) for it in range(self.E // 8)]
 
     def kv_tiles(self, row0: str) -> list[tuple]:
         """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
@@ -795,9 +799,8 @@ def _dkv_source(E: int) -> str:
         w("cp_async_commit()")
     if async_kv:
         w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
-        step = 4 * THREADS // E
-        for it in range(E // 8):  # K scaled and rounded in place, each thread its own copies
-            at = f"ca + {gen.u(ks + it * step * LD)}"
+        for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
+            at = f"ca + {gen.u(off)}"
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
