@@ -209,6 +209,40 @@ def test_attention_head_sizes(E) -> None:
     check_attention(CpuBackend(), _gpu_backend(), np.random.default_rng(E), sizes)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,T", [(8, 512), (2, 200)])
+def test_tensor_core_attention_matches_float64(B, T) -> None:
+    """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
+    the `gpu` preset's heads, twice on the same scratch: TF32's 2e-3 of each output's scale
+    (test_gpu_tc.py's TOL). At (8, 512) the dkv blocks run many at once, so units of
+    FUSED_PREP are claimed, found ready and waited for; each call leaves the flags at 0."""
+    from euler.gpu import attention_tc
+    from euler.gpu.backend import GpuBackend
+    from tests.numpy_reference import attention_with_grads
+
+    _gpu_backend()  # skips without a GPU
+    gpu = GpuBackend(tf32=True)
+    H, G, E = 12, 4, 64
+    assert gpu._tensor_cores(E)
+    rng = np.random.default_rng(T)
+    qkv, dout = _f32(rng, B, T, (H + 2 * G) * E), _f32(rng, B, T, H * E)
+    ref = attention_with_grads(qkv, dout, H, G, E)
+    d_qkv, d_dout = gpu.to_device(qkv), gpu.to_device(dout)
+    out, lse = gpu.zeros((B, T, H * E), np.float32), gpu.zeros((B, H, T), np.float32)
+    dqkv = gpu.zeros(qkv.shape, np.float32)
+    gpu.attention_forward(out, lse, d_qkv, H, G, E)
+    for call in range(2):
+        gpu.attention_backward(dqkv, d_dout, d_qkv, out, lse, H, G, E)
+        got = [gpu.to_host(x) for x in (out, lse, dqkv)]
+        for name, g, w in zip(("out", "lse", "dqkv"), got, ref, strict=True):
+            err, tol = np.abs(g - w).max(), 2e-3 * np.abs(w).max()
+            assert err <= tol, f"call {call}, {name}: max error {err:.2e} > {tol:.2e}"
+        if attention_tc._fused():
+            shapes = attention_tc.scratch_shapes(B, H, T)
+            flags = gpu.scratch("attention_tc_flags", *shapes["flags"])
+            assert not gpu.to_host(flags).any()
+
+
 def train_step_matches(gpu, preset, B: int, T: int, steps: int, grad_rtol: float) -> None:
     """`steps` training steps of `preset` (a name or a ModelConfig) on both backends: equal
     losses, grads and params."""
