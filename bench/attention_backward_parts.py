@@ -48,19 +48,15 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     qkv = be.to_device(rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32))
     dout = be.to_device(rng.standard_normal((B, T, H * E)).astype(np.float32))
     out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
-    dqkv = be.zeros(qkv.shape, np.float32)
-    shapes = attention_tc.scratch_shapes(B, H, T)
-    dsum, flags = (be.zeros(*shapes[k]) for k in ("dsum", "flags"))
+    dqkv, dsum = be.zeros(qkv.shape, np.float32), be.zeros((B, H, T), np.float32)
     scale = np.float32(1.0 / math.sqrt(E))
     grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
     nbytes = attention_tc.shared_bytes(E)["dkv"]
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    if attention_tc._fused():  # its dkv kernel prepares too
-        args += (out, flags)
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
-            dqkv, dout, qkv, out, lse, H, G, E, dsum, s, flags
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
         "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),

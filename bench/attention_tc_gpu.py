@@ -68,7 +68,6 @@ VARIANTS = [
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
     ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
-    ("prep-kernel", {"FUSED_PREP": False}),  # D and dQ's zeros by a kernel before dkv's
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
     ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),
@@ -114,22 +113,14 @@ class Case:
         self.lse = cuda.device_array((B, H, T), np.float32)
         self.dqkv = cuda.device_array(self.qkv_h.shape, np.float32)
         self.dsum = cuda.device_array((B, H, T), np.float32)
-        self.tc_scratch = {  # attention_tc's dsum (padded to whole tiles) and flags
-            name: cuda.to_device(np.zeros(shape, dtype))
-            for name, (shape, dtype) in attention_tc.scratch_shapes(B, H, T).items()
-        }
 
     def fwd(self, mod):
         mod.attention_forward(self.out, self.lse, self.qkv, self.H, self.G, self.E, self.stream)
 
     def bwd(self, mod):
-        """mod's backward; attention_tc takes its own scratch (dsum padded, and flags)."""
-        tc = mod is attention_tc
-        dsum = self.tc_scratch["dsum"] if tc else self.dsum
-        more = {"flags": self.tc_scratch["flags"]} if tc else {}
         mod.attention_backward(
             self.dqkv, self.dout, self.qkv, self.out, self.lse, self.H, self.G, self.E,
-            dsum, self.stream, **more,
+            self.dsum, self.stream,
         )  # fmt: skip
 
     def results(self, mod):

@@ -9,7 +9,7 @@
 #     bash bench/h200_session.sh ablation   # the tc forward with per-block parts removed, 2 min
 #     bash bench/h200_session.sh parts      # the tc backward's parts (prep, dkv) alone, 1 min
 #     bash bench/h200_session.sh prep       # prep_variants.py (the prep's schedules), then parts
-#     bash bench/h200_session.sh fused      # tc attention tests, FUSED_PREP A/B, parts (~8 min)
+#     bash bench/h200_session.sh ab NAME... # tc tests, default and each variant twice, parts
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -74,15 +74,18 @@ parts)
     timeout 200 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
         | grep '"part"' | tee -a "$OUT/log.txt"
     ;;
-fused)
-    log "tensor-core attention against float64 on the GPU (FUSED_PREP's claims under load)"
+ab)
+    shift
+    log "tensor-core attention against float64 on the GPU"
     timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k tensor_core 2>&1 \
         | grep -E "Error|error|passed|failed" | tee -a "$OUT/log.txt"
-    for name in default prep-kernel default prep-kernel; do
-        log "tensor-core variant $name"
-        timeout 200 python3 bench/attention_tc_gpu.py --variant "$name" \
-            --out "$OUT/attention-tc-$name-$(date +%s).json" 2>&1 | grep -v Warning | tail -12 \
-            | tee -a "$OUT/log.txt"
+    for round in 1 2; do
+        for name in default "$@"; do
+            log "tensor-core variant $name, round $round"
+            timeout 200 python3 bench/attention_tc_gpu.py --variant "$name" \
+                --out "$OUT/attention-tc-$name-$round.json" 2>&1 | grep '"time"\|rror' \
+                | tee -a "$OUT/log.txt"
+        done
     done
     log "tc backward parts (attention_backward_parts.py)"
     timeout 120 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \

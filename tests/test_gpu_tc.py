@@ -44,10 +44,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "FUSED_PREP": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FUSED_PREP")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -62,15 +62,13 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
     "HEAVY_FIRST_FORWARD": False,
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
-VARIANTS["prep-kernel"] = VARIANTS["default"] | {"FUSED_PREP": False}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4",
-             "prep-kernel")  # fmt: skip
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -158,16 +156,8 @@ if not IN_SIMULATOR:
             # shared memory, 16 bytes a lane: E / 8 loads and stores of each
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
+            assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
             assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == vectors, name
-            # FUSED_PREP: a unit's prep (before the loop and at its top) loads O and dO and
-            # zeroes dQ 16 bytes at a time, E / 8 rows a thread
-            fused = pipeline and atomic and knobs["FUSED_PREP"] and name == "dkv"
-            preps = 2 * E // 8 if fused else 0
-            assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors + preps, name
-            assert len(re.findall(r"ld\.global\.(?:nc\.)?v4\.f32", text)) == 2 * preps, name
-            claims = re.findall(r"atom\.global\.cas\.b32", text)
-            assert len(claims) == (2 if fused else 0), (name, len(claims))
-            assert ("membar.gl;" in text or "fence.sc.gpu;" in text) == fused, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
@@ -269,8 +259,6 @@ if not IN_SIMULATOR:
         assert all(x.strip().startswith("if rq +") and "scale < T(0.0)" in x for x in changed)
         f32 = numba.float32[:, :, ::1]
         sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
-        if attention_tc._fused():  # out, and the units' flags
-            sig += (f32, numba.int32[::1])
         kernel = attention_tc._compile(name, no_atomics(src))
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 
@@ -337,7 +325,7 @@ else:
             lse = np.full((B, H, T), np.nan, np.float32)
             attention_tc.attention_forward(out, lse, qkv, H, G, E)
         else:
-            out, lse = (np.ascontiguousarray(x, np.float32) for x in ref[:2])
+            out, lse = (x.astype(np.float32) for x in ref[:2])
         dqkv = np.full_like(qkv, np.nan)
         if backward:
             dsum = np.full((B, H, T), np.nan, np.float32)
@@ -359,30 +347,6 @@ else:
         """Two query heads a kv head: the dkv block's second head starts on a diagonal tile
         after a full one, so its dS^T tile holds another tile's values to overwrite."""
         _check_attention(B, T, H, G, E)
-
-    def test_attention_tc_fused_prep_scratch() -> None:
-        """FUSED_PREP with the caller's scratch (scratch_shapes): three query tiles, the
-        last with a tail, of two query heads on one kv head. Each unit is claimed by the
-        first block to need it (the simulator runs one block at a time) and found ready by
-        the others, and its last user sets its flag word back to 0 for the next call."""
-        B, T, H, G, E = 1, 130, 2, 1, 8
-        rng = np.random.default_rng(2)
-        qkv = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
-        dout = rng.standard_normal((B, T, H * E)).astype(np.float32)
-        ref = attention_with_grads(qkv, dout, H, G, E)
-        out, lse = (np.ascontiguousarray(x, np.float32) for x in ref[:2])
-        shapes = attention_tc.scratch_shapes(B, H, T)
-        assert shapes["dsum"][0] == (B, H, 192) and shapes["flags"][0] == (B * H * 3,)
-        dsum = np.full(shapes["dsum"][0], np.nan, np.float32)
-        flags = np.zeros(*shapes["flags"])
-        dqkv = np.full_like(qkv, np.nan)
-        attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, flags=flags)
-        assert not flags.any(), flags
-        want_d = (dout.reshape(B, T, H, E) * out.reshape(B, T, H, E)).sum(-1).transpose(0, 2, 1)
-        np.testing.assert_allclose(dsum[:, :, :T], want_d, rtol=1e-5, atol=1e-5)
-        assert np.isnan(dsum[:, :, T:]).all()  # the padding: never written, never read
-        err, tol = np.abs(dqkv - ref[2]).max(), TOL * np.abs(ref[2]).max()
-        assert err <= tol, f"dqkv: max error {err:.2e} > {tol:.2e}"
 
     @pytest.mark.parametrize("name", _marked(n for n in VARIANTS if n != "default"))
     def test_attention_tc_variant(monkeypatch, name) -> None:

@@ -105,7 +105,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import float32
 
 from euler.gpu import attention
@@ -201,19 +200,6 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# FUSED_PREP (with PIPELINE and ATOMIC_DQ): no prep kernel; the dkv blocks do its work
-# (D = rowsum(dO O) into dsum, dQ zeroed) one unit of 64 query rows of a head at a time,
-# whichever block needs a unit first, so a unit's loads and stores overlap the products of
-# the blocks around it instead of running alone before them. A block claims a unit with a
-# compare-and-swap on its word in `flags` (0 free, 1 being prepared, 2 + 2k ready and
-# released by k of its users); a block finding it claimed waits (the claimer is running, so
-# this cannot deadlock); each user adds 2 once done with it and the last one (of i + 1 for
-# query tile i) sets it back to 0 for the next call. Thread 0 reads a unit's word an
-# iteration before the block needs it, so a ready unit costs no wait. dsum is padded to
-# whole tiles (scratch_shapes): then no 32-byte sector holds two units' D, and no block can
-# hold one in its L1 from before the unit was ready.
-FUSED_PREP = True
-PREP_CHUNK = 4  # FUSED_PREP: rows of a thread's prep loads issued before their sums
 
 
 def _wide() -> bool:
@@ -518,14 +504,7 @@ def _layout(E: int) -> dict[str, int]:
     sizes = {k: nbuf * v for k, v in _buffers(E).items()}
     if ATOMIC_DQ:
         sizes["dkv"] += TILE * (E + 4) + TILE * LDS
-    if _fused():
-        sizes["dkv"] += 4  # the claim's outcome, which thread 0 passes to the block
     return sizes
-
-
-def _fused() -> bool:
-    """Whether the dkv kernel does the backward's prep itself (FUSED_PREP)."""
-    return FUSED_PREP and PIPELINE and ATOMIC_DQ
 
 
 def _dynamic(kernel: str) -> bool:
@@ -784,13 +763,11 @@ def _dkv_source(E: int) -> str:
     w, NE, LD = gen.w, gen.NE, gen.LD
     QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
     BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
-    fused = _fused()
-    FL = RED - 4 if fused else RED  # FUSED_PREP's claim outcome
-    KK, DS = FL - TILE * (LD + LDS), FL - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
+    KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", out, flags" if fused else ""),
+        "dqkv, dsum, dout, qkv, lse, H, G, scale",
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -800,10 +777,6 @@ def _dkv_source(E: int) -> str:
     w("rep = H // G", f"b = {head} // G", f"kvh = {head} % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
     w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
-    if PIPELINE:
-        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
-    if fused:
-        _prep_prologue(gen)
 
     def issue(i: str, h: str, buf: str) -> None:
         """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
@@ -821,16 +794,9 @@ def _dkv_source(E: int) -> str:
     if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
         gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
-    if fused:  # query tile 0's unit, prepared before its dsum is copied
-        _claim(gen, "kvh * rep", "j0", FL, first=True)
-        w("cuda.syncthreads()")
-        _prepare_if_claimed(gen, "kvh * rep", "j0", FL, RED)
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0))
         w("cp_async_commit()")
-    if fused:
-        _next_unit(gen, "kvh * rep", "j0", "hn", "in_")
-        _read_ahead(gen, "hn", "in_", "nit > 1")
     if async_kv:
         w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
         for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
@@ -850,24 +816,13 @@ def _dkv_source(E: int) -> str:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
+        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        if fused:
-            _release_last(gen)
-            _claim(gen, "h1", "i1", FL, first=False, more="it + 1 < nit")
-
-        def top_issue() -> None:
-            if fused:
-                _prepare_if_claimed(gen, "h1", "i1", FL, RED)
-            issue("i1", "h1", "nxt")
-
-        gen.pipeline_top("it + 1 < nit", BUF, top_issue)
-        if fused:
-            _next_unit(gen, "h1", "i1", "hn", "in_")
-            _read_ahead(gen, "hn", "in_", "it + 2 < nit")
+        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"))
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -910,18 +865,12 @@ def _dkv_source(E: int) -> str:
         gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
-    if fused:  # done with this unit: its last user's word comes back at the next top
-        w("if tid == 0:")
-        w("    lu = fb + h * nt + (i0 >> 6)", "    lw = 2 + 2 * (i0 >> 6)")
-        w("    od = cuda.atomic.add(flags, lu, 2)")
     if PIPELINE:
         w("cur = nxt", "i0 = i1", "h = h1")
         w.indent(-1)
     else:
         w("cuda.syncthreads()")
         w.indent(-2)
-    if fused:
-        _release_last(gen)
     dk_scale = " * scale" if PIPELINE else ""
     if PIPELINE and STAGED_OUT:
         _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0")
@@ -934,98 +883,6 @@ def _dkv_source(E: int) -> str:
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
-
-
-def _prep_prologue(gen: _Gen) -> None:
-    """FUSED_PREP's per-block names: the flags of batch b, a prep thread's columns and
-    first row, and the last unit released (its word's old value, index, and the value the
-    last of its users sees)."""
-    E = gen.E
-    gen.w("nt = (Tn + 63) // 64", "fb = b * H * nt  # unit (h, i): flags[fb + h nt + i / 64]")
-    gen.w(f"pc = 4 * (tid % {E // 4})", f"pr = tid // {E // 4}  # prep: columns pc.., rows pr..")
-    gen.w("od = -1", "lu = 0", "lw = 0", "rd = 2")
-
-
-def _next_unit(gen: _Gen, h: str, i: str, h_out: str, i_out: str) -> None:
-    """(h_out, i_out): the (head, query tile) after (h, i) in the dkv loop's order."""
-    gen.w(f"{i_out} = {i} + 64", f"{h_out} = {h} + select({i_out} >= Tn, 1, 0)")
-    gen.w(f"{i_out} = select({i_out} >= Tn, j0, {i_out})")
-
-
-def _read_ahead(gen: _Gen, h: str, i: str, more: str) -> None:
-    """Thread 0 reads unit (h, i)'s word into rd (2 if not `more`), an iteration before the
-    claim that needs it: a ready unit then costs no memory latency at the top."""
-    u = f"fb + {h} * nt + ({i} >> 6)"
-    gen.w("if tid == 0:", "    rd = 2", f"    if {more}:")
-    gen.w(f"        rd = cuda.atomic.add(flags, {u}, 0)")
-
-
-def _claim(gen: _Gen, h: str, i: str, fl: int, first: bool, more: str = "") -> None:
-    """Thread 0 makes sure unit (h, i) is ready or this block's to prepare, and says which
-    at sm[fl] (1: prepare it) for the block, after a barrier. Unless first, rd holds the
-    word read ahead: only a unit not seen ready takes the compare-and-swap."""
-    w = gen.w
-    w(f"if tid == 0{f' and {more}' if more else ''}:")
-    w.indent()
-    u = f"fb + {h} * nt + ({i} >> 6)"
-    if not first:
-        w("if rd < 2:")
-        w.indent()
-    w(f"rd = cuda.atomic.cas(flags, {u}, 0, 1)")
-    w("while rd == 1:  # another block is preparing it")
-    if not SIMULATOR:  # which runs one block at a time, so never finds one claimed
-        w("    cuda.nanosleep(128)")
-    w(f"    rd = cuda.atomic.add(flags, {u}, 0)")
-    if not first:
-        w.indent(-1)
-    w(f"sm[{fl}] = select(rd == 0, T(1.0), T(0.0))")
-    w.indent(-1)
-
-
-def _prepare_if_claimed(gen: _Gen, h: str, i: str, fl: int, red: int) -> None:
-    """If this block claimed unit (h, i) (sm[fl], after a barrier): D = rowsum(dO O) of its
-    64 rows into dsum, their dQ zeroed, then the word set ready after a fence (every
-    thread's stores before it). Thread tid takes columns pc..pc + 3 of rows pr + 512 / E
-    * p: E / 8 rows, PREP_CHUNK of them loaded at a time; a row's E / 4 lanes sum by
-    shuffles (through shared scratch at sm[red] in the simulator)."""
-    w, E = gen.w, gen.E
-    lanes, step = E // 4, 4 * THREADS // E
-    col = f"({h}) * {E} + pc"
-    w(f"if sm[{fl}] != T(0.0):")
-    w.indent()
-    for p0 in range(0, E // 8, PREP_CHUNK):
-        ps = range(p0, min(E // 8, p0 + PREP_CHUNK))
-        for p in ps:
-            w(f"pw{p} = {i} + pr + {p * step}", f"pv{p} = min(pw{p}, Tn - 1)")
-            for src, x in (("out", "po"), ("dout", "pd")):
-                names = ", ".join(f"{x}{p}_{k}" for k in range(4))
-                w(f"{names} = load4_3d({src}, b, pv{p}, {col})")
-        for p in ps:
-            w(f"ps{p} = " + " + ".join(f"pd{p}_{k} * po{p}_{k}" for k in range(4)))
-            zeros = ", ".join(["T(0.0)"] * 4)
-            w(f"if pw{p} < Tn:", f"    store4_3d(dqkv, b, pw{p}, {col}, {zeros})")
-        for p in ps:
-            if SIMULATOR:  # no shuffles: the row's lanes meet in shared scratch
-                w(f"sm[{red} + tid] = ps{p}", "cuda.syncthreads()")
-                terms = " + ".join(f"sm[{red} + tid - tid % {lanes} + {j}]" for j in range(lanes))
-                w(f"ps{p} = {terms}", "cuda.syncthreads()")
-                continue
-            off = 1
-            while off < lanes:
-                w(f"ps{p} += cuda.shfl_xor_sync(FULL_MASK, ps{p}, {off})")
-                off *= 2
-        for p in ps:
-            w(f"if pc == 0 and pw{p} < Tn:", f"    dsum[b, {h}, pw{p}] = ps{p}")
-    w("cuda.threadfence()  # this thread's D and zeros reach L2 before the word says ready")
-    w("cuda.syncthreads()")
-    w("if tid == 0:", f"    cuda.atomic.add(flags, fb + {h} * nt + ({i} >> 6), 1)")
-    w.indent(-1)
-
-
-def _release_last(gen: _Gen) -> None:
-    """Thread 0: if the unit released last had this block as its last user, its word goes
-    back to 0 (a top later than the add, whose result it waits for)."""
-    gen.w("if tid == 0 and od == lw:", "    flags[lu] = 0", "    od = -1")
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
@@ -1102,9 +959,7 @@ ASYNC_IMPORT = (
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
-VECTOR_IMPORT = (
-    "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_3d, load4_shared, store4_3d"
-)
+VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
 
 
 def _compile(name: str, src: str):
@@ -1126,9 +981,8 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FUSED_PREP=FUSED_PREP,
-                PREP_CHUNK=PREP_CHUNK, LOAD_CHUNK=LOAD_CHUNK,
-                LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
+                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
 def sources(E: int) -> dict[str, str]:
@@ -1184,51 +1038,24 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
-def scratch_shapes(B: int, H: int, Tn: int) -> dict[str, tuple[tuple, type]]:
-    """(shape, dtype) of attention_backward's scratch, by argument name: dsum padded to
-    whole 64-row tiles and FUSED_PREP's flags, which must be zeros before the first call
-    (each call leaves them zeros)."""
-    nt = (Tn + TILE - 1) // TILE
-    return {"dsum": ((B, H, nt * TILE), np.float32), "flags": ((B * H * nt,), np.int32)}
-
-
-def _scratch_like(a, shape, dtype):
-    """Zeros of (shape, dtype) where a lives: a host array (the simulator's tests) or a
-    device one."""
-    if isinstance(a, np.ndarray):
-        return np.zeros(shape, dtype)
-    from numba import cuda
-
-    return cuda.to_device(np.zeros(shape, dtype))
-
-
-def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, flags=None) -> None:
+def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> None:
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 
-    dsum (B, H, >= T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
-    the query heads of their group. Same math as attention.attention_backward. With
-    FUSED_PREP, dsum and flags as scratch_shapes gives them, else they are allocated here
-    (outside a CUDA graph's capture: pass them).
+    dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
+    the query heads of their group. Same math as attention.attention_backward.
     """
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
-    assert lse.shape == (B, H, Tn) and dsum.shape[:2] == (B, H) and dsum.shape[2] >= Tn
+    assert lse.shape == dsum.shape == (B, H, Tn)
     if PIPELINE:
         check_aligned(qkv, dout)
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    if _fused():
-        check_aligned(out)
-        want = scratch_shapes(B, H, Tn)
-        if flags is None or dsum.shape != want["dsum"][0]:
-            dsum, flags = (_scratch_like(dsum, *want[k]) for k in ("dsum", "flags"))
-        assert flags.shape == want["flags"][0] and flags.dtype == np.int32
-        args = (dqkv, dsum, dout, qkv, lse, H, G, scale, out, flags)
-    elif ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
+    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
         attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
-        dq_args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-        _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *dq_args)
+        args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+        _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
+    args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)

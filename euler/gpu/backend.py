@@ -347,13 +347,12 @@ class GpuBackend:
         self.k_attention.attention_forward(out, lse, qkv, H, G, E, self.stream, self.tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
-        if self._tensor_cores(E):
-            tc = self.k_attention_tc
-            shapes = tc.scratch_shapes(*lse.shape)
-            dsum, flags = (self.scratch(f"attention_tc_{k}", *shapes[k]) for k in ("dsum", "flags"))
-            tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, flags)
-            return
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
+        if self._tensor_cores(E):
+            self.k_attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
+            )
+            return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
         )
