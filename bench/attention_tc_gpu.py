@@ -59,16 +59,15 @@ RECORDS: list[dict] = []
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, STAGED_DQ
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
     ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
-    ("atomics-1", {"ATOMIC_WIDTH": 1, "STAGED_DQ": False}),  # one column a request
-    ("atomics-4", {"ATOMIC_WIDTH": 4, "STAGED_DQ": False}),  # four, lanes swapping halves
-    ("dq-registers", {"STAGED_DQ": False}),  # dQ's atomics straight from the C fragments
+    ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
+    ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
     ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),

@@ -44,10 +44,10 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "STAGED_DQ": False}  # fmt: skip
+        "ASYNC_KV": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "STAGED_DQ")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -61,16 +61,14 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
     "HEAVY_FIRST": False,
     "HEAVY_FIRST_FORWARD": False,
 }
-VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4, "STAGED_DQ": False}
-VARIANTS["dq-registers"] = VARIANTS["default"] | {"STAGED_DQ": False}
+VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4",
-             "dq-registers")  # fmt: skip
+QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -159,13 +157,10 @@ if not IN_SIMULATOR:
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
             assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
-            # STAGED_DQ: dQ's values back from shared memory 4 columns at a time
-            staged_dq = pipeline and atomic and knobs["STAGED_DQ"] and name == "dkv"
-            reads = vectors + (E // 8 if staged_dq else 0)
-            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == reads, name
+            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == vectors, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
-            width = 4 if staged_dq else knobs["ATOMIC_WIDTH"]
+            width = knobs["ATOMIC_WIDTH"]
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0

@@ -200,14 +200,6 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# STAGED_DQ (with PIPELINE and ATOMIC_DQ): each warp's dQ values of a half (16 queries x 32
-# columns) go through shared memory and leave as 4-column atomics (red.global.add.v4.f32),
-# half the requests of ATOMIC_WIDTH 2, with no shuffles and no registers held (the swap of
-# ATOMIC_WIDTH 4 spilled). The staging rows lie in the current buffer's Q and dO tiles,
-# dead once every warp passed the barrier before dQ's products; the next top's barrier
-# keeps the next copies into that buffer after the reads.
-STAGED_DQ = True
-DQ_LD = 8  # STAGED_DQ's row padding (floats): a half-warp's 8-byte pairs meet no bank twice
 
 
 def _wide() -> bool:
@@ -915,9 +907,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, ["a0", "a1", "a2", "a3"])
-        if PIPELINE and STAGED_DQ:
-            _atomic_dq_staged(gen, cols, scale, last=n0 + HALF >= NE)
-            continue
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
@@ -930,37 +919,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                     continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
-
-
-def _atomic_dq_staged(gen: _Gen, cols, scale: str, last: bool) -> None:
-    """STAGED_DQ: this warp's 16 rows of the column blocks cols (C fragments dq{n}) stored
-    to shared memory at sm[cur] (rows of 8 len(cols) + DQ_LD floats, the warp's 16 after the
-    previous warps'), then each lane adds 4 columns of a row a request, whole rows a
-    quarter-warp. A warp barrier between (a block barrier in the simulator), and after
-    unless last: the next half's stores reuse the rows."""
-    w, u = gen.w, gen.u
-    width = 8 * len(cols)
-    ld, per = width + DQ_LD, width // 4  # floats a row; lanes a row
-    assert 4 * 16 * ld <= 2 * TILE * gen.LD, "the Q and dO tiles hold every warp's rows"
-    step = 32 // per  # rows a pass
-    sync = "cuda.syncthreads()" if SIMULATOR else "cuda.syncwarp()"
-    w(f"sq = cur + uint64((16 * wp + g) * {ld} + 2 * t)")
-    for m, n in enumerate(cols):
-        for r, (i, j) in enumerate(((0, 1), (2, 3))):
-            off = 8 * r * ld + 8 * m
-            w(f"sm[sq + {u(off)}] = dq{n}_{i}{scale}", f"sm[sq + {u(off + 1)}] = dq{n}_{j}{scale}")
-    w(sync)
-    w(f"dr = (tid % 32) // {per}", f"dc = 4 * ((tid % 32) % {per})  # a lane's row, columns")
-    w(f"sl = cur + uint64((16 * wp + dr) * {ld} + dc)")
-    w("rl = i0 + 16 * wp + dr", f"cl = qo + {8 * cols[0]} + dc")
-    for k in range(16 // step):
-        w(f"x0, x1, x2, x3 = load4_shared(sm, sl + {u(k * step * ld)})")
-        w(
-            f"if rl + {k * step} < Tn:",
-            f"    atomic_add4(dqkv, b, rl + {k * step}, cl, x0, x1, x2, x3)",
-        )
-    if not last:
-        w(sync)
 
 
 def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
@@ -1023,7 +981,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, STAGED_DQ=STAGED_DQ,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
