@@ -68,8 +68,6 @@ VARIANTS = [
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
     ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
-    ("dq-one-pass", {"DQ_BLOCKS": 8}),  # dQ = dS K over all 64 columns at once
-    ("dq-quarters", {"DQ_BLOCKS": 2}),  # over 16 columns at a time
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
     ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),

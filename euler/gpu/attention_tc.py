@@ -116,7 +116,6 @@ from euler.gpu.mma import SIMULATOR
 THREADS = 128  # 4 warps
 TILE = 64  # rows per tile, 16 per warp
 HALF = 4  # 8-column blocks per pass of the backward (32 of a tile's 64 columns)
-DQ_BLOCKS = HALF  # column blocks of dQ = dS K a pass (ATOMIC_DQ)
 # Staging loads in flight per tile before their stores. A chunk costs one memory latency
 # (with 8, an E = 64 tile took four), so forward and dq issue a whole tile's at once; dkv,
 # with K, V, dK and dV fragments live, keeps to 8 for registers.
@@ -898,8 +897,8 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
-    for n0 in range(0, NE, DQ_BLOCKS):
-        cols = range(n0, min(NE, n0 + DQ_BLOCKS))
+    for n0 in range(0, NE, HALF):
+        cols = range(n0, min(NE, n0 + HALF))
         gen.zero("dq", cols)
         for kk in range(8):
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
@@ -983,8 +982,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
-                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV,
-                DQ_BLOCKS=DQ_BLOCKS)  # fmt: skip
+                LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
 def sources(E: int) -> dict[str, str]:
