@@ -131,7 +131,10 @@ LDS = TILE + 4  # padded row of ATOMIC_DQ's 64 x 64 dS^T tile
 PIPELINE = True
 # ATOMIC_DQ: no dq kernel; the dkv kernel writes its tile's dS to shared memory and adds
 # dQ = dS K (scaled) into dqkv with atomics, after attention.backward_prep has zeroed
-# dQ and written dsum: 5 tile products per tile pair instead of 7.
+# dQ and written dsum: 5 tile products per tile pair instead of 7. The dkv blocks doing
+# the prep's work themselves, each 64-row unit claimed by compare-and-swap, took the
+# backward to 0.430 ms at T=512 from 0.362: the heaviest blocks, first to need most units,
+# prepared them on the critical path (commit 687c9ff, results/fused-prep-s11-*).
 ATOMIC_DQ = True
 # ATOMIC_WIDTH: ATOMIC_DQ's adds take 1, 2 or 4 adjacent columns a request (vector.py's
 # atomic_add2 and atomic_add4: red.global.add.v2.f32, .v4.f32). A lane holds columns 2t and
@@ -140,7 +143,9 @@ ATOMIC_DQ = True
 # million requests a call at T=512, which the L2's atomic units serve one by one. On the
 # H200 at T=512 (T=2048) the backward took 0.538 (6.08) ms with 1, 0.479 (5.23) with 2,
 # 0.493 (5.33) with 4, whose swap spills a register (results/attention-tc-launchfree-r4-*,
-# -r5-*).
+# -r5-*). Four columns a request from a staging pass through shared memory instead of the
+# swap: 0.376 against 0.363 (255 registers; commit 9cb7083, results/staged-dq-s11-*); dQ's
+# product over 16 or 64 columns a pass instead of 32: 0.370 and 0.391 (dq-blocks-s11-*).
 ATOMIC_WIDTH = 2
 # SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
