@@ -69,16 +69,18 @@ def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
     B, Tn, C = qkv.shape
     assert C == (H + 2 * G) * E and cos.shape[1] == E // 2 and sin.shape == cos.shape
     assert pos0 + Tn <= cos.shape[0]
-    half = E // 2
+    half, heads = E // 2, H + G
+    # y over heads, no taller than the heads: idle rows of threads would hold warp slots
+    # that loads in flight need (the gpu preset's 16 heads in blocks of 256: half idle)
     if half % 4 == 0 and aligned4(qkv, cos, sin):
         x = min(32, half // 4)
-        block = (x, max(1, threads // x))
+        block = (x, max(1, min(heads, threads // x)))
         flat = qkv.reshape(qkv.size), cos.reshape(cos.size), sin.reshape(sin.size)
-        rope_vec_kernel[grid_for(B * Tn, 1), block, stream](*flat, C, Tn, half, H + G, pos0, sign)
+        rope_vec_kernel[grid_for(B * Tn, 1), block, stream](*flat, C, Tn, half, heads, pos0, sign)
         return
     x = min(32, half)
-    block = (x, max(1, threads // x))
-    rope_kernel[grid_for(B * Tn, 1), block, stream](qkv, cos, sin, H + G, pos0, sign)
+    block = (x, max(1, min(heads, threads // x)))
+    rope_kernel[grid_for(B * Tn, 1), block, stream](qkv, cos, sin, heads, pos0, sign)
 
 
 def rope_forward(qkv, cos, sin, H, G, E, pos0=0, stream=0, threads: int = THREADS) -> None:
