@@ -10,8 +10,9 @@ y over heads, one (b, t) row a block:
 - "threads 256": Y = 256 / (E / 8) = 32, the package's launch until session 11, where 16
   heads leave half the warps idle;
 - "heads": Y = H + G, every thread busy;
-- "heads x2": two rows a block, Y = 2 (H + G), the second half of y on the second row (the
-  package's launch since session 11, where rope_vec_kernel's `per` is 2).
+- "heads x2": two rows a block, Y = 2 (H + G), the second half of y on the second row, no
+  loops (the package's rope_rows_kernel since session 11 does this with blocks (E / 8,
+  H + G, 2), the row on z).
 Each shape's result is checked against the package's before it is timed.
 """
 
@@ -67,8 +68,8 @@ def calls(x, cos, sin, T: int, B: int, stream) -> dict:
     tail = (C, T, half, heads, 0, np.float32(1.0))
     vec, n = rope.rope_vec_kernel, B * T
     return {
-        "threads 256": lambda: vec[n, (half // 4, 32), stream](*flat, *tail, 1),
-        "heads": lambda: vec[n, (half // 4, heads), stream](*flat, *tail, 1),
+        "threads 256": lambda: vec[n, (half // 4, 32), stream](*flat, *tail),
+        "heads": lambda: vec[n, (half // 4, heads), stream](*flat, *tail),
         "heads x2": lambda: rope_rows2_kernel[(n + 1) // 2, (half // 4, 2 * heads), stream](
             *flat, *tail
         ),

@@ -72,6 +72,8 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
             f32(N, d), f32(d), f32(N, d), f32(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
         )
     rope.rope_forward(f32(B, T, 8 * 6), f32(T, 3), f32(T, 3), 4, 2, 6)  # 3 pairs: scalar path
+    # 16-byte pieces, but a row's heads outgrow 4 threads: the looping kernel
+    rope.rope_forward(f32(B, T, 8 * 16), f32(T, 8), f32(T, 8), 4, 2, 16, threads=4)
     transpose.transpose(f32(D, N), f32(N, D))
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)
     cross_entropy.cross_entropy_forward_backward(f32(N), f32(N, V), tokens, np.ones(K), 1)

@@ -175,6 +175,27 @@ else:
     def test_layer_scalar_paths(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(1), SCALAR_SIZES)
 
+    @pytest.mark.parametrize("threads", [24, 8, 4], ids=["rows", "vector", "vector-2d"])
+    def test_rope_schedules(threads) -> None:
+        """rope's 16-byte schedules give rope_kernel's bits: blocks over whole rows (24
+        threads: blocks (2, 6, 2), 2 rows of 6 heads, the last of 4 blocks half full), and
+        the looping kernel where a row's heads outgrow the block (8 threads: blocks (2, 4);
+        4: (2, 2))."""
+        from numba import cuda
+
+        from euler.gpu import rope
+
+        B, T, H, G, E = 1, 7, 4, 2, 16
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
+        ang = rng.uniform(0, 6.3, (T + 2, E // 2))
+        cos, sin = (cuda.to_device(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
+        want, got = cuda.to_device(x), cuda.to_device(x)
+        rope.rope_kernel[1, (8, 4)](want, cos, sin, H + G, 2, np.float32(-1.0))
+        rope.rope_backward(got, cos, sin, H, G, E, pos0=2, threads=threads)
+        assert not np.array_equal(want.copy_to_host(), x)
+        np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
     @pytest.mark.parametrize("E", [8, 32])
     def test_attention_register_tiled(E) -> None:
         """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal:

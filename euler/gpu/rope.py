@@ -1,10 +1,11 @@
 """Rotary position embedding on the GPU, in place on the q and k parts of fused qkv.
 
 Where E/2 % 4 == 0 and the buffers are 16-byte aligned (the presets), each thread rotates
-4 pairs per access (vector.py). On the H200 at the gpu preset's shape (B=32, T=512, 16 of
-its 20 heads rotated, 134 MB moved) a call took 0.062 ms in 256-thread blocks of one row
-with half their threads idle, 0.040 with a block's threads over one row's heads, and 0.036
-(3.7 TB/s) over two rows' (bench/rope_gpu.py, results/rope-s11-*).
+4 pairs per access (vector.py), in blocks that cover whole rows where they fit. On the H200
+at the gpu preset's shape (B=32, T=512, 16 of its 20 heads rotated, 134 MB moved) a call
+took 0.062 ms in 256-thread blocks of one row whose threads loop over heads (half of them
+idle), 0.040 with a block's threads on one row's heads, 0.037 (3.7 TB/s) on two rows' with
+no loops (bench/rope_gpu.py, results/rope-s11-*).
 """
 
 from __future__ import annotations
@@ -43,23 +44,19 @@ def rope_kernel(qkv, cos, sin, n_qk_heads, pos0, sign):
 
 
 @cuda.jit
-def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign, per):
+def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign):
     """rope_kernel on flat views qkv (B T C,), cos, sin (context E/2,), each thread rotating
-    4 pairs per access (16-byte loads; E/2 % 4 == 0). A block takes `per` rows at a time:
-    its y threads split into per groups of blockDim.y / per, one group a row."""
+    4 pairs per access (16-byte loads; E/2 % 4 == 0)."""
     E = 2 * half
     rows = qkv.shape[0] // C
-    hy = cuda.blockDim.y // per  # threads over one row's heads
-    group = cuda.threadIdx.y // hy
-    h0 = cuda.threadIdx.y - group * hy
-    row = cuda.blockIdx.x * per + group
+    row = cuda.blockIdx.x
     while row < rows:
         t = row - row // Tn * Tn
         for i in range(4 * cuda.threadIdx.x, half, 4 * cuda.blockDim.x):
             c0, c1, c2, c3 = load4(cos, (pos0 + t) * half + i)
             s0, s1, s2, s3 = load4(sin, (pos0 + t) * half + i)
             s0, s1, s2, s3 = sign * s0, sign * s1, sign * s2, sign * s3
-            for h in range(h0, n_qk_heads, hy):
+            for h in range(cuda.threadIdx.y, n_qk_heads, cuda.blockDim.y):
                 k = row * C + h * E + i
                 a0, a1, a2, a3 = load4(qkv, k)
                 b0, b1, b2, b3 = load4(qkv, k + half)
@@ -69,7 +66,30 @@ def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign, per):
                 a3, b3 = rope_rotate(a3, b3, c3, s3)
                 store4(qkv, k, a0, a1, a2, a3)
                 store4(qkv, k + half, b0, b1, b2, b3)
-        row += cuda.gridDim.x * per
+        row += cuda.gridDim.x
+
+
+@cuda.jit
+def rope_rows_kernel(qkv, cos, sin, C, Tn, half, pos0, sign):
+    """rope_vec_kernel without loops, for blocks (E / 8, heads, R) that cover R whole rows:
+    thread (x, y, z) rotates pairs 4x..4x+3 of head y of row R blockIdx.x + z."""
+    E = 2 * half
+    row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
+    if row < qkv.shape[0] // C:
+        t = row - row // Tn * Tn
+        i = 4 * cuda.threadIdx.x
+        c0, c1, c2, c3 = load4(cos, (pos0 + t) * half + i)
+        s0, s1, s2, s3 = load4(sin, (pos0 + t) * half + i)
+        s0, s1, s2, s3 = sign * s0, sign * s1, sign * s2, sign * s3
+        k = row * C + cuda.threadIdx.y * E + i
+        a0, a1, a2, a3 = load4(qkv, k)
+        b0, b1, b2, b3 = load4(qkv, k + half)
+        a0, b0 = rope_rotate(a0, b0, c0, s0)
+        a1, b1 = rope_rotate(a1, b1, c1, s1)
+        a2, b2 = rope_rotate(a2, b2, c2, s2)
+        a3, b3 = rope_rotate(a3, b3, c3, s3)
+        store4(qkv, k, a0, a1, a2, a3)
+        store4(qkv, k + half, b0, b1, b2, b3)
 
 
 def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
@@ -77,19 +97,20 @@ def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
     assert C == (H + 2 * G) * E and cos.shape[1] == E // 2 and sin.shape == cos.shape
     assert pos0 + Tn <= cos.shape[0]
     half, heads = E // 2, H + G
-    # y over heads, no taller than the heads: idle rows of threads would hold warp slots
-    # that loads in flight need (the gpu preset's 16 heads in blocks of 256: half idle)
     if half % 4 == 0 and aligned4(qkv, cos, sin):
-        x = min(32, half // 4)
-        hy = max(1, min(heads, threads // x))
-        per = max(1, threads // (x * hy))  # rows a block: 2 for the gpu preset
         flat = qkv.reshape(qkv.size), cos.reshape(cos.size), sin.reshape(sin.size)
-        grid = grid_for((B * Tn + per - 1) // per, 1)
-        args = (*flat, C, Tn, half, heads, pos0, sign, per)
-        rope_vec_kernel[grid, (x, hy * per), stream](*args)
+        x, per = half // 4, threads // (half // 4 * heads)  # per: whole rows a block
+        if x <= 32 and per >= 1:  # blocks of (x, heads, per): every thread busy, no loops
+            grid = (B * Tn + per - 1) // per
+            rows = rope_rows_kernel[grid, (x, heads, per), stream]
+            rows(*flat, C, Tn, half, pos0, sign)
+            return
+        x = min(32, x)
+        block = (x, max(1, threads // x))
+        rope_vec_kernel[grid_for(B * Tn, 1), block, stream](*flat, C, Tn, half, heads, pos0, sign)
         return
     x = min(32, half)
-    block = (x, max(1, min(heads, threads // x)))
+    block = (x, max(1, threads // x))
     rope_kernel[grid_for(B * Tn, 1), block, stream](qkv, cos, sin, heads, pos0, sign)
 
 
