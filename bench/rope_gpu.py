@@ -29,35 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_timing import lengths_parser, timed  # noqa: E402
 from euler.gpu import rope  # noqa: E402
-from euler.gpu.vector import load4, store4  # noqa: E402
-from euler.layer_math import rope_rotate  # noqa: E402
 
 
 @cuda.jit
 def rope_rows2_kernel(qkv, cos, sin, C, Tn, half, heads, pos0, sign):
     """rope_vec_kernel with two rows a block: threads y >= heads take row 2 blockIdx.x + 1."""
     E = 2 * half
-    rows = qkv.shape[0] // C
     h = cuda.threadIdx.y
     row = 2 * cuda.blockIdx.x
     if h >= heads:
         h -= heads
         row += 1
-    if row < rows:
+    if row < qkv.shape[0] // C:
         t = row - row // Tn * Tn
         i = 4 * cuda.threadIdx.x
-        c0, c1, c2, c3 = load4(cos, (pos0 + t) * half + i)
-        s0, s1, s2, s3 = load4(sin, (pos0 + t) * half + i)
-        s0, s1, s2, s3 = sign * s0, sign * s1, sign * s2, sign * s3
-        k = row * C + h * E + i
-        a0, a1, a2, a3 = load4(qkv, k)
-        b0, b1, b2, b3 = load4(qkv, k + half)
-        a0, b0 = rope_rotate(a0, b0, c0, s0)
-        a1, b1 = rope_rotate(a1, b1, c1, s1)
-        a2, b2 = rope_rotate(a2, b2, c2, s2)
-        a3, b3 = rope_rotate(a3, b3, c3, s3)
-        store4(qkv, k, a0, a1, a2, a3)
-        store4(qkv, k + half, b0, b1, b2, b3)
+        rope.rotate4(qkv, row * C + h * E + i, half, cos, sin, (pos0 + t) * half + i, sign)
 
 
 def calls(x, cos, sin, T: int, B: int, stream) -> dict:

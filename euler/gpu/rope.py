@@ -43,6 +43,22 @@ def rope_kernel(qkv, cos, sin, n_qk_heads, pos0, sign):
         row += cuda.gridDim.x
 
 
+@cuda.jit(device=True)
+def rotate4(qkv, k, half, cos, sin, at, sign):
+    """Rotate pairs (k + j, k + half + j), j < 4, of flat qkv in place by the angles at
+    cos[at + j], sign * sin[at + j]: 16-byte loads and stores."""
+    c0, c1, c2, c3 = load4(cos, at)
+    s0, s1, s2, s3 = load4(sin, at)
+    a0, a1, a2, a3 = load4(qkv, k)
+    b0, b1, b2, b3 = load4(qkv, k + half)
+    a0, b0 = rope_rotate(a0, b0, c0, sign * s0)
+    a1, b1 = rope_rotate(a1, b1, c1, sign * s1)
+    a2, b2 = rope_rotate(a2, b2, c2, sign * s2)
+    a3, b3 = rope_rotate(a3, b3, c3, sign * s3)
+    store4(qkv, k, a0, a1, a2, a3)
+    store4(qkv, k + half, b0, b1, b2, b3)
+
+
 @cuda.jit
 def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign):
     """rope_kernel on flat views qkv (B T C,), cos, sin (context E/2,), each thread rotating
@@ -53,19 +69,8 @@ def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign):
     while row < rows:
         t = row - row // Tn * Tn
         for i in range(4 * cuda.threadIdx.x, half, 4 * cuda.blockDim.x):
-            c0, c1, c2, c3 = load4(cos, (pos0 + t) * half + i)
-            s0, s1, s2, s3 = load4(sin, (pos0 + t) * half + i)
-            s0, s1, s2, s3 = sign * s0, sign * s1, sign * s2, sign * s3
             for h in range(cuda.threadIdx.y, n_qk_heads, cuda.blockDim.y):
-                k = row * C + h * E + i
-                a0, a1, a2, a3 = load4(qkv, k)
-                b0, b1, b2, b3 = load4(qkv, k + half)
-                a0, b0 = rope_rotate(a0, b0, c0, s0)
-                a1, b1 = rope_rotate(a1, b1, c1, s1)
-                a2, b2 = rope_rotate(a2, b2, c2, s2)
-                a3, b3 = rope_rotate(a3, b3, c3, s3)
-                store4(qkv, k, a0, a1, a2, a3)
-                store4(qkv, k + half, b0, b1, b2, b3)
+                rotate4(qkv, row * C + h * E + i, half, cos, sin, (pos0 + t) * half + i, sign)
         row += cuda.gridDim.x
 
 
@@ -78,18 +83,8 @@ def rope_rows_kernel(qkv, cos, sin, C, Tn, half, pos0, sign):
     if row < qkv.shape[0] // C:
         t = row - row // Tn * Tn
         i = 4 * cuda.threadIdx.x
-        c0, c1, c2, c3 = load4(cos, (pos0 + t) * half + i)
-        s0, s1, s2, s3 = load4(sin, (pos0 + t) * half + i)
-        s0, s1, s2, s3 = sign * s0, sign * s1, sign * s2, sign * s3
         k = row * C + cuda.threadIdx.y * E + i
-        a0, a1, a2, a3 = load4(qkv, k)
-        b0, b1, b2, b3 = load4(qkv, k + half)
-        a0, b0 = rope_rotate(a0, b0, c0, s0)
-        a1, b1 = rope_rotate(a1, b1, c1, s1)
-        a2, b2 = rope_rotate(a2, b2, c2, s2)
-        a3, b3 = rope_rotate(a3, b3, c3, s3)
-        store4(qkv, k, a0, a1, a2, a3)
-        store4(qkv, k + half, b0, b1, b2, b3)
+        rotate4(qkv, k, half, cos, sin, (pos0 + t) * half + i, sign)
 
 
 def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
