@@ -94,7 +94,8 @@ def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
     half, heads = E // 2, H + G
     if half % 4 == 0 and aligned4(qkv, cos, sin):
         flat = qkv.reshape(qkv.size), cos.reshape(cos.size), sin.reshape(sin.size)
-        x, per = half // 4, threads // (half // 4 * heads)  # per: whole rows a block
+        x = half // 4
+        per = min(64, threads // (x * heads))  # whole rows a block (a block's z: 64 at most)
         if x <= 32 and per >= 1:  # blocks of (x, heads, per): every thread busy, no loops
             grid = (B * Tn + per - 1) // per
             rows = rope_rows_kernel[grid, (x, heads, per), stream]
