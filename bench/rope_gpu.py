@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gpu_timing import lengths_parser, timed  # noqa: E402
 from euler.gpu import rope  # noqa: E402
 
+H, G, E = 12, 4, 64  # the gpu preset's heads
+HALF, HEADS, WIDTH = E // 2, H + G, (H + 2 * G) * E  # pairs a head, rotated heads, row
+
 
 @cuda.jit
 def rope_rows2_kernel(qkv, cos, sin, C, Tn, half, heads, pos0, sign):
@@ -47,16 +50,14 @@ def rope_rows2_kernel(qkv, cos, sin, C, Tn, half, heads, pos0, sign):
 
 
 def calls(x, cos, sin, T: int, B: int, stream) -> dict:
-    """Each block shape's call on x (B, T, C) in place, by name."""
-    H, G, E = 12, 4, 64
-    half, heads, C = E // 2, H + G, (H + 2 * G) * E
+    """Each block shape's call on x (B, T, WIDTH) in place, by name."""
     flat = (x.reshape(x.size), cos.reshape(cos.size), sin.reshape(sin.size))
-    tail = (C, T, half, heads, 0, np.float32(1.0))
+    tail = (WIDTH, T, HALF, HEADS, 0, np.float32(1.0))
     vec, n = rope.rope_vec_kernel, B * T
     return {
-        "threads 256": lambda: vec[n, (half // 4, 32), stream](*flat, *tail),
-        "heads": lambda: vec[n, (half // 4, heads), stream](*flat, *tail),
-        "heads x2": lambda: rope_rows2_kernel[(n + 1) // 2, (half // 4, 2 * heads), stream](
+        "threads 256": lambda: vec[n, (HALF // 4, 32), stream](*flat, *tail),
+        "heads": lambda: vec[n, (HALF // 4, HEADS), stream](*flat, *tail),
+        "heads x2": lambda: rope_rows2_kernel[(n + 1) // 2, (HALF // 4, 2 * HEADS), stream](
             *flat, *tail
         ),
         "package": lambda: rope.rope_forward(x, cos, sin, H, G, E, 0, stream),
@@ -65,19 +66,17 @@ def calls(x, cos, sin, T: int, B: int, stream) -> dict:
 
 def main() -> None:
     args = lengths_parser(__doc__).parse_args()
-    H, G, E = 12, 4, 64
-    half, heads, C = E // 2, H + G, (H + 2 * G) * E
     stream = cuda.stream()
     rows = []
     for T in (int(x) for x in args.T.split(",")):
         rng = np.random.default_rng(T)
-        x_h = rng.standard_normal((args.batch, T, C)).astype(np.float32)
-        ang = rng.uniform(0, 6.3, (T, half))
+        x_h = rng.standard_normal((args.batch, T, WIDTH)).astype(np.float32)
+        ang = rng.uniform(0, 6.3, (T, HALF))
         cos, sin = (cuda.to_device(f(ang).astype(np.float32)) for f in (np.cos, np.sin))
         x = cuda.to_device(x_h)
         rope.rope_forward(x, cos, sin, H, G, E, 0, stream)
         want = x.copy_to_host()
-        moved = 2 * args.batch * T * heads * E * 4  # bytes read and written
+        moved = 2 * args.batch * T * HEADS * E * 4  # bytes read and written
         for name, call in calls(x, cos, sin, T, args.batch, stream).items():
             x.copy_to_device(x_h, stream=stream)
             call()

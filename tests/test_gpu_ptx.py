@@ -123,8 +123,10 @@ def _compile_all(monkeypatch, calls) -> None:
         seen.add((kernel, sig))
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         assert ".target sm_90" in ptx, name
-        if name.endswith("_vec_kernel"):  # 16-byte accesses, as vector.py promises
+        if name.endswith(("_vec_kernel", "_rows_kernel")):  # 16-byte accesses (vector.py)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+        if name == "rope_rows_kernel":  # rope.rotate4 inlined: one straight run, no call
+            assert not re.search(r"\bcall(\.uni)?\b", ptx), name
         if name == "backward_prep_kernel":  # 16-byte chunks, no index divided (its docstring)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
             assert not re.search(r"\b(div|rem)\.[su]\d+", ptx), name
