@@ -3,9 +3,9 @@
     python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set KNOB=N]
                                   [--census]
 
-Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90
+Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90a
 PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
-`ptxas` is on PATH, assembled with `ptxas -v` for its registers and spill bytes. NVVM 13.5
+`ptxas` is on PATH, assembled with `ptxas -v` for its registers, spill bytes and warnings. NVVM 13.5
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
 version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
 
@@ -62,12 +62,13 @@ def ptxas_report(ptx: str) -> str:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
         r = subprocess.run(
-            ["ptxas", "-arch=sm_90", "-v", str(path), "-o", "/dev/null"],
+            ["ptxas", "-arch=sm_90a", "-v", str(path), "-o", "/dev/null"],
             capture_output=True,
             text=True,
         )
     lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()]
-    return "; ".join(ln for ln in lines if "registers" in ln or "spill" in ln) or r.stderr
+    keep = ("registers", "spill", "warning")  # wgmma's serialization is a warning
+    return "; ".join(ln for ln in lines if any(k in ln for k in keep)) or r.stderr
 
 
 CENSUS_OPS = ("mma.sync", "ld.shared", "st.shared", "cvt.rna.tf32", "ex2.approx", "cp.async",
@@ -112,7 +113,7 @@ def sass_census(ptx: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
-        subprocess.run(["ptxas", "-arch=sm_90", str(path), "-o", str(cubin)], check=True)
+        subprocess.run(["ptxas", "-arch=sm_90a", str(path), "-o", str(cubin)], check=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass.stdout)
     whole = "SASS " + ", ".join(f"{n} {op}" for op, n in Counter(ops).most_common(12))
@@ -146,7 +147,7 @@ def main() -> None:
             sig = tuple(numba.typeof(a) for a in kargs)
             bounds = kernel.targetoptions.get("launch_bounds")
             t0 = time.perf_counter()
-            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), launch_bounds=bounds)
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0, "a"), launch_bounds=bounds)
             dt = time.perf_counter() - t0
             print(f"{kernel.py_func.__name__:28s} {dt:6.1f} s  {ptxas_report(ptx)}", flush=True)
             if args.census:

@@ -210,16 +210,31 @@ def test_attention_head_sizes(E) -> None:
 
 
 @pytest.mark.gpu
+def test_wgmma_product() -> None:
+    """One warpgroup product on the hardware as euler.gpu.wgmma documents its layouts, for
+    two choices of the descriptor's offsets (tests/wgmma_probe.py)."""
+    from tests.wgmma_probe import check_wgmma_product
+
+    _gpu_backend()  # skips without a GPU
+    check_wgmma_product(144, 1152)
+    check_wgmma_product(128, 256, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma-sync", "wgmma"])
 @pytest.mark.parametrize("B,T", [(8, 512), (2, 200)])
-def test_tensor_core_attention_matches_float64(B, T) -> None:
+def test_tensor_core_attention_matches_float64(B, T, wgmma, monkeypatch) -> None:
     """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
     the `gpu` preset's heads, the backward twice into the same dqkv (its dQ atomics must
     start from the prep's zeros each time): TF32's 2e-3 of each output's scale
-    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once."""
+    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. With
+    and without attention_tc.WGMMA (dkv's warpgroup products)."""
+    from euler.gpu import attention_tc
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
 
     _gpu_backend()  # skips without a GPU
+    monkeypatch.setattr(attention_tc, "WGMMA", wgmma)
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)
