@@ -75,7 +75,7 @@ def main() -> None:
         run = (dqkv, dsum, dout, qkv, lse, H, G, np.float32(1.0 / math.sqrt(E)))
         for name, (kernel, nbytes) in kernels.items():
 
-            def call(kernel=kernel, nbytes=nbytes) -> None:
+            def call(kernel=kernel, nbytes=nbytes, grid=grid, run=run) -> None:
                 attention_tc._launch(kernel, grid, s, nbytes, *run)
 
             call()
