@@ -66,7 +66,6 @@ VARIANTS = [
     ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
-    ("wgmma", {"WGMMA": True}),  # dkv's S^T and dP^T as warpgroup products (wgmma.py)
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
     ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first

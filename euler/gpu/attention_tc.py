@@ -123,7 +123,6 @@ LOAD_CHUNK = 32
 LOAD_CHUNK_DKV = 8
 SIM_RED = 2 * THREADS  # floats of shared scratch for the simulator's quad reductions
 LDS = TILE + 4  # padded row of ATOMIC_DQ's 64 x 64 dS^T tile
-CM_LBO = 144  # bytes between core matrices adjacent along k (WGMMA's tiles): 128 + 16
 # Generation knobs (bench/attention_tc_gpu.py --variants measures their combinations):
 # PIPELINE: the loop's tiles (K, V in forward and dq; Q, dO, lse, dsum in dkv) are copied
 # with cp.async into two buffers, tile j + 1 landing while tile j's products run; staged
@@ -206,19 +205,14 @@ STAGED_OUT = True
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
 # ca6410e, results/attention-tc-launchfree-s9c-*).
 ASYNC_KV = True
-# WGMMA (with PIPELINE, ATOMIC_DQ, ASYNC_KV; not SPLIT_TF32): dkv's S^T = K Q^T and dP^T =
-# V dO^T as warpgroup products (wgmma.py): the block's 4 warps are one warpgroup, K and V
-# its A fragments in registers as before, Q and dO read by the tensor core straight from
-# shared memory, 8 products of m64n32k8 a half instead of 32 mma.sync a warp with two
-# fragment loads each. The Q and dO tiles then lie in wgmma's core-matrix layout
-# (_Gen.cm_offset), which the dV and dK products read too, and are rounded in place
-# (tf32_operand's add, which the tensor core's truncation completes) once they land.
-WGMMA = False
-
-
-def _wgmma() -> bool:
-    """Whether the dkv kernel takes WGMMA's warpgroup products."""
-    return WGMMA and PIPELINE and ATOMIC_DQ and ASYNC_KV and not SPLIT_TF32
+# Warpgroup products (wgmma.py) for dkv's S^T = K Q^T and dP^T = V dO^T lost: m64n32k8 a
+# half, K and V as register A fragments, Q and dO read by the tensor core from tiles in its
+# core-matrix layout, rounded in place as they landed, each half's products waited for at
+# once (249 registers). Backward 0.436 ms at T=512 against 0.363, 5.53 against 4.76 at T=2048
+# (commit 20bf121, results/wgmma-s12-*); of dkv's 0.393 ms the rounding took 0.029 and the
+# proxy fence 0.004, and without both it still took 0.364 against mma.sync's 0.326
+# (results/wgmma-ablation-s12-*). Hiding the products behind other work needs a second set
+# of accumulators, which 255 registers do not hold at two blocks a multiprocessor.
 
 
 def _wide() -> bool:
@@ -247,11 +241,6 @@ class _Gen:
 
     def __init__(self, E: int):
         self.E, self.NE, self.LD = E, E // 8, E + 4
-        # wgmma's core-matrix layout (WGMMA): 8 rows x 4 columns contiguous, CL floats apart
-        # along a row (16 bytes of padding keep fragment loads free of bank conflicts) and
-        # CS floats between 8-row groups
-        self.CL = CM_LBO // 4
-        self.CS = E // 4 * self.CL
         self.w = Source()
         self.presplit: set[str] = set()  # A fragments held as hi and lo (SPLIT_TF32)
 
@@ -336,32 +325,23 @@ class _Gen:
                     else:
                         w(f"{dst} = {value} if {row} < Tn else T(0.0)")
 
-    def stage_async(self, tiles: list[tuple], buf: str, cm: bool = False) -> None:
+    def stage_async(self, tiles: list[tuple], buf: str) -> None:
         """Start cp.async copies of 64-row tiles (region, row0, col, src) of src (B, T, C) to
-        sm[buf + region], row-major [row][e] (in the core-matrix layout if cm), raw float32;
-        rows past the sequence read no bytes and land as zeros. Thread tid copies columns
-        cc..cc+3 of rows ra + 512 / E * it (E / 8 copies of 16 bytes per tile); the caller
-        commits them as a group."""
+        sm[buf + region], row-major [row][e], raw float32; rows past the sequence read no
+        bytes and land as zeros. Thread tid copies columns cc..cc+3 of rows ra + 512 / E * it
+        (E / 8 copies of 16 bytes per tile); the caller commits them as a group."""
         for region, row0, col, src in tiles:
-            for rows, base, at in self.async_chunks(region, cm):
+            for rows, at in self.async_chunks(region):
                 row = f"{row0} + ra + {rows}"
-                dst = f"{buf} + {base} + {self.u(at)}"
+                dst = f"{buf} + ca + {self.u(at)}"
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
                 self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
 
-    def async_chunks(self, region: int, cm: bool = False) -> list[tuple[int, str, int]]:
+    def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
-        copies): (row offset past ra, base name, shared offset past it) of each of its E / 8;
-        base is ca, or ck for the core-matrix layout (rows 512 / E apart: whole groups)."""
-        step, its = 4 * THREADS // self.E, range(self.E // 8)
-        if cm:
-            return [(it * step, "ck", region + it * step // 8 * self.CS) for it in its]
-        return [(it * step, "ca", region + it * step * self.LD) for it in its]
-
-    def cm_offset(self, row: int, col: int) -> int:
-        """Offset of element (row, col) in a core-matrix tile (8-row groups CS floats apart,
-        4-column core matrices CL apart, rows of one 16 bytes apart)."""
-        return row // 8 * self.CS + col // 4 * self.CL + row % 8 * 4 + col % 4
+        copies): (row offset past ra, shared offset past ca) of each of its E / 8."""
+        step = 4 * THREADS // self.E
+        return [(it * step, region + it * step * self.LD) for it in range(self.E // 8)]
 
     def kv_tiles(self, row0: str) -> list[tuple]:
         """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
@@ -385,16 +365,12 @@ class _Gen:
             w("cuda.syncthreads()")
         return ("bn", "bp") if PIPELINE else ("lb", "lp")
 
-    def pipeline_top(self, more: str, buf: int, issue, landed=None) -> None:
+    def pipeline_top(self, more: str, buf: int, issue) -> None:
         """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
-        landed() (work on this thread's own copies), a barrier (every thread's copies
-        visible; every warp done with the other buffer), then if `more`, issue() starts the
-        next tile's copies into the other buffer, nxt."""
+        a barrier (every thread's copies visible; every warp done with the other buffer),
+        then if `more`, issue() starts the next tile's copies into the other buffer, nxt."""
         w = self.w
-        w("cp_async_wait(0)")
-        if landed is not None:
-            landed()
-        w("cuda.syncthreads()")
+        w("cp_async_wait(0)", "cuda.syncthreads()")
         w(f"nxt = {self.u(buf)} - cur", f"if {more}:")
         w.indent()
         issue()
@@ -462,18 +438,14 @@ class _Gen:
                 for acc_, a_ in ((acc, a), *also):
                     self._mma(acc_, n, [f"{a_}{kk}_{i}" for i in range(4)])
 
-    def product_nn(
-        self, acc: str, p: str, region: int, ks, base="lp", raw=False, also=(), cm=False
-    ) -> None:
+    def product_nn(self, acc: str, p: str, region: int, ks, base="lp", raw=False, also=()) -> None:
         """acc{n} += P B over the keys of C fragments p{kk} (kk in ks), B the [k][n] tile at
-        region, with the key permutation of the module docstring; also: as product_nt's.
-        cm: the tile is in the core-matrix layout (base then a lane's lm)."""
+        region, with the key permutation of the module docstring; also: as product_nt's."""
         LD = self.LD
         for kk in ks:
             for n in range(self.NE):
-                off = region + (self.cm_offset(8 * kk, 8 * n) if cm else 8 * kk * LD + 8 * n)
-                nxt = off + (self.cm_offset(1, 0) if cm else LD)  # the next row: k = t + 4
-                self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(nxt)}"], raw)
+                off = region + 8 * kk * LD + 8 * n
+                self._load_b([f"{base} + {self.u(off)}", f"{base} + {self.u(off + LD)}"], raw)
                 for acc_, p_ in ((acc, p), *also):
                     self._mma(acc_, n, [f"{p_}{kk}_{i}" for i in (0, 2, 1, 3)])
 
@@ -531,19 +503,11 @@ def _store_staged(gen: _Gen, tiles: list[tuple[str, str, str]], dst: str, row0: 
             w(f"if {row} < Tn:", f"    store4_3d({dst}, b, {row}, {col} + lc, x0, x1, x2, x3)")
 
 
-def _dkv_tile(E: int) -> int:
-    """Floats of a Q or dO tile of the dkv kernel: rows padded to E + 4, or with WGMMA the
-    larger of that (the buffer takes V's padded tile at the start) and the core-matrix
-    layout's 8 groups of E / 4 core matrices (CM_LBO bytes each)."""
-    padded = TILE * (E + 4)
-    return max(padded, 8 * E // 4 * CM_LBO // 4) if _wgmma() else padded
-
-
 def _buffers(E: int) -> dict[str, int]:
     """Floats of one buffer of each kernel's loop tiles: K, V (forward, dq); Q, dO and
     the 64 rows' lse and dsum (dkv)."""
     LD = E + 4
-    return {"forward": 2 * TILE * LD, "dq": 2 * TILE * LD, "dkv": 2 * _dkv_tile(E) + 2 * TILE}
+    return {"forward": 2 * TILE * LD, "dq": 2 * TILE * LD, "dkv": 2 * TILE * LD + 2 * TILE}
 
 
 def _layout(E: int) -> dict[str, int]:
@@ -810,8 +774,7 @@ def _dkv_source(E: int) -> str:
     stays in shared memory for dQ = dS K, which then needs the scale unless K carries it."""
     gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
-    wg, TQ = _wgmma(), _dkv_tile(E)
-    QS, DOS, LS, DD = 0, TQ, 2 * TQ, 2 * TQ + TILE
+    QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
     BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
     KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
@@ -827,15 +790,10 @@ def _dkv_source(E: int) -> str:
     w("rep = H // G", f"b = {head} // G", f"kvh = {head} % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
     w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
-    if wg:
-        w(f"ck = uint64(ra // 8 * {gen.CS} + cc // 4 * {gen.CL} + ra % 8 * 4)  # a copy's chunk")
-        w(f"lm = uint64(8 * t + g // 4 * {gen.CL} + g % 4)  # lp in the core-matrix layout")
-        w(f"z16 = ({', '.join(['T(0.0)'] * 16)})  # wgmma_tf32_first's unread accumulators")
 
     def issue(i: str, h: str, buf: str) -> None:
         """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
-        tiles = [(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")]
-        gen.stage_async(tiles, buf, cm=wg)
+        gen.stage_async([(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")], buf)
         for region, src, lo in ((LS, "lse", 0), (DD, "dsum", TILE)):  # one float per thread
             w("if tid < 64:" if lo == 0 else "else:")
             at = f"{buf} + uint64({region - lo} + tid)"
@@ -854,8 +812,8 @@ def _dkv_source(E: int) -> str:
         w("cp_async_commit()")
     if async_kv:
         w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
-        for _, base, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
-            at = f"{base} + {gen.u(off)}"
+        for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
+            at = f"ca + {gen.u(off)}"
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
@@ -877,16 +835,9 @@ def _dkv_source(E: int) -> str:
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        gen.pipeline_top(
-            "it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"),
-            (lambda: _round_landed(gen, (QS, DOS))) if wg else None,
-        )  # fmt: skip
+        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"))
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
-        if wg:  # this tile's Q and dO for the tensor core; the dV, dK products' B fragments
-            sbo = 4 * gen.CS
-            w(f"dqd = shared_desc(sm, cur + {gen.u(QS)}, {CM_LBO}, {sbo})")
-            w(f"dod = shared_desc(sm, cur + {gen.u(DOS)}, {CM_LBO}, {sbo})", "bq = lm + cur")
     else:
         w("for hh in range(rep):")
         w.indent()
@@ -902,13 +853,10 @@ def _dkv_source(E: int) -> str:
         bn, bp, lcb = "lb", "lp", "lc"
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
-        if wg:
-            _wgmma_scores(gen, half, cols)
-        else:
-            gen.zero("s", cols)
-            gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
-            gen.zero("p", cols)
-            gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
+        gen.zero("s", cols)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
+        gen.zero("p", cols)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -926,12 +874,8 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        if wg:  # rounded in place: the B fragments load as they are
-            gen.product_nn("dv", "s", DOS, cols, "bq", cm=True)
-            gen.product_nn("dk", "p", QS, cols, "bq", cm=True)
-        else:
-            gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
-            gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
@@ -952,39 +896,6 @@ def _dkv_source(E: int) -> str:
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
-
-
-def _round_landed(gen: _Gen, regions: tuple[int, ...]) -> None:
-    """WGMMA: this thread's landed 16-byte chunks of the core-matrix tiles at sm[cur +
-    region] rounded in place (tf32_operand: the tensor core truncates the rest), then
-    published to the tensor core's proxy (the pipeline's barrier follows)."""
-    w = gen.w
-    for region in regions:
-        for _, base, off in gen.async_chunks(region, cm=True):
-            at = f"cur + {base} + {gen.u(off)}"
-            w(f"x0, x1, x2, x3 = load4_shared(sm, {at})")
-            vals = ", ".join(f"tf32_operand(x{k})" for k in range(4))
-            w(f"store4_shared(sm, {at}, {vals})")
-    w("fence_proxy_async()")
-
-
-def _wgmma_scores(gen: _Gen, half: int, cols) -> None:
-    """WGMMA: s{n} = S^T = K Q^T and p{n} = dP^T = V dO^T for the half's query columns
-    (cols, 8 each) as m64n(8 len(cols))k8 warpgroup products over the E / 8 k-steps: A the
-    ka, va fragments, B the current buffer's Q and dO tiles (descriptors dqd, dod; a
-    k-step is two core matrices, a half 4 len(cols) groups of 8 rows on)."""
-    w, n = gen.w, 4 * len(cols)
-    assert n == 16, "z16 and the m64n32k8 products are for 32 query columns a half"
-    w("wgmma_fence()")
-    for acc, a, desc in (("wgs", "ka", "dqd"), ("wgp", "va", "dod")):
-        for kk in range(gen.NE):
-            step = 4 * gen.cm_offset(8 * cols[0], 8 * kk) // 16  # descriptor units: 16 bytes
-            frags = ", ".join(f"{a}{kk}_{i}" for i in range(4))
-            fn, prev = ("wgmma_tf32_first", "z16") if kk == 0 else ("wgmma_tf32", acc)
-            w(f"{acc} = {fn}(sm, {frags}, {desc} + {gen.u(step)}, {prev})")
-    w("wgmma_commit()")
-    names = [f"{x}{c}_{i}" for x in ("s", "p") for c in cols for i in range(4)]
-    w(f"{', '.join(names)} = wgmma_wait(wgs + wgp)")
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
@@ -1061,20 +972,13 @@ ASYNC_IMPORT = (
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
-VECTOR_IMPORT = (
-    "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d,"
-    " store4_shared"
-)
-WGMMA_IMPORT = (
-    "\nfrom euler.gpu.wgmma import fence_proxy_async, shared_desc, wgmma_commit, wgmma_fence,"
-    " wgmma_tf32, wgmma_tf32_first, wgmma_wait"
-)
+VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
-    header += VECTOR_IMPORT + (WGMMA_IMPORT if _wgmma() else "")
+    header += VECTOR_IMPORT
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -1090,7 +994,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, WGMMA=WGMMA,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 

@@ -24,6 +24,9 @@ group, and `wgmma_wait` blocks until they are done; its accumulators pass throug
 compiler cannot read them early. Shared memory written by ordinary stores must be published
 to the tensor core's (asynchronous) proxy first: `fence_proxy_async`, then a barrier.
 
+tests/wgmma_probe.py checks these layouts on the H200 (and the emulation against them); a dkv
+kernel built on them lost to mma.sync (attention_tc.py, the note under ASYNC_KV).
+
 numba-cuda compiles for sm_90a on a 9.x device (compile_ptx takes cc=(9, 0, "a")). The CUDA
 simulator (NUMBA_ENABLE_CUDASIM=1) emulates the product: every thread of the block puts its
 A fragment in shared scratch, a barrier, each thread forms its outputs from the group's A and
