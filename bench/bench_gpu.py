@@ -6,8 +6,9 @@ Measures on the current CUDA GPU (TF32 matmuls, as training runs):
 - the trainer's step at the defaults and with one of them off each: the weight gradients
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (backend.TRANSPOSE_WEIGHT_GRADS), without the residual adds fused
-  into the output projections (backend.FUSED_RESIDUAL), replayed as CUDA graphs and
-  launched (`--steps-only`: just this);
+  into the output projections (backend.FUSED_RESIDUAL), and with every weight gradient's
+  operand copied (TRANSPOSE_MIN_WIDTH 0), replayed as CUDA graphs and launched
+  (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
@@ -194,23 +195,26 @@ def overlap_steps(args) -> dict[str, dict]:
     """The trainer's step (euler.bench.time_engine) at the defaults, then with one default off
     each: the weight gradients in line (no side stream), without token-contiguous copies
     (backend.TRANSPOSE_WEIGHT_GRADS), without the output projections' residual adds fused
-    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); each replayed as CUDA graphs and
-    launched: time_steps' statistics plus tokens/s."""
+    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); and with every weight gradient's
+    narrower operand copied token-contiguous (TRANSPOSE_MIN_WIDTH 0); each replayed as CUDA
+    graphs and launched: time_steps' statistics plus tokens/s."""
     from euler.bench import synthetic_batch, time_engine
     from euler.gpu import backend
 
     cfg = PRESETS[args.preset]
     tokens, targets = synthetic_batch(cfg, args.batch, args.seq)
     rows = {}
-    defaults = backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL
+    defaults = backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL, backend.TRANSPOSE_MIN_WIDTH
     try:
-        for name, overlap, transposed, fused in (
-            ("default", True, True, True),
-            ("in_line", False, True, True),
-            ("untransposed", True, False, True),
-            ("unfused_residual", True, True, False),
+        for name, overlap, transposed, fused, width in (
+            ("default", True, True, True, defaults[2]),
+            ("in_line", False, True, True, defaults[2]),
+            ("untransposed", True, False, True, defaults[2]),
+            ("unfused_residual", True, True, False, defaults[2]),
+            ("all_transposed", True, True, True, 0),  # every weight gradient's operand
         ):
             backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = transposed, fused
+            backend.TRANSPOSE_MIN_WIDTH = width
             be = GpuBackend(tf32=True, overlap=overlap)
             for graph in (True, False):
                 s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
@@ -220,7 +224,8 @@ def overlap_steps(args) -> dict[str, dict]:
                 rows[row] = s
             del be
     finally:
-        backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = defaults
+        (backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL,
+         backend.TRANSPOSE_MIN_WIDTH) = defaults  # fmt: skip
     return rows
 
 

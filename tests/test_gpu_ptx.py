@@ -125,6 +125,8 @@ def _compile_all(monkeypatch, calls) -> None:
         assert ".target sm_90" in ptx, name
         if name.endswith(("_vec_kernel", "_rows_kernel")):  # 16-byte accesses (vector.py)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+        if name == "transpose_kernel":  # whole tiles by 16-byte pieces (transpose.py)
+            assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
         if name == "rope_rows_kernel":  # rope.rotate4 inlined: one straight run, no call
             assert not re.search(r"\bcall(\.uni)?\b", ptx), name
         if name == "backward_prep_kernel":  # 16-byte chunks, no index divided (its docstring)

@@ -152,9 +152,10 @@ else:
         assert not any(k[0] == "matmul_residual" for k in gpu._scratch)
         assert gpu._lt.workspace.nbytes == backend.CUBLAS_WORKSPACE
 
-    @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32)])
+    @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32), (128, 192), (132, 200)])
     def test_transpose(shape) -> None:
-        """Tails in both directions of the 32 x 32 tiles."""
+        """Tails in both directions of the 64 x 64 tiles; whole tiles by 16-byte pieces
+        (128 x 192), and both kinds in one call (132 x 200)."""
         from numba import cuda
 
         from euler.gpu.transpose import transpose
