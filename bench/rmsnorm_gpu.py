@@ -1,11 +1,11 @@
 """RMSNorm forward and backward on a GPU at the `gpu` preset's rows: ms and TB/s, launch-free.
 
-    python bench/rmsnorm_gpu.py [--blocks 264,528,792,1056] [--out rmsnorm.json]
+    python bench/rmsnorm_gpu.py [--blocks 132,264,528,792,1056] [--out rmsnorm.json]
 
 x, dy, dres (16384, 768) float32 (B = 32, T = 512, D = 768), timed by bench/gpu_timing.timed
 (10 calls back to back): the forward (reads x, writes y: 2 N D floats) and the backward
 (reads dy, x, dres, writes dx: 4 N D floats, plus the dw partials) at each count of backward
-blocks (rmsnorm.PARTIAL_BLOCKS: 528, four a multiprocessor of the H200, by default). The
+blocks (rmsnorm.PARTIAL_BLOCKS: 264, two a multiprocessor of the H200, by default). The
 bytes are the minimum a call moves, so TB/s is against the H200's ~4 TB/s.
 """
 
@@ -28,7 +28,7 @@ N, D = 16384, 768
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", default="264,528,792,1056")
+    ap.add_argument("--blocks", default="132,264,528,792,1056")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
