@@ -6,8 +6,8 @@ Measures on the current CUDA GPU (TF32 matmuls, as training runs):
 - the trainer's step at the defaults and with one of them off each: the weight gradients
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (backend.TRANSPOSE_WEIGHT_GRADS), without the residual adds fused
-  into the output projections (backend.FUSED_RESIDUAL), and with every weight gradient's
-  operand copied (TRANSPOSE_MIN_WIDTH 0), replayed as CUDA graphs and launched
+  into the output projections (backend.FUSED_RESIDUAL), and with copies only next to a
+  2048-wide side (TRANSPOSE_MIN_WIDTH 2048), replayed as CUDA graphs and launched
   (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
@@ -195,9 +195,10 @@ def overlap_steps(args) -> dict[str, dict]:
     """The trainer's step (euler.bench.time_engine) at the defaults, then with one default off
     each: the weight gradients in line (no side stream), without token-contiguous copies
     (backend.TRANSPOSE_WEIGHT_GRADS), without the output projections' residual adds fused
-    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); and with every weight gradient's
-    narrower operand copied token-contiguous (TRANSPOSE_MIN_WIDTH 0); each replayed as CUDA
-    graphs and launched: time_steps' statistics plus tokens/s."""
+    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); with token-contiguous copies only
+    where the other side is 2048 or more wide (TRANSPOSE_MIN_WIDTH 2048, the default until
+    session 12); each replayed as CUDA graphs and launched: time_steps' statistics plus
+    tokens/s."""
     from euler.bench import synthetic_batch, time_engine
     from euler.gpu import backend
 
@@ -211,7 +212,7 @@ def overlap_steps(args) -> dict[str, dict]:
             ("in_line", False, True, True, defaults[2]),
             ("untransposed", True, False, True, defaults[2]),
             ("unfused_residual", True, True, False, defaults[2]),
-            ("all_transposed", True, True, True, 0),  # every weight gradient's operand
+            ("wide_transposed", True, True, True, 2048),  # only next to a 2048-wide side
         ):
             backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = transposed, fused
             backend.TRANSPOSE_MIN_WIDTH = width

@@ -60,11 +60,14 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
 # copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
 # costs K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py:
-# at 4096 x 768, 0.084 + 0.349 ms against 0.544; at 768 x 768, 0.078 + 0.105 against
-# 0.172). In the training step (bench/bench_gpu.py --steps-only, H200): 66.2 ms a step
-# against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json).
+# at 4096 x 768, 0.349 ms against 0.544; at 768 x 768, 0.105 against 0.172). In the training
+# step (bench/bench_gpu.py --steps-only, H200): 66.2 ms a step against 68.6 without
+# (results/gpu-steps-knobs-2026-11-29T2139-h200.json), copying where the other side is 2048
+# or more wide. Since the copy moves 16-byte pieces (0.028 ms at 16384 x 768, 3.6 TB/s,
+# from 0.046: results/transpose-s12-*), copying for every weight gradient is faster still:
+# 57.7 and 58.0 ms a step against 58.3 and 58.4 (results/gpu-steps-s12-*).
 TRANSPOSE_WEIGHT_GRADS = True
-TRANSPOSE_MIN_WIDTH = 2048
+TRANSPOSE_MIN_WIDTH = 0
 # matmul_residual (the output projections attn.wo and mlp.w_down and their residual adds) as
 # one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
 # legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
