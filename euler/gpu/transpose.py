@@ -10,7 +10,8 @@ A block moves one 64 x 64 tile through shared memory (rows padded to 65 floats, 
 tile column spans all banks but for pairs): 256 threads, each reading 16-byte pieces of 4
 source rows and writing 16-byte pieces of 4 destination rows (vector.py), where the tile is
 whole and both row lengths are multiples of 4 floats; tiles on the edges, or unaligned
-arrays, go element by element.
+arrays, go element by element. On the H200 a 768-wide operand (16384 rows) took 0.028 ms
+(3.6 TB/s), against 0.046 with 32 x 32 tiles of 4-byte accesses (bench/transpose_gpu.py).
 """
 
 from __future__ import annotations
