@@ -15,7 +15,9 @@ query heads per kv head, where the pipelined dkv loop crosses from one head to t
 The quick suite runs the default (the kernels that train) in the simulator, and 3xTF32 on
 one query tile of two heads (its products and staging are its own; its loops are the
 default's), and compiles the staged, 3xTF32 and libdevice-exp kernels too; `-m slow -k
-simulator` runs the other variants, 3xTF32 on the full shape among them.
+simulator` runs the other variants, 3xTF32 on the full shape among them. The warpgroup
+product of wgmma.py (tests/wgmma_probe.py) compiles to its sm_90a instructions, and its
+simulator emulation matches NumPy through the layouts the GPU test checks on the hardware.
 
 Tolerance: TF32 keeps 10 mantissa bits, so each rounded operand is off by up to 2^-11
 (4.9e-4) relative; a sum of such products errs by about that times the scale of its
