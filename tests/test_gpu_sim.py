@@ -197,7 +197,10 @@ else:
         assert not np.array_equal(want.copy_to_host(), x)
         np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
-    @pytest.mark.parametrize("E", [8, 32])
+    # E = 32's dkv kernel alone ran past 15 minutes in the simulator on 2026-11-30 (at this
+    # commit and at b09b6e2 alike), past the simulator run's limit: -m slow runs it; the GPU
+    # suite runs E = 32 on the hardware (test_attention_head_sizes)
+    @pytest.mark.parametrize("E", [8, pytest.param(32, marks=pytest.mark.slow)])
     def test_attention_register_tiled(E) -> None:
         """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal:
         E = 8 reads output columns one float at a time, E = 32 four (module docstring)."""
