@@ -265,8 +265,9 @@ if not IN_SIMULATOR:
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 
     def test_wgmma_ptx(monkeypatch) -> None:
-        """The warpgroup product (wgmma.py) compiles for sm_90a to its instructions, the
-        accumulators tied through the product and the wait (no copies in between)."""
+        """The warpgroup product (wgmma.py) compiles for sm_90a to its instructions: two
+        products (the first overwriting, the second accumulating), each fenced, committed
+        and waited for."""
         import numba
         import numba.cuda.dispatcher as dispatcher
 

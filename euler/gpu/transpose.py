@@ -45,7 +45,7 @@ def transpose_kernel(dst, src, R, C, vec):
             store4(dst, at, tile[4 * tx, k], tile[4 * tx + 1, k], tile[4 * tx + 2, k],
                    tile[4 * tx + 3, k])  # fmt: skip
         return
-    for j in range(0, TILE, SIDE):  # an edge tile: SIDE columns at a time, each thread 4
+    for j in range(0, TILE, SIDE):  # an edge tile: each thread 16 elements, SIDE apart
         for i in range(0, TILE, SIDE):
             r, c = r0 + ty + j, c0 + tx + i
             if r < R and c < C:
