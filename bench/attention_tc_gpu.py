@@ -64,6 +64,10 @@ VARIANTS = [
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
     ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
+    ("flat", {"FLAT": True}),  # whole tiles' copies and dQ's atomics by flat indices
+    ("exp2", {"FLAT": True, "EXP2_DKV": True}),  # and dkv's exponentials as 2^x
+    ("ldsm", {"FLAT": True, "EXP2_DKV": True, "LDSM": True}),  # and B fragments by ldmatrix
+    ("ldsm-only", {"LDSM": True}),
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

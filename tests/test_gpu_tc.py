@@ -46,7 +46,7 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False}  # fmt: skip
+        "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
        "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
@@ -65,6 +65,9 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
+VARIANTS["flat"] = VARIANTS["default"] | {"FLAT": True}
+VARIANTS["exp2"] = VARIANTS["flat"] | {"EXP2_DKV": True}
+VARIANTS["ldsm"] = VARIANTS["exp2"] | {"LDSM": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -390,6 +393,14 @@ else:
             monkeypatch.setattr(attention_tc, knob, value)
         forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
         _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
+
+    def test_attention_tc_flat(monkeypatch) -> None:
+        """FLAT on three query tiles with a two-row tail (T = 130): the forward's last block
+        copies key tile 1 by flat indices and tile 2 clamped, dkv's blocks the query tiles
+        likewise, and dQ's adds go flat for the two whole tiles and clamped for the tail."""
+        for knob, value in VARIANTS["flat"].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_attention(1, 130, 2, 1, 8)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from

@@ -4,6 +4,8 @@ numba.cuda has no cp.async, so these emit the PTX through llvmlite inline assemb
 
     cp_async16(dst, i, src, i0, i1, i2, n)   cp.async.cg.shared.global [dst + 4i], [src], 16, n;
     cp_async4(dst, i, src, i0, i1, i2, n)    cp.async.ca.shared.global [dst + 4i], [src], 4, n;
+    cp_async16_flat(dst, i, src, k)          cp.async.cg.shared.global [dst + 4i], [src + 4k], 16;
+    cp_async4_flat(dst, i, src, k)           cp.async.ca.shared.global [dst + 4i], [src + 4k], 4;
     cp_async_commit()                        cp.async.commit_group;
     cp_async_wait(N)                         cp.async.wait_group N;  (N an integer constant)
 
@@ -12,6 +14,9 @@ dst is a 1-d float32 shared array and i an element index; src a 3-d float32 arra
 n bytes of src (0 <= n <= the size; an integer) and fills the rest of the destination with
 zeros, so a row past the end of a sequence costs no branch: n = 0 (src must still be a
 valid address: clamp the row). A 16-byte copy needs both addresses 16-byte aligned.
+The _flat forms copy whole, in-range pieces from src's element k in C order (any C-contiguous
+float32 array): a kernel that steps k by a row's length per copy computes one 64-bit add a
+copy, where the clamped 3-d index costs about ten instructions (bench/notes_gpu.md).
 
 The copies a thread issues run in the background; commit_group closes them into a group,
 and wait_group N blocks the thread until at most its N most recent groups are still in
@@ -59,6 +64,20 @@ if not SIMULATOR:
         ix = [context.cast(builder, v, t, types.intp) for v, t in zip(inds, indtys, strict=True)]
         return cgutils.get_item_pointer(context, builder, aryty, arr, ix, wraparound=False)
 
+    def flat_ptr(context, builder, aryty, ary, k, kty):
+        """Pointer to the element k (in C order) of a C-contiguous array."""
+        data = context.make_array(aryty)(context, builder, ary).data
+        return builder.gep(data, [context.cast(builder, k, kty, types.intp)])
+
+    def _copy_asm(builder, ptx: str, dst, src, *more) -> None:
+        """The cp.async statement ptx on a generic shared pointer dst and a global src."""
+        shared = builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 3))
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i64] + [i32] * len(more))
+        constraints = "r,l" + ",r" * len(more) + ",~{memory}"
+        asm = ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
+        builder.call(asm, [builder.ptrtoint(shared, i32), builder.ptrtoint(src, i64), *more])
+
     def _make_copy(size: int, cache: str):
         ptx = f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;"
 
@@ -78,12 +97,8 @@ if not SIMULATOR:
                 t = sig.args
                 d = element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
                 s = element_ptr(context, builder, t[2], args[2], args[3:6], t[3:6])
-                shared = builder.addrspacecast(d, ir.PointerType(d.type.pointee, 3))
-                i32, i64 = ir.IntType(32), ir.IntType(64)
                 nbytes = context.cast(builder, args[6], t[6], types.int32)
-                fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
-                asm = ir.InlineAsm(fnty, ptx, "r,l,r,~{memory}", side_effect=True)
-                builder.call(asm, [builder.ptrtoint(shared, i32), builder.ptrtoint(s, i64), nbytes])
+                _copy_asm(builder, ptx, d, s, nbytes)
                 return context.get_dummy_value()
 
             return types.void(dst, i, src, i0, i1, i2, n), codegen
@@ -91,9 +106,39 @@ if not SIMULATOR:
         cp_async.__name__ = cp_async.__qualname__ = f"cp_async{size}"
         return intrinsic(cp_async)
 
+    def _make_flat_copy(size: int, cache: str):
+        ptx = f"cp.async.{cache}.shared.global [$0], [$1], {size};"
+
+        def cp_async_flat(typingctx, dst, i, src, k):
+            ok = (
+                isinstance(dst, types.Array)
+                and dst.ndim == 1
+                and isinstance(src, types.Array)
+                and src.layout == "C"
+                and dst.dtype == src.dtype == types.float32
+                and all(isinstance(x, types.Integer) for x in (i, k))
+            )
+            if not ok:
+                raise TypingError(
+                    f"cp_async{size}_flat takes (1-d, int, C-contiguous, int) float32"
+                )
+
+            def codegen(context, builder, sig, args):
+                t = sig.args
+                d = element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
+                _copy_asm(builder, ptx, d, flat_ptr(context, builder, t[2], args[2], args[3], t[3]))
+                return context.get_dummy_value()
+
+            return types.void(dst, i, src, k), codegen
+
+        cp_async_flat.__name__ = cp_async_flat.__qualname__ = f"cp_async{size}_flat"
+        return intrinsic(cp_async_flat)
+
     # .cg (cache in L2 only) exists for 16-byte copies alone; the 4-byte ones use .ca
     cp_async16 = _make_copy(16, "cg")
     cp_async4 = _make_copy(4, "ca")
+    cp_async16_flat = _make_flat_copy(16, "cg")
+    cp_async4_flat = _make_flat_copy(4, "ca")
 
     def _asm_statement(builder, text: str) -> None:
         fnty = ir.FunctionType(ir.VoidType(), [])
@@ -134,6 +179,25 @@ else:
     def cp_async4(dst, i, src, i0, i1, i2, n):
         """The simulator's 4-byte cp.async: a synchronous copy, zero if n is 0."""
         dst[i] = src[i0, i1, i2] if n > 0 else float32(0.0)
+
+    @cuda.jit(device=True)
+    def unravel3(src, k):
+        """The 3-d index of src's element k in C order (the simulator's flat copies)."""
+        n1, n2 = src.shape[1], src.shape[2]
+        return k // (n1 * n2), (k // n2) % n1, k % n2
+
+    @cuda.jit(device=True)
+    def cp_async16_flat(dst, i, src, k):
+        """The simulator's flat 16-byte cp.async (3-d src): a synchronous copy."""
+        i0, i1, i2 = unravel3(src, k)
+        for m in range(4):
+            dst[i + m] = src[i0, i1, i2 + m]
+
+    @cuda.jit(device=True)
+    def cp_async4_flat(dst, i, src, k):
+        """The simulator's flat 4-byte cp.async (3-d src): a synchronous copy."""
+        i0, i1, i2 = unravel3(src, k)
+        dst[i] = src[i0, i1, i2]
 
     @cuda.jit(device=True)
     def cp_async_commit():

@@ -215,6 +215,24 @@ ASYNC_KV = True
 # of accumulators, which 255 registers do not hold at two blocks a multiprocessor.
 
 
+# EXP2_DKV (with PIPELINE and FAST_EXP): dkv's probabilities as 2^x, as the forward's: K's
+# A fragments carry log2(e) (rounded once more as they load, once a block) and each tile's
+# lse is multiplied by log2(e) in place by the thread that copied it, before the loop's top
+# barrier; exp_approx's multiply per score (32 a lane and tile) goes.
+EXP2_DKV = False
+# LDSM: the B fragments of the products over a [n][k] tile (S = Q K^T in the forward, S^T
+# = K Q^T and dP^T = V dO^T in dkv) four at a time by mma.ldmatrix_x4 (two 8-column blocks'
+# b0 and b1), one instruction for four 32-bit shared loads, the same bytes.
+LDSM = False
+# FLAT (with PIPELINE): the loops' copies of whole tiles and dQ's atomics address global
+# memory by one flat element index per tile, stepped a row block at a time
+# (async_copy.cp_async16_flat, vector.atomic_add2_flat), behind one test that the tile lies
+# within the sequence; a partial tile keeps the clamped 3-d indices. Each clamped copy cost
+# about ten instructions (64-bit compares, selects, the index product): 140 of the forward
+# loop's 1,159 SASS instructions a tile (bench/ptx_registers.py --census).
+FLAT = False
+
+
 def _wide() -> bool:
     """Whether the forward is WIDE's (_forward_wide_source)."""
     return WIDE and PIPELINE and not SPLIT_TF32
@@ -286,6 +304,8 @@ class _Gen:
         w(f"la = uint64((16 * wp + g) * {LD} + t)  # A fragments: rows of this warp")
         w(f"lb = uint64(g * {LD} + t)  # B fragments of a [n][k] tile")
         w(f"lp = uint64(2 * t * {LD} + g)  # B fragments of a [k][n] tile, keys permuted")
+        if LDSM:  # row lane % 8 of block 8 ((lane >> 4) & 1), words 4 ((lane >> 3) & 1) on
+            w(f"lm = uint64(((tid & 7) + 8 * ((tid >> 4) & 1)) * {LD} + 4 * ((tid >> 3) & 1))")
         w("dg = 2 * t - 16 * wp - g  # column minus row of c0, less the fragment's offsets")
         w(f"ee = tid % {self.E}", f"rb = tid // {self.E}  # staging: column ee of rows rb + ...")
         if PIPELINE:
@@ -337,6 +357,32 @@ class _Gen:
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
                 self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
 
+    def stage_async_flat(self, tiles: list[tuple], buf: str) -> None:
+        """stage_async for tiles whose 64 rows all lie within the sequence (FLAT): one flat
+        index into src a tile, stepped by 512 / E rows a copy."""
+        step = 4 * THREADS // self.E
+        for region, row0, col, src in tiles:
+            self.w(f"fx = (b * Tn + {row0} + ra) * {src}.shape[2] + {col} + cc")
+            for k, (_, at) in enumerate(self.async_chunks(region)):
+                if k:
+                    self.w(f"fx += {step} * {src}.shape[2]")
+                self.w(f"cp_async16_flat(sm, {buf} + ca + {self.u(at)}, {src}, fx)")
+
+    def stage_tiles(self, tiles: list[tuple], buf: str, whole: str) -> None:
+        """stage_async, through stage_async_flat where the condition `whole` (the tiles lie
+        within the sequence) holds if FLAT."""
+        if not FLAT:
+            self.stage_async(tiles, buf)
+            return
+        self.w(f"if {whole}:")
+        self.w.indent()
+        self.stage_async_flat(tiles, buf)
+        self.w.indent(-1)
+        self.w("else:")
+        self.w.indent()
+        self.stage_async(tiles, buf)
+        self.w.indent(-1)
+
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
         copies): (row offset past ra, shared offset past ca) of each of its E / 8."""
@@ -357,26 +403,30 @@ class _Gen:
         w("for j0 in range(0, i0 + 64, 64):")
         w.indent()
         if PIPELINE:
+            tiles = self.kv_tiles("j0 + 64")
             self.pipeline_top(
-                "j0 < i0", buf, lambda: self.stage_async(self.kv_tiles("j0 + 64"), "nxt")
+                "j0 < i0", buf, lambda: self.stage_tiles(tiles, "nxt", "j0 + 128 <= Tn")
             )
         else:
             self.stage([(*tile, "") for tile in self.kv_tiles("j0")])
             w("cuda.syncthreads()")
         return ("bn", "bp") if PIPELINE else ("lb", "lp")
 
-    def pipeline_top(self, more: str, buf: int, issue) -> None:
+    def pipeline_top(self, more: str, buf: int, issue, landed: tuple[str, ...] = ()) -> None:
         """Start of a pipelined loop iteration: wait for this tile (the one group in flight),
-        a barrier (every thread's copies visible; every warp done with the other buffer),
-        then if `more`, issue() starts the next tile's copies into the other buffer, nxt."""
+        the statements `landed` (on this thread's own copies), a barrier (every thread's
+        copies visible; every warp done with the other buffer), then if `more`, issue()
+        starts the next tile's copies into the other buffer, nxt."""
         w = self.w
-        w("cp_async_wait(0)", "cuda.syncthreads()")
+        w("cp_async_wait(0)", *landed, "cuda.syncthreads()")
         w(f"nxt = {self.u(buf)} - cur", f"if {more}:")
         w.indent()
         issue()
         w("cp_async_commit()")
         w.indent(-1)
         w("bn = lb + cur", "bp = lp + cur  # this tile's buffer")
+        if LDSM:
+            w("bm = lm + cur")
 
     def load_a(
         self, name: str, region: int, presplit: bool = False, raw: str | None = None
@@ -399,12 +449,12 @@ class _Gen:
     def zero(self, acc: str, cols) -> None:
         self.w(*(f"{acc}{n}_{i} = T(0.0)" for n in cols for i in range(4)))
 
-    def _mma(self, acc: str, n: int, a: list[str]) -> None:
-        """acc{n} += A B for A fragments a (names), B in b0, b1 (_load_b). With SPLIT_TF32
+    def _mma(self, acc: str, n: int, a: list[str], b: tuple[str, str] = ("b0", "b1")) -> None:
+        """acc{n} += A B for A fragments a (names), B in b (_load_b's b0, b1). With SPLIT_TF32
         A is split here, at each product, unless load_a held it split."""
         c = ", ".join(f"{acc}{n}_{i}" for i in range(4))
         if not SPLIT_TF32:
-            self.w(f"{c} = mma_tf32({', '.join(a)}, b0, b1, {c})")
+            self.w(f"{c} = mma_tf32({', '.join(a)}, {b[0]}, {b[1]}, {c})")
             return
         if not self.presplit.issuperset(a):
             for i, x in enumerate(a):
@@ -420,10 +470,13 @@ class _Gen:
         ADD_ROUND; split with SPLIT_TF32)."""
         for k, a in enumerate(at):
             v = f"sm[{a}]"
-            if raw:
-                v = f"tf32_operand({v})" if ADD_ROUND and not SPLIT_TF32 else self.rnd(v)
-            self.w(f"b{k} = {v}")
+            self.w(f"b{k} = {self._operand(v) if raw else v}")
         self.split(["b0", "b1"])
+
+    def _operand(self, v: str) -> str:
+        """A raw (cp.async) tile's value v rounded as a B operand (by tf32_operand with
+        ADD_ROUND; unrounded with SPLIT_TF32, whose split rounds)."""
+        return f"tf32_operand({v})" if ADD_ROUND and not SPLIT_TF32 else self.rnd(v)
 
     def product_nt(
         self, acc: str, a: str, region: int, cols, base="lb", raw=False, also=()
@@ -431,6 +484,19 @@ class _Gen:
         """acc{n} += A B^T over k < E: A in fragments a{kk}_{i}, B the [n][k] tile at region;
         also: more (acc, a) pairs, other rows' products with each B fragment (WIDE)."""
         LD = self.LD
+        cols = list(cols)
+        if LDSM and not SPLIT_TF32 and len(cols) % 2 == 0:
+            rows = {"lb": "lm", "bn": "bm"}[base]  # this lane's ldmatrix row
+            for kk in range(self.NE):
+                for n in cols[::2]:  # b0, b1 of blocks n and n + 1
+                    at = f"{rows} + {self.u(region + 8 * n * LD + 8 * kk)}"
+                    self.w(f"b0, b1, b2, b3 = ldmatrix_x4(sm, {at})")
+                    if raw:
+                        self.w(*(f"b{k} = {self._operand(f'b{k}')}" for k in range(4)))
+                    for acc_, a_ in ((acc, a), *also):
+                        for m, b in ((n, ("b0", "b1")), (n + 1, ("b2", "b3"))):
+                            self._mma(acc_, m, [f"{a_}{kk}_{i}" for i in range(4)], b)
+            return
         for kk in range(self.NE):
             for n in cols:
                 off = region + 8 * n * LD + 8 * kk
@@ -791,15 +857,35 @@ def _dkv_source(E: int) -> str:
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
     w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
-    def issue(i: str, h: str, buf: str) -> None:
-        """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
-        gen.stage_async([(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")], buf)
+    def issue_rows(i: str, h: str, buf: str, flat: bool) -> None:
+        """issue's copies, flat (FLAT: the tile lies within the sequence) or clamped."""
+        tiles = [(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")]
+        (gen.stage_async_flat if flat else gen.stage_async)(tiles, buf)
+        if flat:
+            w(f"fl = (b * H + {h}) * Tn + {i} + (tid & 63)")
         for region, src, lo in ((LS, "lse", 0), (DD, "dsum", TILE)):  # one float per thread
             w("if tid < 64:" if lo == 0 else "else:")
             at = f"{buf} + uint64({region - lo} + tid)"
+            if flat:
+                w(f"    cp_async4_flat(sm, {at}, {src}, fl)")
+                continue
             row = f"{i} + tid - {lo}"
             n = f"select({row} < Tn, 4, 0)"
             w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), {n})")
+
+    def issue(i: str, h: str, buf: str) -> None:
+        """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
+        if not FLAT:
+            issue_rows(i, h, buf, False)
+            return
+        w(f"if {i} + 64 <= Tn:")
+        w.indent()
+        issue_rows(i, h, buf, True)
+        w.indent(-1)
+        w("else:")
+        w.indent()
+        issue_rows(i, h, buf, False)
+        w.indent(-1)
 
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
     vs = BUF + DOS if PIPELINE else DOS
@@ -818,7 +904,8 @@ def _dkv_source(E: int) -> str:
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
     w("cuda.syncthreads()")
-    gen.load_a("ka", ks)
+    exp2 = PIPELINE and FAST_EXP and EXP2_DKV
+    gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
     gen.load_a("va", vs, raw="" if async_kv else None)
     if not PIPELINE:
         w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
@@ -835,7 +922,10 @@ def _dkv_source(E: int) -> str:
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"))
+        scaled = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
+        gen.pipeline_top(
+            "it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), scaled if exp2 else ()
+        )
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -866,7 +956,8 @@ def _dkv_source(E: int) -> str:
                 off = 8 * n + j
                 w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
                 for i in (j, j + 2):
-                    w(f"s{n}_{i} = {gen.exp(f's{n}_{i} - lq')}")
+                    e = f"exp2_approx(s{n}_{i} - lq)" if exp2 else gen.exp(f"s{n}_{i} - lq")
+                    w(f"s{n}_{i} = {e}")
                     w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
                     w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
         if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
@@ -910,6 +1001,10 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
+    flat = FLAT and ATOMIC_WIDTH == 2
+    if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
+        w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
+        w("dq8 = dq0 + 8 * dqkv.shape[2]")
     for n0 in range(0, NE, HALF):
         cols = range(n0, min(NE, n0 + HALF))
         gen.zero("dq", cols)
@@ -923,6 +1018,14 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
+        if flat:
+            w("if whole:")
+            for r, (i, j) in enumerate(((0, 1), (2, 3))):
+                for n in cols:
+                    pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
+                    w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {pair})")
+            w("else:")
+            w.indent()
         for r, (i, j) in enumerate(((0, 1), (2, 3))):
             w(f"if rq + {8 * r} < Tn:")
             for n in cols:
@@ -932,6 +1035,8 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                     continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
+        if flat:
+            w.indent(-1)
 
 
 def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
@@ -965,14 +1070,18 @@ HEADER = """import math
 from numba import cuda, float32, uint64
 
 from euler.gpu.branchless import fmax, select
-from euler.gpu.mma import mma_tf32, tf32, tf32_finite
+from euler.gpu.mma import ldmatrix_x4, mma_tf32, tf32, tf32_finite
 from euler.gpu.reduce import FULL_MASK"""
 ASYNC_IMPORT = (
-    "\nfrom euler.gpu.async_copy import cp_async4, cp_async16, cp_async_commit, cp_async_wait"
+    "\nfrom euler.gpu.async_copy import cp_async4, cp_async4_flat, cp_async16, cp_async16_flat,"
+    " cp_async_commit, cp_async_wait"
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
-VECTOR_IMPORT = "\nfrom euler.gpu.vector import atomic_add2, atomic_add4, load4_shared, store4_3d"
+VECTOR_IMPORT = (
+    "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_shared,"
+    " store4_3d"
+)
 
 
 def _compile(name: str, src: str):
@@ -994,7 +1103,7 @@ def knobs() -> dict:
                 FAST_EXP=FAST_EXP, HEAVY_FIRST=HEAVY_FIRST,
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
-                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV,
+                STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 

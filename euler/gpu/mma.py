@@ -25,12 +25,20 @@ g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group), as (row, column):
     B (column-major, 8 x 8): b0 (k = t, n = g)    b1 (k = t + 4, n = g)
     C, D (16 x 8):  c0 (g, 2t)    c1 (g, 2t + 1)    c2 (g + 8, 2t)    c3 (g + 8, 2t + 1)
 
+`ldmatrix_x4` loads four such B fragments at once from a [n][k] tile in shared memory
+(ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 8 matrices of 16-bit values, which are
+8 rows of 4 words for 32-bit data): lane l gives the address of row l % 8 of matrix l // 8,
+and lane (g, t) receives word t of row g of each, which is b0 (k = t, n = g) of an 8 x 8
+block whose row n starts at that address, or b1 if the address is 4 words on. One
+instruction replaces four 32-bit shared loads; rows must start on 16 bytes.
+
 The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run inline assembly, so there the same
 two functions, picked at import time, emulate the instruction: each lane puts its fragments
 in a block-shared scratch, a barrier, each lane computes its four outputs from the whole
 warp's fragments, a barrier. The simulator has no warp barrier, so it uses the block's:
 in the simulator every thread of the block must make the same sequence of calls (the
-kernels here do). The emulation reads only the TF32 part of each operand (the hardware
+kernels here do). ldmatrix_x4 is emulated the same way, the lanes' addresses meeting in
+shared scratch. The emulation reads only the TF32 part of each operand (the hardware
 ignores the low 13 bits), forms the exact products and rounds their sum with C once to
 float32; the hardware's summation order is unspecified, so the two agree to float32
 rounding of the sum, not bit for bit.
@@ -46,6 +54,7 @@ from numba.core.errors import TypingError
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 TF32_MASK = 0xFFFFE000  # the bits of a float32 that a TF32 value keeps
 HALF_TF32_UNIT = 0x1000  # added to the bits, then truncated: round to nearest, ties away
+LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
 MMA_PTX = (
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
@@ -60,6 +69,8 @@ def tf32_round_host(x: np.ndarray) -> np.ndarray:
 
 if not SIMULATOR:
     from numba.cuda.extending import intrinsic
+
+    from euler.gpu.async_copy import element_ptr
 
     @intrinsic
     def tf32(typingctx, x):
@@ -106,6 +117,29 @@ if not SIMULATOR:
         return types.float32(types.float32), codegen
 
     @intrinsic
+    def ldmatrix_x4(typingctx, sm, i):
+        """(r0, r1, r2, r3) (float32): word t of row g of each of four 8 x 4-word matrices
+        of the shared array sm, this lane giving sm[i] as row lane % 8 of matrix lane // 8."""
+        ok = isinstance(sm, types.Array) and sm.ndim == 1 and sm.dtype == types.float32
+        if not ok or not isinstance(i, types.Integer):
+            raise TypingError("ldmatrix_x4 takes a 1-d float32 shared array and an index")
+        sig = types.UniTuple(types.float32, 4)(sm, i)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            p = element_ptr(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
+            shared = builder.ptrtoint(builder.addrspacecast(p, ir.PointerType(f32, 3)), i32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            # volatile and a memory clobber: warp-collective, and it reads what other
+            # threads stored before a barrier
+            asm = ir.InlineAsm(fnty, LDMATRIX_PTX, "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            res = builder.call(asm, [shared])
+            d = [builder.bitcast(builder.extract_value(res, k), f32) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, d)
+
+        return sig, codegen
+
+    @intrinsic
     def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """(d0, d1, d2, d3) = this lane's D fragment of A B + C (all float32; layout above)."""
         args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
@@ -150,6 +184,21 @@ else:
         only the TF32 bits, as the hardware does)."""
         bits = _tf32_bits(x) + np.uint32(HALF_TF32_UNIT)
         return np.array(bits, dtype=np.uint32).view(np.float32)[()]
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4(sm, i):
+        """The simulator's ldmatrix_x4: the warp's row addresses meet in shared scratch."""
+        rows = cuda.shared.array(_MAX_THREADS, np.int64)
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
+        )
+        rows[tid] = i
+        cuda.syncthreads()
+        warp, g, t = tid - tid % 32, (tid % 32) // 4, tid % 4
+        r = (sm[rows[warp + g] + t], sm[rows[warp + 8 + g] + t], sm[rows[warp + 16 + g] + t],
+             sm[rows[warp + 24 + g] + t])  # fmt: skip
+        cuda.syncthreads()
+        return r[0], r[1], r[2], r[3]
 
     @cuda.jit(device=True)
     def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):

@@ -15,6 +15,8 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
     atomic_add2(ary, i0, i1, i2, a0, a1)    ary[i0, i1, i2 : i2 + 2] += a0, a1 atomically
     atomic_add4(ary, i0, i1, i2, a0, .., a3)
 
+    atomic_add2_flat(ary, k, a0, a1)        the same at ary's element k in C order
+
 are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
 8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
 
@@ -54,7 +56,7 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from euler.gpu.async_copy import element_ptr
+    from euler.gpu.async_copy import element_ptr, flat_ptr
 
     _V4 = ir.VectorType(ir.FloatType(), 4)
 
@@ -141,20 +143,28 @@ if not SIMULATOR:
             isinstance(ary, types.Array)
             and ary.ndim == 3
             and ary.dtype == types.float32
+            and (len(indices) == 3 or ary.layout == "C")
             and all(isinstance(i, types.Integer) for i in indices)
             and all(v == types.float32 for v in values)
         )
         if not ok:
-            raise TypingError(f"atomic_add{n} takes a 3-d float32 array, 3 indices, {n} float32")
+            raise TypingError(
+                f"atomic_add{n} takes a 3-d float32 array, 3 indices (or 1 of a C-contiguous "
+                f"array), {n} float32"
+            )
 
         def codegen(context, builder, sig, args):
-            p = element_ptr(context, builder, sig.args[0], args[0], args[1:4], sig.args[1:4])
+            m = len(indices)
+            if m == 1:
+                p = flat_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            else:
+                p = element_ptr(context, builder, sig.args[0], args[0], args[1:4], sig.args[1:4])
             f32 = ir.FloatType()
             fnty = ir.FunctionType(ir.VoidType(), [p.type] + [f32] * n)
             regs = ", ".join(f"${k + 1}" for k in range(n))
             text = f"red.global.add.v{n}.f32 [$0], {{{regs}}};"
             asm = ir.InlineAsm(fnty, text, "l" + ",f" * n + ",~{memory}", side_effect=True)
-            builder.call(asm, [p, *args[4:]])
+            builder.call(asm, [p, *args[1 + m :]])
             return context.get_dummy_value()
 
         return types.void(ary, *indices, *values), codegen
@@ -163,6 +173,11 @@ if not SIMULATOR:
     def atomic_add2(typingctx, ary, i0, i1, i2, a0, a1):
         """ary[i0, i1, i2 : i2 + 2] += (a0, a1), one vector reduction (sm_90)."""
         return _atomic_add_typing(ary, (i0, i1, i2), (a0, a1))
+
+    @intrinsic
+    def atomic_add2_flat(typingctx, ary, k, a0, a1):
+        """ary[i0, i1, i2 : i2 + 2] += (a0, a1) where k = (i0 n1 + i1) n2 + i2 (C order)."""
+        return _atomic_add_typing(ary, (k,), (a0, a1))
 
     @intrinsic
     def atomic_add4(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
@@ -204,6 +219,12 @@ else:
         """The simulator's atomic_add2: two atomic adds."""
         cuda.atomic.add(ary, (i0, i1, i2), a0)
         cuda.atomic.add(ary, (i0, i1, i2 + 1), a1)
+
+    @cuda.jit(device=True)
+    def atomic_add2_flat(ary, k, a0, a1):
+        """The simulator's atomic_add2_flat: atomic_add2 at the 3-d index of k."""
+        n1, n2 = ary.shape[1], ary.shape[2]
+        atomic_add2(ary, k // (n1 * n2), (k // n2) % n1, k % n2, a0, a1)
 
     @cuda.jit(device=True)
     def atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3):
