@@ -68,8 +68,6 @@ VARIANTS = [
     ("exp2", {"FLAT": True, "EXP2_DKV": True}),  # and dkv's exponentials as 2^x
     ("ldsm", {"FLAT": True, "EXP2_DKV": True, "LDSM": True}),  # and B fragments by ldmatrix
     ("ldsm-only", {"LDSM": True}),
-    ("ldsm-dq", {"FLAT": True, "EXP2_DKV": True, "LDSM": True, "LDSM_DQ": True}),  # dQ's too
-    ("ldsm-dq-noflat", {"EXP2_DKV": True, "LDSM": True, "LDSM_DQ": True}),
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

@@ -46,8 +46,7 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False}  # fmt: skip
+        "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
        "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
@@ -69,7 +68,6 @@ VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 VARIANTS["flat"] = VARIANTS["default"] | {"FLAT": True}
 VARIANTS["exp2"] = VARIANTS["flat"] | {"EXP2_DKV": True}
 VARIANTS["ldsm"] = VARIANTS["exp2"] | {"LDSM": True}
-VARIANTS["ldsm-dq"] = VARIANTS["ldsm"] | {"LDSM_DQ": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
