@@ -59,15 +59,14 @@ RECORDS: list[dict] = []
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
     ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
-    ("flat", {"FLAT": True}),  # whole tiles' copies and dQ's atomics by flat indices
-    ("exp2", {"FLAT": True, "EXP2_DKV": True}),  # and dkv's exponentials as 2^x
-    ("ldsm", {"FLAT": True, "EXP2_DKV": True, "LDSM": True}),  # and B fragments by ldmatrix
-    ("ldsm-only", {"LDSM": True}),
+    # clamped 3-d copies, e^x in dkv, 32-bit B loads (the default until session 13)
+    ("scalar-loads", {"FLAT": False, "EXP2_DKV": False, "LDSM": False}),
+    ("no-flat", {"FLAT": False, "EXP2_DKV": False}),  # ldmatrix alone
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

@@ -49,7 +49,7 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -65,15 +65,23 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
 }
 VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
-VARIANTS["flat"] = VARIANTS["default"] | {"FLAT": True}
-VARIANTS["exp2"] = VARIANTS["flat"] | {"EXP2_DKV": True}
-VARIANTS["ldsm"] = VARIANTS["exp2"] | {"LDSM": True}
+# the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
+VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
 # kernels are parts of the staged ones.
 QUICK = ("default",)
-QUICK_PTX = (*QUICK, "3xtf32", "staged", "libdevice-exp", "cvt-round", "wide", "atomics-4")
+QUICK_PTX = (
+    *QUICK,
+    "3xtf32",
+    "staged",
+    "libdevice-exp",
+    "cvt-round",
+    "wide",
+    "atomics-4",
+    "scalar-loads",
+)
 
 
 def _marked(names, quick=QUICK) -> list:
@@ -154,7 +162,11 @@ if not IN_SIMULATOR:
             async_q = pipeline and knobs["ASYNC_Q"] and name == "forward" and not wide
             async_kv = pipeline and knobs["ASYNC_KV"] and name == "dkv"  # and K, V's
             extra = E // 8 if async_q else 2 * E // 8 if async_kv else 0
-            want_copies = 4 * E // 8 + extra if pipeline else 0
+            # FLAT: the loop's copies a second time, by flat indices (16 bytes, no size), and
+            # dkv's first query tile's too
+            flat = pipeline and knobs["FLAT"] and not wide
+            flats = (2 if name == "dkv" else 1) * 2 * E // 8 if flat else 0
+            want_copies = 4 * E // 8 + extra + flats if pipeline else 0
             assert len(copies) == want_copies, (name, len(copies))
             assert ("cp.async.wait_group 1;" in text) == (async_q or async_kv), name
             # STAGED_OUT: a warp's 16 rows of each output tile (out; dK and dV) leave through
@@ -169,7 +181,13 @@ if not IN_SIMULATOR:
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
+            want_adds *= 2 if flat and width == 2 else 1  # FLAT's flat and clamped adds
             assert len(adds) == want_adds, (name, len(adds))
+            # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
+            ldsm = knobs["LDSM"] and not split and name != "dq"
+            want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0
+            ldsm_found = re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", text)
+            assert len(ldsm_found) == want_ldsm, (name, len(ldsm_found))
             # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
             # warp's tile, 32 a lane) and per probability and score gradient (backward);
             # ADD_ROUND: the add alone for both B values of each product on a cp.async tile
@@ -394,13 +412,11 @@ else:
         forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
         _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
 
-    def test_attention_tc_flat(monkeypatch) -> None:
-        """FLAT on three query tiles with a two-row tail (T = 130): the forward's last block
-        copies key tile 1 by flat indices and tile 2 clamped, dkv's blocks the query tiles
-        likewise, and dQ's adds go flat for the two whole tiles and clamped for the tail."""
-        for knob, value in VARIANTS["flat"].items():
-            monkeypatch.setattr(attention_tc, knob, value)
-        _check_attention(1, 130, 2, 1, 8)
+    def test_attention_tc_whole_tiles() -> None:
+        """Two whole query tiles (T = 128), one head: the forward's second block copies key
+        tile 1 by FLAT's flat indices, dkv's first block query tile 1 likewise, and dQ's adds
+        go flat (test_attention_tc's T = 70 takes the clamped copies of a partial tile)."""
+        _check_attention(1, 128, 1, 1, 8)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from

@@ -215,22 +215,32 @@ ASYNC_KV = True
 # of accumulators, which 255 registers do not hold at two blocks a multiprocessor.
 
 
-# EXP2_DKV (with PIPELINE and FAST_EXP): dkv's probabilities as 2^x, as the forward's: K's
-# A fragments carry log2(e) (rounded once more as they load, once a block) and each tile's
-# lse is multiplied by log2(e) in place by the thread that copied it, before the loop's top
-# barrier; exp_approx's multiply per score (32 a lane and tile) goes.
-EXP2_DKV = False
-# LDSM: the B fragments of the products over a [n][k] tile (S = Q K^T in the forward, S^T
-# = K Q^T and dP^T = V dO^T in dkv) four at a time by mma.ldmatrix_x4 (two 8-column blocks'
-# b0 and b1), one instruction for four 32-bit shared loads, the same bytes.
-LDSM = False
 # FLAT (with PIPELINE): the loops' copies of whole tiles and dQ's atomics address global
 # memory by one flat element index per tile, stepped a row block at a time
 # (async_copy.cp_async16_flat, vector.atomic_add2_flat), behind one test that the tile lies
 # within the sequence; a partial tile keeps the clamped 3-d indices. Each clamped copy cost
-# about ten instructions (64-bit compares, selects, the index product): 140 of the forward
-# loop's 1,159 SASS instructions a tile (bench/ptx_registers.py --census).
-FLAT = False
+# about ten instructions (64-bit compares, selects, the index product): about 110 of the
+# forward loop's 1,159 SASS instructions a tile (bench/ptx_registers.py --census). On the
+# H200 at T=512 (T=2048), launch-free: forward 0.1397-0.1406 ms against 0.1432-0.1439
+# (1.744 against 1.792), backward alone 0.366-0.369 against 0.361 (4.67-4.69 against
+# 4.63-4.66); with LDSM and EXP2_DKV the backward gains (below). Results:
+# results/attention-tc-s13-*.
+FLAT = True
+# EXP2_DKV (with PIPELINE and FAST_EXP): dkv's probabilities as 2^x, as the forward's: K's
+# A fragments carry log2(e) (rounded once more as they load, once a block) and each tile's
+# lse is multiplied by log2(e) in place by the thread that copied it, before the loop's top
+# barrier; exp_approx's multiply per score (32 a lane and tile) goes.
+EXP2_DKV = True
+# LDSM: the B fragments of the products over a [n][k] tile (S = Q K^T in the forward, S^T
+# = K Q^T and dP^T = V dO^T in dkv) four at a time by mma.ldmatrix_x4 (two 8-column blocks'
+# b0 and b1), one instruction for four 32-bit shared loads, the same bytes. On the H200 at
+# T=512 (T=2048): LDSM alone, forward 0.1383-0.1389 ms, backward 0.3521-0.3522 (1.70,
+# 4.48-4.49); with FLAT and EXP2_DKV (the defaults since), forward 0.1333-0.1341 (96.4-96.7
+# TFLOP/s), backward 0.3506-0.3525 (1.624-1.625, 4.43-4.48); the kernels before them 0.1426-
+# 0.1439 and 0.3610-0.3635 (1.792, 4.63-4.66). dQ = dS K by ldmatrix as well (K transposed
+# in place once a block, dS stored [query][key]; 255 registers) lost at T=512: backward
+# 0.3555-0.3560 (4.39-4.40 at T=2048; commit 44c0f63).
+LDSM = True
 
 
 def _wide() -> bool:
