@@ -13,7 +13,8 @@ B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
   attention-tc-backward-parts-launchfree-2026-11-30-h200.json; a split of it into a
   zeroing kernel and a reading one, 0.101 and 0.379: -s9d-prep-split-.)
 - dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
-  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design);
+  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design; the
+  results of 2026-11-30 14:28 UTC, session 13, left FLAT's adds in: parts-s13-*);
 - backward: attention_tc.attention_backward whole, and the forward for the ratio.
 """
 
@@ -34,11 +35,15 @@ from euler.gpu import attention, attention_tc  # noqa: E402
 
 
 def no_atomics(src: str) -> str:
-    """The dkv source with each of dQ's atomic adds guarded by NEVER."""
-    return "\n".join(
-        line.replace("< Tn:", f"< Tn and {NEVER}:") if line.strip().startswith("if rq +") else line
-        for line in src.splitlines()
-    ) + "\n"  # fmt: skip
+    """The dkv source with each of dQ's atomic adds guarded by NEVER (the clamped rows' tests
+    and FLAT's whole-tile one)."""
+
+    def guarded(line: str) -> str:
+        if line.strip().startswith("if rq +"):
+            return line.replace("< Tn:", f"< Tn and {NEVER}:")
+        return line.replace("if whole:", f"if whole and {NEVER}:")
+
+    return "\n".join(guarded(line) for line in src.splitlines()) + "\n"
 
 
 def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:

@@ -278,8 +278,10 @@ if not IN_SIMULATOR:
         src = attention_tc.sources(8)[name]
         lines, got = src.splitlines(), no_atomics(src).splitlines()
         changed = [b for a, b in zip(lines, got, strict=True) if a != b]
-        assert len(changed) == 2  # rows g and g + 8 of the one column block at E = 8
-        assert all(x.strip().startswith("if rq +") and "scale < T(0.0)" in x for x in changed)
+        # rows g and g + 8 of the one column block at E = 8, and FLAT's whole-tile test
+        assert len(changed) == 3
+        assert all(x.strip().startswith(("if rq +", "if whole")) for x in changed)
+        assert all("scale < T(0.0)" in x for x in changed)
         f32 = numba.float32[:, :, ::1]
         sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
         kernel = attention_tc._compile(name, no_atomics(src))
