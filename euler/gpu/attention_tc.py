@@ -74,6 +74,11 @@ MIN_BLOCKS: launch_bounds (128, MIN_BLOCKS) to cap registers, as attention_tiles
 ASYNC_Q: the forward's Q by cp.async too, scaled and rounded as its fragments load.
 STAGED_OUT: out, dK and dV leave through the free buffer, 16 bytes a lane (_store_staged).
 ASYNC_KV: dkv's K and V by cp.async, K scaled and rounded in place by its copier.
+FLAT: whole tiles' copies and dQ's atomics by one flat index a tile, stepped a row block a
+  copy (clamped 3-d indices for a partial tile only).
+EXP2_DKV: dkv's probabilities as 2^x (log2(e) in K's A fragments and in each tile's lse).
+LDSM: the nt products' B fragments (over K in the forward, Q and dO in dkv) four at a time
+  by ldmatrix (mma.ldmatrix_x4).
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
@@ -81,7 +86,9 @@ Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, 
 errors against a float64 reference within 4e-4 of the values' scale), forward and
 backward ms at T=512 (T=2048). Since 2026-11-30 each figure is the device's time alone (10
 calls back to back behind a spinning kernel, bench/gpu_timing.py); the rows below the first
-four were one call between CUDA events, the host's launch (40-90 us) included:
+five were one call between CUDA events, the host's launch (40-90 us) included:
+  default (2026-11-30, session 13: FLAT, EXP2_DKV, LDSM)
+                                     0.134 0.351 (1.62 4.43)  96 (127) TFLOP/s forward
   default (2026-11-30, session 10: the prep kernel indexed by shifts, 0.040 ms from 0.059)
                                      0.142 0.361 (1.79 4.73)  90 (115) TFLOP/s forward
   default (2026-11-30, session 9: ASYNC_Q, STAGED_OUT, ASYNC_KV, the 16-byte prep kernel)
@@ -241,6 +248,18 @@ EXP2_DKV = True
 # in place once a block, dS stored [query][key]; 255 registers) lost at T=512: backward
 # 0.3555-0.3560 (4.39-4.40 at T=2048; commit 44c0f63).
 LDSM = True
+# ROUND_MID (with PIPELINE, not SPLIT_TF32): the raw tiles (the forward's K and V, dkv's Q
+# and dO) rounded in place once, each thread its own copies, 16 bytes a load and store,
+# in the loop iteration before their use (the forward's after its P V product, dkv's
+# before its dQ barrier: the copies issued at the top have landed), so the fragment loads
+# need no rounding: 256 of the forward loop's adds a tile and 512 of dkv's become 64 and
+# 128. ROUND_ONCE, the same at the top of the loop before its barrier, lost (ASYNC_KV).
+ROUND_MID = False
+
+
+def _round_mid() -> bool:
+    """Whether the raw tiles are rounded in place (ROUND_MID and what it needs)."""
+    return ROUND_MID and PIPELINE and not SPLIT_TF32
 
 
 def _wide() -> bool:
@@ -392,6 +411,16 @@ class _Gen:
         self.w.indent()
         self.stage_async(tiles, buf)
         self.w.indent(-1)
+
+    def round_own(self, regions: tuple[int, ...], buf: str) -> None:
+        """Round this thread's cp.async chunks of the tiles at sm[buf + region] in place, as
+        B operands (ROUND_MID; after a wait for them)."""
+        for region in regions:
+            for _, off in self.async_chunks(region):
+                at = f"{buf} + ca + {self.u(off)}"
+                self.w(f"x0, x1, x2, x3 = load4_shared(sm, {at})")
+                vals = ", ".join(self._operand(f"x{k}") for k in range(4))
+                self.w(f"store4_shared(sm, {at}, {vals})")
 
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
@@ -685,10 +714,14 @@ def _forward_source(E: int) -> str:
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
     qs = BUF if PIPELINE else KS
+    rm = _round_mid()
     if async_q:
         w("cp_async_wait(1)  # Q's copies (K, V tile 0's may still fly)")
     else:
         gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
+    if rm:  # K, V tile 0 rounded by their copiers
+        w("cp_async_wait(0)")
+        gen.round_own((KS, VS), gen.u(0))
     w("cuda.syncthreads()")
     gen.load_a("qa", qs, presplit=True, raw=" * scale" if async_q else None)
     if not PIPELINE:
@@ -697,13 +730,19 @@ def _forward_source(E: int) -> str:
     gen.zero("o", range(NE))
     bn, bp = gen.key_tile_loop(BUF)
     gen.zero("s", range(8))
-    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE)
+    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE and not rm)
     w("if j0 == i0:")
     w.indent()
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     _online_softmax(gen, "s", "o", "", range(8))
-    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE)
+    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE and not rm)
+    if rm:  # the next tile, copied at the top, rounded for the next iteration
+        w("if j0 < i0:")
+        w.indent()
+        w("cp_async_wait(0)")
+        gen.round_own((KS, VS), "nxt")
+        w.indent(-1)
     if PIPELINE:
         w("cur = nxt")
     else:
@@ -913,6 +952,10 @@ def _dkv_source(E: int) -> str:
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
+    rm = _round_mid()
+    if rm:  # query tile 0's Q and dO rounded by their copiers
+        w("cp_async_wait(0)")
+        gen.round_own((QS, DOS), gen.u(0))
     w("cuda.syncthreads()")
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
@@ -954,9 +997,9 @@ def _dkv_source(E: int) -> str:
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE and not rm)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE and not rm)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -975,8 +1018,14 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
-        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE and not rm)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE and not rm)
+    if rm:  # the next tile, copied at the top, rounded for the next iteration
+        w("if it + 1 < nit:")
+        w.indent()
+        w("cp_async_wait(0)")
+        gen.round_own((QS, DOS), "nxt")
+        w.indent(-1)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
@@ -1090,7 +1139,7 @@ EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = (
     "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_shared,"
-    " store4_3d"
+    " store4_3d, store4_shared"
 )
 
 
@@ -1114,6 +1163,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
+                ROUND_MID=ROUND_MID,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
