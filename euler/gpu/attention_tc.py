@@ -210,7 +210,12 @@ STAGED_OUT = True
 # Backward 0.379 ms at T=512 against 0.386 (variant kv-staged), dkv 235 registers from 249.
 # Rounding dkv's Q and dO tiles in place once a tile (after each thread's wait, before the
 # barrier) instead of at each B fragment load lost: 0.407 ms (253 registers; commit
-# ca6410e, results/attention-tc-launchfree-s9c-*).
+# ca6410e, results/attention-tc-launchfree-s9c-*). So did the same for dkv's Q and dO and
+# the forward's K and V in the iteration before their use (after the products, behind a
+# cp.async wait for the copies issued at its top): forward 0.148 ms against 0.134, backward
+# 0.373 against 0.351 (commit 67d79fa, results/attention-tc-s13-call4-*): the wait exposes
+# the copies' latency that a whole iteration hides, though the loops' adds fall from 256 to
+# 96 a tile (forward) and from 458 to 134 (dkv).
 ASYNC_KV = True
 # Warpgroup products (wgmma.py) for dkv's S^T = K Q^T and dP^T = V dO^T lost: m64n32k8 a
 # half, K and V as register A fragments, Q and dO read by the tensor core from tiles in its
@@ -248,18 +253,6 @@ EXP2_DKV = True
 # in place once a block, dS stored [query][key]; 255 registers) lost at T=512: backward
 # 0.3555-0.3560 (4.39-4.40 at T=2048; commit 44c0f63).
 LDSM = True
-# ROUND_MID (with PIPELINE, not SPLIT_TF32): the raw tiles (the forward's K and V, dkv's Q
-# and dO) rounded in place once, each thread its own copies, 16 bytes a load and store,
-# in the loop iteration before their use (the forward's after its P V product, dkv's
-# before its dQ barrier: the copies issued at the top have landed), so the fragment loads
-# need no rounding: 256 of the forward loop's adds a tile and 512 of dkv's become 64 and
-# 128. ROUND_ONCE, the same at the top of the loop before its barrier, lost (ASYNC_KV).
-ROUND_MID = False
-
-
-def _round_mid() -> bool:
-    """Whether the raw tiles are rounded in place (ROUND_MID and what it needs)."""
-    return ROUND_MID and PIPELINE and not SPLIT_TF32
 
 
 def _wide() -> bool:
@@ -411,16 +404,6 @@ class _Gen:
         self.w.indent()
         self.stage_async(tiles, buf)
         self.w.indent(-1)
-
-    def round_own(self, regions: tuple[int, ...], buf: str) -> None:
-        """Round this thread's cp.async chunks of the tiles at sm[buf + region] in place, as
-        B operands (ROUND_MID; after a wait for them)."""
-        for region in regions:
-            for _, off in self.async_chunks(region):
-                at = f"{buf} + ca + {self.u(off)}"
-                self.w(f"x0, x1, x2, x3 = load4_shared(sm, {at})")
-                vals = ", ".join(self._operand(f"x{k}") for k in range(4))
-                self.w(f"store4_shared(sm, {at}, {vals})")
 
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
@@ -714,14 +697,10 @@ def _forward_source(E: int) -> str:
         gen.stage_async(gen.kv_tiles("0"), gen.u(0))
         w("cp_async_commit()")
     qs = BUF if PIPELINE else KS
-    rm = _round_mid()
     if async_q:
         w("cp_async_wait(1)  # Q's copies (K, V tile 0's may still fly)")
     else:
         gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
-    if rm:  # K, V tile 0 rounded by their copiers
-        w("cp_async_wait(0)")
-        gen.round_own((KS, VS), gen.u(0))
     w("cuda.syncthreads()")
     gen.load_a("qa", qs, presplit=True, raw=" * scale" if async_q else None)
     if not PIPELINE:
@@ -730,19 +709,13 @@ def _forward_source(E: int) -> str:
     gen.zero("o", range(NE))
     bn, bp = gen.key_tile_loop(BUF)
     gen.zero("s", range(8))
-    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE and not rm)
+    gen.product_nt("s", "qa", KS, range(8), bn, PIPELINE)
     w("if j0 == i0:")
     w.indent()
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     _online_softmax(gen, "s", "o", "", range(8))
-    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE and not rm)
-    if rm:  # the next tile, copied at the top, rounded for the next iteration
-        w("if j0 < i0:")
-        w.indent()
-        w("cp_async_wait(0)")
-        gen.round_own((KS, VS), "nxt")
-        w.indent(-1)
+    gen.product_nn("o", "s", VS, range(8), bp, PIPELINE)
     if PIPELINE:
         w("cur = nxt")
     else:
@@ -952,10 +925,6 @@ def _dkv_source(E: int) -> str:
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
-    rm = _round_mid()
-    if rm:  # query tile 0's Q and dO rounded by their copiers
-        w("cp_async_wait(0)")
-        gen.round_own((QS, DOS), gen.u(0))
     w("cuda.syncthreads()")
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
@@ -997,9 +966,9 @@ def _dkv_source(E: int) -> str:
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE and not rm)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE and not rm)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -1018,14 +987,8 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE and not rm)
-        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE and not rm)
-    if rm:  # the next tile, copied at the top, rounded for the next iteration
-        w("if it + 1 < nit:")
-        w.indent()
-        w("cp_async_wait(0)")
-        gen.round_own((QS, DOS), "nxt")
-        w.indent(-1)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
@@ -1139,7 +1102,7 @@ EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = (
     "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_shared,"
-    " store4_3d, store4_shared"
+    " store4_3d"
 )
 
 
@@ -1163,7 +1126,6 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                ROUND_MID=ROUND_MID,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 

@@ -21,11 +21,9 @@ are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned
 8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
 
     a0, a1, a2, a3 = load4_shared(sm, i)    sm[i : i + 4] of a 1-d float32 shared array
-    store4_shared(sm, i, a0, a1, a2, a3)    sm[i : i + 4] = a0, a1, a2, a3
 
-are one ld.shared.v4.f32 (LDS.128) or st.shared.v4.f32: the register-tiled attention reads
-its operands four at a time with it, a quarter of the shared-memory instructions of scalar
-loads.
+is one ld.shared.v4.f32 (LDS.128): the register-tiled attention reads its operands four
+at a time with it, a quarter of the shared-memory instructions of scalar loads.
 
 The element pointer is computed without numba's negative-index wraparound; i must be a
 multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`, or
@@ -110,7 +108,7 @@ if not SIMULATOR:
         """ary[i0, i1, i2 : i2 + 4] of a 3-d array as a 4-tuple of float32, one 16-byte load."""
         return _load4_typing("load4_3d", ary, (i0, i1, i2))
 
-    def _store4_typing(name: str, ary, indices, values, space: int = 1):
+    def _store4_typing(name: str, ary, indices, values):
         _check(name, ary, *indices)
         if not all(isinstance(a, types.Float) for a in values):
             raise TypingError(f"{name} stores four floats")
@@ -122,7 +120,7 @@ if not SIMULATOR:
                 v = context.cast(builder, args[1 + n + k], sig.args[1 + n + k], types.float32)
                 vec = builder.insert_element(vec, v, ir.Constant(ir.IntType(32), k))
             ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
-                              sig.args[1 : 1 + n], space)  # fmt: skip
+                              sig.args[1 : 1 + n])  # fmt: skip
             builder.store(vec, ptr, align=16)
             return context.get_dummy_value()
 
@@ -132,11 +130,6 @@ if not SIMULATOR:
     def store4(typingctx, ary, i, a0, a1, a2, a3):
         """ary[i : i + 4] = (a0, a1, a2, a3), one 16-byte store."""
         return _store4_typing("store4", ary, (i,), (a0, a1, a2, a3))
-
-    @intrinsic
-    def store4_shared(typingctx, ary, i, a0, a1, a2, a3):
-        """sm[i : i + 4] = (a0, .., a3) of a shared array, one 16-byte store."""
-        return _store4_typing("store4_shared", ary, (i,), (a0, a1, a2, a3), 3)
 
     @intrinsic
     def store4_3d(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
@@ -207,8 +200,6 @@ else:
         ary[i + 1] = a1
         ary[i + 2] = a2
         ary[i + 3] = a3
-
-    store4_shared = store4
 
     @cuda.jit(device=True)
     def load4_3d(ary, i0, i1, i2):
