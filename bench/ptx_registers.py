@@ -10,9 +10,11 @@ writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer
 version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
 
 `--census` also counts the instructions of each kernel's main loop (the longest span from a
-label back to a branch to it): in PTX, and, when ptxas and cuobjdump (NVIDIA's
-nvidia-cuda-cuobjdump wheel) are on PATH, in the SASS ptxas makes of the whole kernel and
-of its longest loop.
+label back to a branch to it): in PTX, and, when ptxas, cuobjdump and nvdisasm (NVIDIA's
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) are on PATH, in the SASS ptxas makes
+of the whole kernel and of its longest loop. A loop's count holds both sides of its
+branches: with attention_tc.FLAT, the flat and the clamped copies of the next tile, of which
+a whole tile runs only the first (bench/notes_gpu.md, session 13).
 """
 
 from __future__ import annotations
@@ -107,9 +109,9 @@ def sass_loop(sass: str) -> str:
 
 def sass_census(ptx: str) -> str:
     """The SASS opcodes ptxas makes of the kernel, most frequent first, then its longest
-    loop's (sass_loop) (ptxas, cuobjdump)."""
-    if shutil.which("ptxas") is None or shutil.which("cuobjdump") is None:
-        return "(no ptxas or cuobjdump on PATH)"
+    loop's (sass_loop) (ptxas, cuobjdump, nvdisasm)."""
+    if any(shutil.which(tool) is None for tool in ("ptxas", "cuobjdump", "nvdisasm")):
+        return "(no ptxas, cuobjdump or nvdisasm on PATH)"
     with tempfile.TemporaryDirectory() as tmp:
         path, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
