@@ -4,7 +4,7 @@ Without a GPU: the kernels compile to sm_90 PTX that carries the mma.sync and cv
 instructions (and no float64 or local memory); then this file runs again in a subprocess
 with NUMBA_ENABLE_CUDASIM=1 (which must be set before numba.cuda is imported), where mma.py
 emulates the warp-wide instruction. There the emulated m16n8k8 equals a float64 product of
-TF32-rounded operands, and the forward and backward on tiny shapes (one diagonal tile, and
+TF32-rounded operands, ldmatrix_x4 hands each lane the words mma.py documents, and the forward and backward on tiny shapes (one diagonal tile, and
 two query tiles with a tail) match a float64 NumPy reference within TF32 tolerance.
 
 Each combination of attention_tc's generation knobs (VARIANTS) compiles to PTX with its own
@@ -349,6 +349,32 @@ else:
 
         check_wgmma_product(144, 1152)
         check_wgmma_product(128, 256, seed=1)
+
+    def test_ldmatrix_x4_layout() -> None:
+        """Lane (g, t) receives word t of row g of each of the four 8 x 4-word matrices whose
+        rows the lanes address (lane l: row l % 8 of matrix l // 8), as mma.py documents."""
+        from numba import float32
+
+        from euler.gpu.mma import ldmatrix_x4
+
+        @cuda.jit
+        def load(src, out):
+            sm = cuda.shared.array(1024, float32)
+            lane = cuda.threadIdx.x
+            for k in range(32):
+                sm[32 * lane + k] = src[32 * lane + k]
+            cuda.syncthreads()
+            m, r = lane // 8, lane % 8  # rows of matrix m: 32 words apart, m % 2 x 4 words in
+            out[lane, 0], out[lane, 1], out[lane, 2], out[lane, 3] = ldmatrix_x4(
+                sm, 32 * (8 * m + r) + 4 * (m % 2)
+            )
+
+        src = np.arange(1024, dtype=np.float32)
+        out = np.zeros((32, 4), np.float32)
+        load[1, 32](src, out)
+        g, t = np.arange(32) // 4, np.arange(32) % 4
+        want = np.stack([32 * (8 * m + g) + 4 * (m % 2) + t for m in range(4)], axis=1)
+        np.testing.assert_array_equal(out, want)
 
     def test_tf32_rounding() -> None:
         """Nearest, ties away from zero, 10 mantissa bits."""
