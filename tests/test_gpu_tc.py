@@ -4,8 +4,9 @@ Without a GPU: the kernels compile to sm_90 PTX that carries the mma.sync and cv
 instructions (and no float64 or local memory); then this file runs again in a subprocess
 with NUMBA_ENABLE_CUDASIM=1 (which must be set before numba.cuda is imported), where mma.py
 emulates the warp-wide instruction. There the emulated m16n8k8 equals a float64 product of
-TF32-rounded operands, ldmatrix_x4 hands each lane the words mma.py documents, and the forward and backward on tiny shapes (one diagonal tile, and
-two query tiles with a tail) match a float64 NumPy reference within TF32 tolerance.
+TF32-rounded operands, ldmatrix_x4 hands each lane the words mma.py documents, and the
+forward and backward on tiny shapes (one diagonal tile, two query tiles with a tail, two
+whole tiles) match a float64 NumPy reference within TF32 tolerance.
 
 Each combination of attention_tc's generation knobs (VARIANTS) compiles to PTX with its own
 instructions (cp.async with PIPELINE, float atomics with ATOMIC_DQ, three mma a product
