@@ -326,7 +326,8 @@ class _Gen:
         w(f"la = uint64((16 * wp + g) * {LD} + t)  # A fragments: rows of this warp")
         w(f"lb = uint64(g * {LD} + t)  # B fragments of a [n][k] tile")
         w(f"lp = uint64(2 * t * {LD} + g)  # B fragments of a [k][n] tile, keys permuted")
-        if LDSM:  # row lane % 8 of block 8 ((lane >> 4) & 1), words 4 ((lane >> 3) & 1) on
+        if LDSM:
+            # this lane's ldmatrix row: row lane % 8 (+ 8 if lane & 16), 4 words on if lane & 8
             w(f"lm = uint64(((tid & 7) + 8 * ((tid >> 4) & 1)) * {LD} + 4 * ((tid >> 3) & 1))")
         w("dg = 2 * t - 16 * wp - g  # column minus row of c0, less the fragment's offsets")
         w(f"ee = tid % {self.E}", f"rb = tid // {self.E}  # staging: column ee of rows rb + ...")
