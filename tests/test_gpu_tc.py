@@ -47,7 +47,8 @@ TOL_SPLIT = 2e-6  # 3xTF32: fp32's level (2e-7 here); TF32 alone errs by about 4
 _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": False,
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
-        "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False}  # fmt: skip
+        "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
+        "LDSM_DQ": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
        "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
@@ -68,6 +69,7 @@ VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
+VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose

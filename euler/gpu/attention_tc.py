@@ -253,6 +253,18 @@ EXP2_DKV = True
 # in place once a block, dS stored [query][key]; 255 registers) lost at T=512: backward
 # 0.3555-0.3560 (4.39-4.40 at T=2048; commit 44c0f63).
 LDSM = True
+# LDSM_DQ (with LDSM, ATOMIC_DQ and ASYNC_KV): dkv's dQ = dS K by ldmatrix too: K is
+# transposed in place once a block (after its A fragments load), so the product's B
+# fragments are rows of K^T, and dS is stored [query][key], so its A fragments are rows
+# (one ldmatrix_x4 for four 32-bit loads of each operand, keys in their natural order).
+# The transpose reads K 16 bytes a lane, 32 keys a warp, and writes rows of K^T whole, both
+# free of bank conflicts (the first try, 44c0f63, stored each thread's own copies: 8-way).
+LDSM_DQ = False
+
+
+def _ldsm_dq() -> bool:
+    """Whether dkv's dQ product reads its operands by ldmatrix (LDSM_DQ and what it needs)."""
+    return LDSM_DQ and LDSM and ATOMIC_DQ and PIPELINE and ASYNC_KV and not SPLIT_TF32
 
 
 def _wide() -> bool:
@@ -930,6 +942,22 @@ def _dkv_source(E: int) -> str:
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
     gen.load_a("va", vs, raw="" if async_kv else None)
+    ldsm_dq = _ldsm_dq()
+    if ldsm_dq:  # K^T [e][key] over K: a warp reads 32 keys' 16 bytes, writes rows of K^T
+        per = E // 8  # 4-column chunks a thread: thread tid takes key tid % 64
+        w(f"kr = uint64((tid & 63) * {LD} + (tid >> 6) * {4 * per})  # its first chunk")
+        for c in range(per):
+            w(f"x{c}_0, x{c}_1, x{c}_2, x{c}_3 = load4_shared(sm, kr + {gen.u(KK + 4 * c)})")
+        w(
+            "cuda.syncthreads()  # every warp has its K fragments and chunks",
+            f"kt = uint64((tid >> 6) * {4 * per * LDS} + (tid & 63))  # K^T's rows padded as dS's",
+        )
+        w(*(f"sm[kt + {gen.u(KK + (4 * c + k) * LDS)}] = x{c}_{k}" for c in range(per)
+            for k in range(4)))  # fmt: skip
+        row = "16 * wp + (tid & 7) + 8 * ((tid >> 3) & 1)"  # this lane's ldmatrix row of dS
+        w(f"ld = uint64(({row}) * {LDS} + 4 * ((tid >> 4) & 1))")
+        row = "(tid & 7) + 8 * ((tid >> 4) & 1)"  # and of K^T (lm's, at dS's padding)
+        w(f"lk = uint64(({row}) * {LDS} + 4 * ((tid >> 3) & 1))", f"lk8 = uint64(g * {LDS} + t)")
     if not PIPELINE:
         w("cuda.syncthreads()  # K, V are in registers; their space takes Q, dO")
     gen.zero("dk", range(NE))
@@ -983,7 +1011,12 @@ def _dkv_source(E: int) -> str:
                     w(f"s{n}_{i} = {e}")
                     w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
                     w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
-        if ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
+        if ldsm_dq:  # dS [query][key] for dQ: lane (g, t) stores rows 2t, 2t + 1 of block n
+            for n in cols:
+                for i in range(4):
+                    off = DS + (8 * n + (i & 1)) * LDS + 8 * (i >> 1)
+                    w(f"sm[lt + {gen.u(off)}] = p{n}_{i}")
+        elif ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
             for n in cols:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
@@ -1028,16 +1061,29 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
+    a = ["a0", "a1", "a2", "a3"]
     for n0 in range(0, NE, HALF):
         cols = range(n0, min(NE, n0 + HALF))
         gen.zero("dq", cols)
         for kk in range(8):
+            if _ldsm_dq():  # A: rows of dS [query][key]; B: rows of K^T [e][key]
+                w(f"a0, a1, a2, a3 = ldmatrix_x4(sm, ld + {gen.u(DS + 8 * kk)})")
+                for n in cols[::2]:
+                    at = KK + 8 * n * LDS + 8 * kk
+                    if n + 1 in cols:
+                        w(f"b0, b1, b2, b3 = ldmatrix_x4(sm, lk + {gen.u(at)})")
+                        gen._mma("dq", n, a)
+                        gen._mma("dq", n + 1, a, ("b2", "b3"))
+                    else:  # E = 8: one column block
+                        gen._load_b([f"lk8 + {gen.u(at)}", f"lk8 + {gen.u(at + 4)}"], raw=False)
+                        gen._mma("dq", n, a)
+                continue
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
-                gen._mma("dq", n, ["a0", "a1", "a2", "a3"])
+                gen._mma("dq", n, a)
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
@@ -1127,6 +1173,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
+                LDSM_DQ=LDSM_DQ,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
