@@ -84,6 +84,7 @@ QUICK_PTX = (
     "wide",
     "atomics-4",
     "scalar-loads",
+    "ldsm-dq",
 )
 
 
@@ -177,7 +178,10 @@ if not IN_SIMULATOR:
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
             assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
-            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == vectors, name
+            # LDSM_DQ: dkv reads K 16 bytes at a time (E / 8 loads) to transpose it
+            ldsm_dq = knobs["LDSM"] and knobs["LDSM_DQ"] and atomic and async_kv and not split
+            loads = vectors + (E // 8 if ldsm_dq else 0)
+            assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == loads, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
@@ -189,6 +193,9 @@ if not IN_SIMULATOR:
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
             ldsm = knobs["LDSM"] and not split and name != "dq"
             want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0
+            if ldsm_dq:
+                # and dQ's: an A fragment a key block and pass, B pairs of column blocks
+                want_ldsm += 8 * -(-E // 8 // 4) + 8 * (E // 8 // 2)
             ldsm_found = re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", text)
             assert len(ldsm_found) == want_ldsm, (name, len(ldsm_found))
             # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
