@@ -79,6 +79,8 @@ FLAT: whole tiles' copies and dQ's atomics by one flat index a tile, stepped a r
 EXP2_DKV: dkv's probabilities as 2^x (log2(e) in K's A fragments and in each tile's lse).
 LDSM: the nt products' B fragments (over K in the forward, Q and dO in dkv) four at a time
   by ldmatrix (mma.ldmatrix_x4).
+LDSM_DQ: dkv's dQ = dS K by ldmatrix as well, from K^T (made once a block) and dS stored
+  [query][key].
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
@@ -249,17 +251,16 @@ EXP2_DKV = True
 # T=512 (T=2048): LDSM alone, forward 0.1383-0.1389 ms, backward 0.3521-0.3522 (1.70,
 # 4.48-4.49); with FLAT and EXP2_DKV (the defaults since), forward 0.1333-0.1341 (96.4-96.7
 # TFLOP/s), backward 0.3506-0.3525 (1.624-1.625, 4.43-4.48); the kernels before them 0.1426-
-# 0.1439 and 0.3610-0.3635 (1.792, 4.63-4.66). dQ = dS K by ldmatrix as well (K transposed
-# in place once a block, dS stored [query][key]; 255 registers) lost at T=512: backward
-# 0.3555-0.3560 (4.39-4.40 at T=2048; commit 44c0f63).
+# 0.1439 and 0.3610-0.3635 (1.792, 4.63-4.66). For dQ = dS K by ldmatrix as well see
+# LDSM_DQ.
 LDSM = True
 # LDSM_DQ (with LDSM, ATOMIC_DQ and ASYNC_KV): dkv's dQ = dS K by ldmatrix too: K is
 # transposed in place once a block (after its A fragments load), so the product's B
 # fragments are rows of K^T, and dS is stored [query][key], so its A fragments are rows
 # (one ldmatrix_x4 for four 32-bit loads of each operand, keys in their natural order).
 # The transpose reads K 16 bytes a lane, 32 keys a warp, and writes rows of K^T whole, both
-# free of bank conflicts (the first try, 44c0f63, stored each thread's own copies 8-way
-# conflicted and lost at T=512). On the H200, backward 0.3516, 0.3520 ms at T=512 against
+# free of bank conflicts (the first try, commit 44c0f63, stored each thread's own copies,
+# 8-way conflicted: backward 0.3555-0.3560 at T=512, a loss). On the H200, backward 0.3516, 0.3520 ms at T=512 against
 # 0.3531, 0.3534 (4.378, 4.372 at T=2048 against 4.417, 4.412; 255 registers, no spills;
 # results/attention-tc-s13-call5-*), equal errors against float64 at T=100, 512, 2048.
 # Off until `pytest -m gpu tests/test_gpu_device.py` has run with it (the session's device
@@ -1057,7 +1058,9 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     sm[DS] with the keys permuted as the P V product's (k = t is key 2t, k = t + 4 key
     2t + 1; lane (g, t) reads row 2t, column g: banks 8t + g, no conflicts), B = the K
     tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
-    loop's next barrier keeps the next tile's dS^T stores after these reads.
+    loop's next barrier keeps the next tile's dS^T stores after these reads. With LDSM_DQ
+    the tile at sm[DS] is dS [query][key] and the one at sm[KK] K^T [e][key], both read
+    by ldmatrix, the keys in their natural order.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
