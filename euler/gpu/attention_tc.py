@@ -260,9 +260,10 @@ LDSM = True
 # (one ldmatrix_x4 for four 32-bit loads of each operand, keys in their natural order).
 # The transpose reads K 16 bytes a lane, 32 keys a warp, and writes rows of K^T whole, both
 # free of bank conflicts (the first try, commit 44c0f63, stored each thread's own copies,
-# 8-way conflicted: backward 0.3555-0.3560 at T=512, a loss). On the H200, backward 0.3516, 0.3520 ms at T=512 against
-# 0.3531, 0.3534 (4.378, 4.372 at T=2048 against 4.417, 4.412; 255 registers, no spills;
-# results/attention-tc-s13-call5-*), equal errors against float64 at T=100, 512, 2048.
+# 8-way conflicted: backward 0.3555-0.3560 at T=512, a loss). On the H200, backward
+# 0.3516, 0.3520 ms at T=512 against 0.3531, 0.3534 (4.378, 4.372 at T=2048 against 4.417,
+# 4.412; 255 registers, no spills; results/attention-tc-s13-call5-*), equal errors against
+# float64 at T=100, 512, 2048.
 # Off until `pytest -m gpu tests/test_gpu_device.py` has run with it (the session's device
 # time ran out); the simulator checks it at E = 8, 16 and 32.
 LDSM_DQ = False
