@@ -1,7 +1,7 @@
 """Compile time, registers and spills of the generated attention kernels, with no GPU.
 
     python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set KNOB=N]
-                                  [--census]
+                                  [--census [--sass DIR]]
 
 Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90a
 PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
@@ -107,9 +107,9 @@ def sass_loop(sass: str) -> str:
     return f"SASS loop {sum(ops.values())} instructions: {top}"
 
 
-def sass_census(ptx: str) -> str:
+def sass_census(ptx: str, listing: Path | None = None) -> str:
     """The SASS opcodes ptxas makes of the kernel, most frequent first, then its longest
-    loop's (sass_loop) (ptxas, cuobjdump, nvdisasm)."""
+    loop's (sass_loop) (ptxas, cuobjdump, nvdisasm); listing: write the SASS there too."""
     if any(shutil.which(tool) is None for tool in ("ptxas", "cuobjdump", "nvdisasm")):
         return "(no ptxas, cuobjdump or nvdisasm on PATH)"
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,6 +117,8 @@ def sass_census(ptx: str) -> str:
         path.write_text(ptx.replace(".version 9.5", ".version 9.0"))
         subprocess.run(["ptxas", "-arch=sm_90a", str(path), "-o", str(cubin)], check=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True)
+    if listing:
+        listing.write_text(sass.stdout)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass.stdout)
     whole = "SASS " + ", ".join(f"{n} {op}" for op, n in Counter(ops).most_common(12))
     return f"{whole}\n    {sass_loop(sass.stdout)}"
@@ -132,6 +134,8 @@ def main() -> None:
         " as MIN_BLOCKS), e.g. SPLIT_TF32=1; repeatable",
     )  # fmt: skip
     ap.add_argument("--census", action="store_true", help="instruction counts, PTX and SASS")
+    ap.add_argument("--sass", type=Path, metavar="DIR",
+                    help="with --census: each kernel's SASS listing to DIR/NAME.sass")  # fmt: skip
     args = ap.parse_args()
     modules = (attention_tc, attention_tiles)
     names = sorted({k for m in modules for k in m.knobs()})
@@ -153,7 +157,11 @@ def main() -> None:
             dt = time.perf_counter() - t0
             print(f"{kernel.py_func.__name__:28s} {dt:6.1f} s  {ptxas_report(ptx)}", flush=True)
             if args.census:
-                print(f"    {loop_census(ptx)}\n    {sass_census(ptx)}", flush=True)
+                name = kernel.py_func.__name__
+                listing = args.sass / f"{name}.sass" if args.sass else None
+                if listing:
+                    args.sass.mkdir(parents=True, exist_ok=True)
+                print(f"    {loop_census(ptx)}\n    {sass_census(ptx, listing)}", flush=True)
 
 
 if __name__ == "__main__":

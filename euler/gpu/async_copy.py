@@ -69,14 +69,19 @@ if not SIMULATOR:
         data = context.make_array(aryty)(context, builder, ary).data
         return builder.gep(data, [context.cast(builder, k, kty, types.intp)])
 
+    def shared_address(builder, ptr):
+        """The i32 shared-window address of a generic pointer into a shared array (what
+        instructions with a .shared operand take; NVPTX lowers it to cvta.to.shared)."""
+        shared = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
+        return builder.ptrtoint(shared, ir.IntType(32))
+
     def _copy_asm(builder, ptx: str, dst, src, *more) -> None:
         """The cp.async statement ptx on a generic shared pointer dst and a global src."""
-        shared = builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 3))
         i32, i64 = ir.IntType(32), ir.IntType(64)
         fnty = ir.FunctionType(ir.VoidType(), [i32, i64] + [i32] * len(more))
         constraints = "r,l" + ",r" * len(more) + ",~{memory}"
         asm = ir.InlineAsm(fnty, ptx, constraints, side_effect=True)
-        builder.call(asm, [builder.ptrtoint(shared, i32), builder.ptrtoint(src, i64), *more])
+        builder.call(asm, [shared_address(builder, dst), builder.ptrtoint(src, i64), *more])
 
     def _make_copy(size: int, cache: str):
         ptx = f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;"

@@ -233,8 +233,9 @@ ASYNC_KV = True
 # memory by one flat element index per tile, stepped a row block at a time
 # (async_copy.cp_async16_flat, vector.atomic_add2_flat), behind one test that the tile lies
 # within the sequence; a partial tile keeps the clamped 3-d indices. Each clamped copy cost
-# about ten instructions (64-bit compares, selects, the index product): about 110 of the
-# forward loop's 1,159 SASS instructions a tile (bench/ptx_registers.py --census). On the
+# about ten instructions (64-bit compares, selects, the index product): the forward loop's
+# issue of the next tile takes 76 SASS instructions, not 192, of its 1,159 a tile
+# (bench/ptx_registers.py --census --sass DIR, with FLAT=1 and FLAT=0). On the
 # H200 at T=512 (T=2048), launch-free: forward 0.1397-0.1406 ms against 0.1432-0.1439
 # (1.744 against 1.792), backward alone 0.366-0.369 against 0.361 (4.67-4.69 against
 # 4.63-4.66); with LDSM and EXP2_DKV the backward gains (below). Results:
@@ -410,20 +411,24 @@ class _Gen:
                     self.w(f"fx += {step} * {src}.shape[2]")
                 self.w(f"cp_async16_flat(sm, {buf} + ca + {self.u(at)}, {src}, fx)")
 
-    def stage_tiles(self, tiles: list[tuple], buf: str, whole: str) -> None:
-        """stage_async, through stage_async_flat where the condition `whole` (the tiles lie
-        within the sequence) holds if FLAT."""
+    def flat_or_clamped(self, whole: str, emit) -> None:
+        """emit(flat) writes a tile's copies by flat indices (flat True) or clamped ones:
+        with FLAT, the first where the condition `whole` (the tile lies within the
+        sequence) holds and the second elsewhere; without, the second alone."""
         if not FLAT:
-            self.stage_async(tiles, buf)
+            emit(False)
             return
-        self.w(f"if {whole}:")
-        self.w.indent()
-        self.stage_async_flat(tiles, buf)
-        self.w.indent(-1)
-        self.w("else:")
-        self.w.indent()
-        self.stage_async(tiles, buf)
-        self.w.indent(-1)
+        for head, flat in ((f"if {whole}:", True), ("else:", False)):
+            self.w(head)
+            self.w.indent()
+            emit(flat)
+            self.w.indent(-1)
+
+    def stage_tiles(self, tiles: list[tuple], buf: str, whole: str) -> None:
+        """stage_async, through stage_async_flat where `whole` holds (flat_or_clamped)."""
+        self.flat_or_clamped(
+            whole, lambda flat: (self.stage_async_flat if flat else self.stage_async)(tiles, buf)
+        )
 
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
@@ -917,17 +922,7 @@ def _dkv_source(E: int) -> str:
 
     def issue(i: str, h: str, buf: str) -> None:
         """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
-        if not FLAT:
-            issue_rows(i, h, buf, False)
-            return
-        w(f"if {i} + 64 <= Tn:")
-        w.indent()
-        issue_rows(i, h, buf, True)
-        w.indent(-1)
-        w("else:")
-        w.indent()
-        issue_rows(i, h, buf, False)
-        w.indent(-1)
+        gen.flat_or_clamped(f"{i} + 64 <= Tn", lambda flat: issue_rows(i, h, buf, flat))
 
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
     vs = BUF + DOS if PIPELINE else DOS
@@ -1096,20 +1091,20 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
+        rows = list(enumerate(((0, 1), (2, 3))))  # (row half r, C values (i, j) of its row)
+        pair = lambda n, i, j: f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"  # noqa: E731
         if flat:
             w("if whole:")
-            for r, (i, j) in enumerate(((0, 1), (2, 3))):
+            for r, (i, j) in rows:
                 for n in cols:
-                    pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
-                    w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {pair})")
+                    w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {pair(n, i, j)})")
             w("else:")
             w.indent()
-        for r, (i, j) in enumerate(((0, 1), (2, 3))):
+        for r, (i, j) in rows:
             w(f"if rq + {8 * r} < Tn:")
             for n in cols:
                 if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
-                    pair = f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"
-                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair})")
+                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair(n, i, j)})")
                     continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")

@@ -70,7 +70,7 @@ def tf32_round_host(x: np.ndarray) -> np.ndarray:
 if not SIMULATOR:
     from numba.cuda.extending import intrinsic
 
-    from euler.gpu.async_copy import element_ptr
+    from euler.gpu.async_copy import element_ptr, shared_address
 
     @intrinsic
     def tf32(typingctx, x):
@@ -128,7 +128,7 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             f32, i32 = ir.FloatType(), ir.IntType(32)
             p = element_ptr(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
-            shared = builder.ptrtoint(builder.addrspacecast(p, ir.PointerType(f32, 3)), i32)
+            shared = shared_address(builder, p)
             fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
             # volatile and a memory clobber: warp-collective, and it reads what other
             # threads stored before a barrier

@@ -185,6 +185,7 @@ if not SIMULATOR:
         return _atomic_add_typing(ary, (i0, i1, i2), (a0, a1, a2, a3))
 
 else:
+    from euler.gpu.async_copy import unravel3
 
     @cuda.jit(device=True)
     def load4(ary, i):
@@ -223,8 +224,8 @@ else:
     @cuda.jit(device=True)
     def atomic_add2_flat(ary, k, a0, a1):
         """The simulator's atomic_add2_flat: atomic_add2 at the 3-d index of k."""
-        n1, n2 = ary.shape[1], ary.shape[2]
-        atomic_add2(ary, k // (n1 * n2), (k // n2) % n1, k % n2, a0, a1)
+        i0, i1, i2 = unravel3(ary, k)
+        atomic_add2(ary, i0, i1, i2, a0, a1)
 
     @cuda.jit(device=True)
     def atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3):

@@ -71,7 +71,7 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from euler.gpu.async_copy import element_ptr
+    from euler.gpu.async_copy import element_ptr, shared_address
 
     def _statement(builder, text: str) -> None:
         fnty = ir.FunctionType(ir.VoidType(), [])
@@ -132,8 +132,7 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             i64 = ir.IntType(64)
             p = element_ptr(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
-            shared = builder.addrspacecast(p, ir.PointerType(p.type.pointee, 3))
-            start = builder.zext(builder.ptrtoint(shared, ir.IntType(32)), i64)
+            start = builder.zext(shared_address(builder, p), i64)
             lbo_, sbo_ = (context.cast(builder, v, t, types.uint64)
                           for v, t in zip(args[2:], sig.args[2:], strict=True))  # fmt: skip
             c = lambda n: ir.Constant(i64, n)  # noqa: E731
