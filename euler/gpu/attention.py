@@ -26,7 +26,6 @@ from numba import cuda, float32
 
 from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
-from euler.gpu.mma import tf32
 from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
 from euler.gpu.vector import load4_3d, store4_3d
 from euler.layer_math import online_softmax_rescale
@@ -258,9 +257,8 @@ PREP_MAX_THREADS = 1024  # a prep block takes the heads of a row that fit in thi
 
 
 @cuda.jit
-def backward_prep_kernel(dqkv, dsum, dout, out, shift, per, round_dout):
+def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
     """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed;
-    if round_dout, dout is written back rounded to TF32 (for attention_tc's PREROUND);
     float32, E / 4 = 2^shift lanes a head (at most 32). Grid (T, B, H E / 4 / per), blocks
     of per (rounded up to whole warps) threads: thread k of block z takes 16-byte chunk
     z per + k of row (b, t), so its head is a shift away and no index is divided; the
@@ -282,8 +280,6 @@ def backward_prep_kernel(dqkv, dsum, dout, out, shift, per, round_dout):
         z = T(0.0)
         store4_3d(dqkv, b, i, c, z, z, z, z)
         s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
-        if round_dout:
-            store4_3d(dout, b, i, c, tf32(d0), tf32(d1), tf32(d2), tf32(d3))
     s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
     if tid < per and k & (L - 1) == 0:
         dsum[b, k >> shift, i] = s
@@ -299,17 +295,14 @@ def prep_launch(B: int, Tn: int, H: int, E: int) -> tuple[tuple, int, int, int]:
     return (Tn, B, H // heads), -(-per // 32) * 32, L.bit_length() - 1, per
 
 
-def backward_prep(
-    dqkv, dsum, dout, out, H: int, E: int, stream=0, round_dout: bool = False
-) -> None:
+def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed:
-    what the backwards that add dQ with atomics start from (16-byte aligned arrays); with
-    round_dout, dout (B, T, H E) rounded to TF32 in place (its sums use it unrounded)."""
+    what the backwards that add dQ with atomics start from (16-byte aligned arrays)."""
     assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
     check_aligned(dqkv, dout, out)
     B, Tn, _ = out.shape
     grid, threads, shift, per = prep_launch(B, Tn, H, E)
-    backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per, round_dout)
+    backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per)
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:

@@ -81,8 +81,6 @@ LDSM: the nt products' B fragments (over K in the forward, Q and dO in dkv) four
   by ldmatrix (mma.ldmatrix_x4).
 LDSM_DQ: dkv's dQ = dS K by ldmatrix as well, from K^T (made once a block) and dS stored
   [query][key].
-PREROUND: the forward writes qkv's q heads back TF32-rounded, the backward's prep kernel
-  rounds dout in place, and dkv loads both as they are (no rounding adds in its loop).
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
@@ -270,20 +268,6 @@ LDSM = True
 # Off until `pytest -m gpu tests/test_gpu_device.py` has run with it (the session's device
 # time ran out); the simulator checks it at E = 8, 16 and 32.
 LDSM_DQ = False
-# PREROUND (with PIPELINE, ASYNC_Q and ATOMIC_DQ; not SPLIT_TF32, WIDE): dkv's loop tiles, Q and dO,
-# arrive TF32-rounded, so its B fragments load them as they are (458 of its loop's 2,199
-# SASS instructions a tile were those rounding adds): the forward writes its block's Q
-# back to qkv rounded (each thread its own cp.async chunks, once a block: a 64 x E tile of
-# stores that the forward's spare bandwidth absorbs), and the prep kernel, which reads dO
-# anyway, writes it back rounded. Rounding those tiles inside dkv, in place or a tile
-# ahead, lost (ASYNC_KV's comment): the barrier or wait it needs costs more than the adds.
-PREROUND = True
-
-
-def _preround() -> bool:
-    """Whether the forward leaves qkv's q heads TF32-rounded and the backward's prep rounds
-    dout in place, for dkv to load both unrounded (PREROUND and what it needs)."""
-    return PREROUND and PIPELINE and ASYNC_Q and ATOMIC_DQ and not SPLIT_TF32 and not _wide()
 
 
 def _ldsm_dq() -> bool:
@@ -740,12 +724,6 @@ def _forward_source(E: int) -> str:
     qs = BUF if PIPELINE else KS
     if async_q:
         w("cp_async_wait(1)  # Q's copies (K, V tile 0's may still fly)")
-        if _preround():  # this thread's chunks of Q back to qkv, rounded, for dkv
-            for rows, at in gen.async_chunks(0):
-                w(f"x0, x1, x2, x3 = load4_shared(sm, {gen.u(BUF + at)} + ca)")
-                w(f"if i0 + ra + {rows} < Tn:")
-                w(f"    store4_3d(qkv, b, i0 + ra + {rows}, qo + cc, tf32(x0), tf32(x1), "
-                  "tf32(x2), tf32(x3))")
     else:
         gen.stage([(qs, "i0", "qo", "qkv", " * scale")])
     w("cuda.syncthreads()")
@@ -1016,13 +994,12 @@ def _dkv_source(E: int) -> str:
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w("cuda.syncthreads()")
         bn, bp, lcb = "lb", "lp", "lc"
-    raw = PIPELINE and not _preround()  # Q and dO as copied: round their B fragments
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
         gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, raw)
+        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, raw)
+        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
         w("if j0 == i0:")
         w.indent()
         gen.mask("s", cols, rows_are_queries=False)
@@ -1046,8 +1023,8 @@ def _dkv_source(E: int) -> str:
                 for i in range(4):
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, raw)
-        gen.product_nn("dk", "p", QS, cols, bp, raw)
+        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
         _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
@@ -1200,7 +1177,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ, PREROUND=PREROUND,
+                LDSM_DQ=LDSM_DQ,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1244,8 +1221,7 @@ def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
 
 
 def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
-    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E); float32.
-    With PREROUND, qkv's q heads are left rounded to TF32 (what the backward expects)."""
+    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E); float32."""
     B, Tn = _check(qkv, H, G, E)
     assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
     if PIPELINE:
@@ -1262,9 +1238,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 
     dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
-    the query heads of their group. Same math as attention.attention_backward. With
-    PREROUND, qkv's q heads must be as attention_forward left them (TF32-rounded: else
-    dkv's products truncate them), and dout is rounded to TF32 in place.
+    the query heads of their group. Same math as attention.attention_backward.
     """
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
@@ -1275,7 +1249,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
     if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
-        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream, round_dout=_preround())
+        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
