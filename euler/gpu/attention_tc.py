@@ -217,7 +217,11 @@ STAGED_OUT = True
 # cp.async wait for the copies issued at its top): forward 0.148 ms against 0.134, backward
 # 0.373 against 0.351 (commit 67d79fa, results/attention-tc-s13-call4-*): the wait exposes
 # the copies' latency that a whole iteration hides, though the loops' adds fall from 256 to
-# 96 a tile (forward) and from 458 to 134 (dkv).
+# 96 a tile (forward) and from 458 to 134 (dkv). So did Q and dO rounded by others: the
+# forward writing its Q tile back rounded, the prep kernel dO (commit 09f4469): dkv's loop
+# fell from 2,199 SASS instructions a tile to 1,687 and dkv from 0.310 ms to 0.301, but the
+# forward rose from 0.133 to 0.140 and the backward from 0.351 to 0.355 (the write-back of
+# dO, 50 MB, costs the dkv kernel after it 0.014 ms; results/attention-tc-s14-call1-*).
 ASYNC_KV = True
 # Warpgroup products (wgmma.py) for dkv's S^T = K Q^T and dP^T = V dO^T lost: m64n32k8 a
 # half, K and V as register A fragments, Q and dO read by the tensor core from tiles in its
