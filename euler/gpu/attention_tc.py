@@ -288,6 +288,13 @@ def _bulk_dq() -> bool:
     return BULK_DQ and ATOMIC_DQ and PIPELINE
 
 
+# dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
+# the tile's Q buffer, free after the barrier before dQ; 16 lanes a warp one row each, the
+# next iteration's top waiting for their reads) lost: backward 0.3612-0.3616 ms at T=512
+# against 0.3509 with the atomics, 4.48 at T=2048 against 4.59 (commit 9eac9e1,
+# results/attention-tc-s14-call2-*).
+
+
 def _ldsm_dq() -> bool:
     """Whether dkv's dQ product reads its operands by ldmatrix (LDSM_DQ and what it needs)."""
     return LDSM_DQ and LDSM and ATOMIC_DQ and PIPELINE and ASYNC_KV and not SPLIT_TF32
