@@ -48,10 +48,10 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False, "BULK_DQ": False}  # fmt: skip
+        "LDSM_DQ": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM", "BULK_DQ")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -70,7 +70,6 @@ VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
 VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
-VARIANTS["atomic-adds"] = VARIANTS["default"] | {"BULK_DQ": False}  # dQ by each lane's atomics
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -86,7 +85,6 @@ QUICK_PTX = (
     "atomics-4",
     "scalar-loads",
     "ldsm-dq",
-    "atomic-adds",
 )
 
 
@@ -185,19 +183,13 @@ if not IN_SIMULATOR:
             loads = vectors + (E // 8 if ldsm_dq else 0)
             assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == loads, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
-            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request; or with BULK_DQ one
-            # bulk reduction of a row
-            bulk = atomic and pipeline and knobs["BULK_DQ"] and name == "dkv"
+            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
             width = knobs["ATOMIC_WIDTH"]
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
-            want_adds = 4 * E // 8 // width if atomic and name == "dkv" and not bulk else 0
+            want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
             want_adds *= 2 if flat and width == 2 else 1  # FLAT's flat and clamped adds
             assert len(adds) == want_adds, (name, len(adds))
-            bulks = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group"
-                               r"\.add\.f32", text)  # fmt: skip
-            assert len(bulks) == bulk, (name, len(bulks))
-            assert text.count("cp.async.bulk.wait_group.read 0;") == 2 * bulk, name
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
             ldsm = knobs["LDSM"] and not split and name != "dq"
             want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0

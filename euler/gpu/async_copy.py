@@ -9,14 +9,6 @@ numba.cuda has no cp.async, so these emit the PTX through llvmlite inline assemb
     cp_async_commit()                        cp.async.commit_group;
     cp_async_wait(N)                         cp.async.wait_group N;  (N an integer constant)
 
-and the other direction, a bulk reduction of shared memory into global memory (sm_90):
-
-    bulk_add_flat(src, i, dst, k, n)   cp.reduce.async.bulk.global.shared::cta.bulk_group
-                                           .add.f32 [dst + 4k], [src + 4i], n;
-    fence_proxy_async()                fence.proxy.async.shared::cta;
-    bulk_commit()                      cp.async.bulk.commit_group;
-    bulk_wait_read(N)                  cp.async.bulk.wait_group.read N;
-
 dst is a 1-d float32 shared array and i an element index; src a 3-d float32 array and
 (i0, i1, i2) the first element copied: 16 bytes (4 consecutive floats) or 4. The copy reads
 n bytes of src (0 <= n <= the size; an integer) and fills the rest of the destination with
@@ -38,17 +30,9 @@ the element pointer is cast back to addrspace(3) and converted to i32, which NVP
 to cvta.to.shared. The asm statements are volatile and clobber memory, so LLVM neither
 drops them nor moves shared loads across them.
 
-bulk_add_flat adds n bytes (a multiple of 16; both addresses 16-byte aligned) of float32
-from the shared array src, element i on, into the C-contiguous dst from its element k on, in
-the L2 by the copy engine: one instruction a row where per-lane atomics take one per two
-columns. It reads the shared memory through the async proxy: the threads that wrote it
-must run fence_proxy_async, and a barrier (or the warp's) order them before the issuing
-thread; the source may be written again only after bulk_wait_read (its reads are done), and
-a block must wait before it exits.
-
-In the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) the copy is a plain synchronous copy, the
-bulk reduction synchronous atomic adds, and commit, wait and fence do nothing: the barrier
-that must follow a wait keeps the kernels correct in both.
+In the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) the copy is a plain synchronous copy and
+commit and wait do nothing: the barrier that must follow a wait keeps the kernels correct
+in both.
 """
 
 from __future__ import annotations
@@ -188,71 +172,6 @@ if not SIMULATOR:
 
         return types.void(n), codegen
 
-    @intrinsic
-    def bulk_add_flat(typingctx, src, i, dst, k, n):
-        """dst.flat[k : k + n / 4] += src[i : i + n / 4] by the copy engine (float32; n
-        bytes a multiple of 16, both ends 16-byte aligned), in this thread's bulk group."""
-        ok = (
-            isinstance(src, types.Array)
-            and src.ndim == 1
-            and isinstance(dst, types.Array)
-            and dst.layout == "C"
-            and src.dtype == dst.dtype == types.float32
-            and all(isinstance(x, types.Integer) for x in (i, k, n))
-        )
-        if not ok:
-            raise TypingError("bulk_add_flat takes (1-d shared, int, C-contiguous, int, int)")
-        ptx = (
-            "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [$0], $2; }"
-        )
-
-        def codegen(context, builder, sig, args):
-            t = sig.args
-            s = element_ptr(context, builder, t[0], args[0], [args[1]], [t[1]])
-            d = flat_ptr(context, builder, t[2], args[2], args[3], t[3])
-            _copy_asm(builder, ptx, s, d, context.cast(builder, args[4], t[4], types.int32))
-            return context.get_dummy_value()
-
-        return types.void(src, i, dst, k, n), codegen
-
-    def _statement(name: str, text: str, doc: str):
-        def statement(typingctx):
-            def codegen(context, builder, sig, args):
-                _asm_statement(builder, text)
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        statement.__name__ = statement.__qualname__ = name
-        statement.__doc__ = doc
-        return intrinsic(statement)
-
-    fence_proxy_async = _statement(
-        "fence_proxy_async",
-        "fence.proxy.async.shared::cta;",
-        "Order this thread's shared-memory writes before the copy engine's reads of them.",
-    )
-    bulk_commit = _statement(
-        "bulk_commit",
-        "cp.async.bulk.commit_group;",
-        "Close this thread's bulk reductions issued since the last commit into one group.",
-    )
-
-    @intrinsic
-    def bulk_wait_read(typingctx, n):
-        """Wait until at most n (a constant) of this thread's bulk groups still read their
-        shared memory."""
-        if not isinstance(n, types.IntegerLiteral):
-            raise TypingError(f"bulk_wait_read takes an integer constant, not {n}")
-        text = f"cp.async.bulk.wait_group.read {n.literal_value};"
-
-        def codegen(context, builder, sig, args):
-            _asm_statement(builder, text)
-            return context.get_dummy_value()
-
-        return types.void(n), codegen
-
 else:
 
     @cuda.jit(device=True)
@@ -292,21 +211,3 @@ else:
     @cuda.jit(device=True)
     def cp_async_wait(n):
         """Nothing to wait for (the caller's barrier still orders the threads)."""
-
-    @cuda.jit(device=True)
-    def bulk_add_flat(src, i, dst, k, n):
-        """The simulator's bulk reduction: synchronous atomic adds (3-d dst)."""
-        for m in range(n // 4):
-            cuda.atomic.add(dst, unravel3(dst, k + m), src[i + m])
-
-    @cuda.jit(device=True)
-    def fence_proxy_async():
-        """No proxies in the simulator."""
-
-    @cuda.jit(device=True)
-    def bulk_commit():
-        """Nothing to group: the simulator's reductions are done when issued."""
-
-    @cuda.jit(device=True)
-    def bulk_wait_read(n):
-        """Nothing to wait for."""

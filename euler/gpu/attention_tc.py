@@ -274,24 +274,10 @@ LDSM = True
 LDSM_DQ = False
 
 
-# BULK_DQ (with ATOMIC_DQ and PIPELINE): dQ's tile leaves by the copy engine, not by atomics
-# from each lane: after dQ = dS K each warp stores its 16 rows into the tile's own Q, dO
-# buffer (free once the block's barrier before dQ passed: every warp is done with it), and
-# 16 lanes each issue one bulk reduction of a row (async_copy.bulk_add_flat: E floats added
-# in the L2), against 4 E / 8 / ATOMIC_WIDTH atomic requests a lane; the next iteration's top
-# waits for their reads before the barrier after which that buffer takes new copies.
-BULK_DQ = True
-
-
-def _bulk_dq() -> bool:
-    """Whether dkv's dQ tile goes out by bulk reductions (BULK_DQ and what it needs)."""
-    return BULK_DQ and ATOMIC_DQ and PIPELINE
-
-
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
 # the tile's Q buffer, free after the barrier before dQ; 16 lanes a warp one row each, the
 # next iteration's top waiting for their reads) lost: backward 0.3612-0.3616 ms at T=512
-# against 0.3509 with the atomics, 4.48 at T=2048 against 4.59 (commit 9eac9e1,
+# against 0.3509 with the atomics, though 4.48 against 4.59 at T=2048 (commit 9eac9e1,
 # results/attention-tc-s14-call2-*).
 
 
@@ -1000,11 +986,10 @@ def _dkv_source(E: int) -> str:
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        landed = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
-        landed = landed if exp2 else ()
-        if _bulk_dq():  # the last tile's dQ rows read out of the buffer the next copies take
-            landed += ("bulk_wait_read(0)",)
-        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
+        scaled = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
+        gen.pipeline_top(
+            "it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), scaled if exp2 else ()
+        )
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -1059,8 +1044,6 @@ def _dkv_source(E: int) -> str:
     else:
         w("cuda.syncthreads()")
         w.indent(-2)
-    if _bulk_dq():
-        w("bulk_wait_read(0)  # the block's shared memory must outlive the reads")
     dk_scale = " * scale" if PIPELINE else ""
     if PIPELINE and STAGED_OUT:
         _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0")
@@ -1089,10 +1072,7 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
-    bulk = _bulk_dq()
-    flat = FLAT and ATOMIC_WIDTH == 2 and not bulk
-    if bulk:  # this lane's c0 in the Q region of the tile's buffer, rows of 16 wp + g
-        w(f"bq = cur + uint64((16 * wp + g) * {LD} + 2 * t)")
+    flat = FLAT and ATOMIC_WIDTH == 2
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
@@ -1119,12 +1099,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, a)
-        if _bulk_dq():  # this warp's rows of the dQ tile into the tile's buffer
-            for r, (i, j) in enumerate(((0, 1), (2, 3))):
-                for n in cols:
-                    for c, x in ((0, i), (1, j)):
-                        w(f"sm[bq + {gen.u(8 * r * LD + 8 * n + c)}] = dq{n}_{x}{scale}")
-            continue
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
@@ -1147,13 +1121,6 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
         if flat:
             w.indent(-1)
-    if bulk:  # lane r < 16 adds row 16 wp + r of the tile, E floats, by the copy engine
-        w("fence_proxy_async()", "cuda.syncthreads()" if SIMULATOR else "cuda.syncwarp()")
-        w("lr = tid & 31", "rr = i0 + 16 * wp + lr")
-        w("if lr < 16 and rr < Tn:")
-        w(f"    at = cur + uint64((16 * wp + lr) * {LD})")
-        w(f"    bulk_add_flat(sm, at, dqkv, (b * Tn + rr) * dqkv.shape[2] + qo, {4 * gen.E})")
-        w("bulk_commit()")
 
 
 def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
@@ -1190,9 +1157,8 @@ from euler.gpu.branchless import fmax, select
 from euler.gpu.mma import ldmatrix_x4, mma_tf32, tf32, tf32_finite
 from euler.gpu.reduce import FULL_MASK"""
 ASYNC_IMPORT = (
-    "\nfrom euler.gpu.async_copy import bulk_add_flat, bulk_commit, bulk_wait_read, cp_async4,"
-    " cp_async4_flat, cp_async16, cp_async16_flat, cp_async_commit, cp_async_wait,"
-    " fence_proxy_async"
+    "\nfrom euler.gpu.async_copy import cp_async4, cp_async4_flat, cp_async16, cp_async16_flat,"
+    " cp_async_commit, cp_async_wait"
 )
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
@@ -1222,7 +1188,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ, BULK_DQ=BULK_DQ,
+                LDSM_DQ=LDSM_DQ,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
