@@ -55,7 +55,7 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
     dqkv, dsum = be.zeros(qkv.shape, np.float32), be.zeros((B, H, T), np.float32)
     scale = np.float32(1.0 / math.sqrt(E))
-    grid, threads = attention_tc.dkv_launch(B, T, G, E)
+    grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
     nbytes = attention_tc.shared_bytes(E)["dkv"]
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     return {
@@ -64,10 +64,8 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
             dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
         "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
-        "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args, threads=threads),
-        "dkv no atomics": lambda: attention_tc._launch(
-            dkv_ablated, grid, s, nbytes, *args, threads=threads
-        ),
+        "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
+        "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
     }
 
 
@@ -78,9 +76,7 @@ def main() -> None:
     be = GpuBackend(tf32=True)
     name = "backward_dkv_tc_kernel"
     dkv = attention_tc.kernels(64)[-1]
-    threads = attention_tc.dkv_launch(1, 1, 1, 64)[1]
-    src = no_atomics(attention_tc.sources(64)[name])
-    dkv_ablated = attention_tc._compile(name, src, threads)
+    dkv_ablated = attention_tc._compile(name, no_atomics(attention_tc.sources(64)[name]))
     rows = []
     for T in (int(x) for x in args.T.split(",")):
         for part, call in calls_at(be, args.batch, T, dkv, dkv_ablated).items():

@@ -48,12 +48,12 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False, "DKV_KEYS": 64}  # fmt: skip
+        "LDSM_DQ": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
        "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
 VARIANTS = {
-    "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2, "DKV_KEYS": 128},
+    "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
     "pipeline": _OFF | {"PIPELINE": True},
     "atomic-dq": _OFF | {"ATOMIC_DQ": True},
@@ -69,8 +69,7 @@ VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
-VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}  # (64 keys a dkv block)
-VARIANTS["dkv-64"] = VARIANTS["default"] | {"DKV_KEYS": 64}  # 4 warps a dkv block
+VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -86,7 +85,6 @@ QUICK_PTX = (
     "atomics-4",
     "scalar-loads",
     "ldsm-dq",
-    "dkv-64",
 )
 
 
@@ -167,17 +165,12 @@ if not IN_SIMULATOR:
             wide = knobs["WIDE"] and name == "forward"  # its own staging and stores
             async_q = pipeline and knobs["ASYNC_Q"] and name == "forward" and not wide
             async_kv = pipeline and knobs["ASYNC_KV"] and name == "dkv"  # and K, V's
-            # DKV_KEYS 128: dkv's 256 threads copy a 64-row tile E / 16 times each, K and V
-            # of 128 rows E / 8 times
-            keys = 128 if async_kv and atomic and not split and knobs["DKV_KEYS"] == 128 else 64
-            keys = 64 if E < 16 or knobs["LDSM_DQ"] else keys
-            tile = E // 8 if keys == 64 else E // 16  # copies of a 64-row tile a thread
             extra = E // 8 if async_q else 2 * E // 8 if async_kv else 0
             # FLAT: the loop's copies a second time, by flat indices (16 bytes, no size), and
             # dkv's first query tile's too
             flat = pipeline and knobs["FLAT"] and not wide
-            flats = (2 if name == "dkv" else 1) * 2 * tile if flat else 0
-            want_copies = 4 * tile + extra + flats if pipeline else 0
+            flats = (2 if name == "dkv" else 1) * 2 * E // 8 if flat else 0
+            want_copies = 4 * E // 8 + extra + flats if pipeline else 0
             assert len(copies) == want_copies, (name, len(copies))
             assert ("cp.async.wait_group 1;" in text) == (async_q or async_kv), name
             # STAGED_OUT: a warp's 16 rows of each output tile (out; dK and dV) leave through
@@ -194,7 +187,7 @@ if not IN_SIMULATOR:
             width = knobs["ATOMIC_WIDTH"]
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
-            want_adds = 4 * E // 8 // width * 64 // keys if atomic and name == "dkv" else 0
+            want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
             want_adds *= 2 if flat and width == 2 else 1  # FLAT's flat and clamped adds
             assert len(adds) == want_adds, (name, len(adds))
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time

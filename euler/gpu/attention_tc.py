@@ -281,20 +281,6 @@ LDSM_DQ = False
 # results/attention-tc-s14-call2-*).
 
 
-# DKV_KEYS (64 or 128; 128 with PIPELINE, ATOMIC_DQ, ASYNC_KV, E >= 16, not SPLIT_TF32 or
-# LDSM_DQ): keys a dkv block owns, 16 a warp (128: 8 warps, one block a multiprocessor).
-# Each query tile then serves twice the keys: its copies are issued once for 8 warps, and
-# dQ = dS K sums over 128 keys before its atomics, which halves them (each warp adds 16
-# queries x E / 2 columns); its first query tile is wholly masked for warps 4-7.
-DKV_KEYS = 128
-
-
-def _dkv_keys(E: int) -> int:
-    """Keys a dkv block owns at head size E (DKV_KEYS where its kernel supports it)."""
-    ok = PIPELINE and ATOMIC_DQ and ASYNC_KV and E >= 16 and not SPLIT_TF32 and not LDSM_DQ
-    return 128 if DKV_KEYS == 128 and ok else TILE
-
-
 def _ldsm_dq() -> bool:
     """Whether dkv's dQ product reads its operands by ldmatrix (LDSM_DQ and what it needs)."""
     return LDSM_DQ and LDSM and ATOMIC_DQ and PIPELINE and ASYNC_KV and not SPLIT_TF32
@@ -324,8 +310,8 @@ class _Gen:
     by cp.async as float32, so each fragment value is rounded to TF32 as it is loaded.
     """
 
-    def __init__(self, E: int, threads: int = THREADS):
-        self.E, self.NE, self.LD, self.threads = E, E // 8, E + 4, threads
+    def __init__(self, E: int):
+        self.E, self.NE, self.LD = E, E // 8, E + 4
         self.w = Source()
         self.presplit: set[str] = set()  # A fragments held as hi and lo (SPLIT_TF32)
 
@@ -428,7 +414,7 @@ class _Gen:
     def stage_async_flat(self, tiles: list[tuple], buf: str) -> None:
         """stage_async for tiles whose 64 rows all lie within the sequence (FLAT): one flat
         index into src a tile, stepped by 512 / E rows a copy."""
-        step = 4 * self.threads // self.E
+        step = 4 * THREADS // self.E
         for region, row0, col, src in tiles:
             self.w(f"fx = (b * Tn + {row0} + ra) * {src}.shape[2] + {col} + cc")
             for k, (_, at) in enumerate(self.async_chunks(region)):
@@ -457,9 +443,9 @@ class _Gen:
 
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
-        copies): (row offset past ra, shared offset past ca) of each of its 16 E / threads."""
-        step = 4 * self.threads // self.E
-        return [(it * step, region + it * step * self.LD) for it in range(TILE // step)]
+        copies): (row offset past ra, shared offset past ca) of each of its E / 8."""
+        step = 4 * THREADS // self.E
+        return [(it * step, region + it * step * self.LD) for it in range(self.E // 8)]
 
     def kv_tiles(self, row0: str) -> list[tuple]:
         """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
@@ -613,34 +599,30 @@ class _Gen:
                 w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
 
 
-def _store_staged(
-    gen: _Gen, tiles: list[tuple[str, str, str]], dst: str, row0: str, base: str = "cur"
-) -> None:
+def _store_staged(gen: _Gen, tiles: list[tuple[str, str, str]], dst: str, row0: str) -> None:
     """Store this warp's 16 rows (row0 + 16 wp..) of C-fragment tiles (acc, column, value
     suffix; the value of fragment value x is x + suffix, where suffix may use r, the row
-    half) to dst[b, row, column + e] through shared memory at sm[base] (the free buffer,
-    cur): each warp writes its rows there (rows padded to E + 4), then reads them back 4
-    columns a lane and stores 16 bytes at a time, whole rows a request (STAGED_OUT). No
-    barrier but the warp's own: no warp reads the free buffer after the loop's last top
-    barrier (another base needs one before)."""
+    half) to dst[b, row, column + e] through the free buffer at sm[cur]: each warp writes
+    its rows there (rows padded to E + 4), then reads them back 4 columns a lane and stores
+    16 bytes at a time, whole rows a request (STAGED_OUT). No barrier but the warp's own:
+    no warp reads the free buffer after the loop's last top barrier."""
     w, E, LD = gen.w, gen.E, gen.LD
     per = 16 * LD  # floats of a warp's rows of one tile
-    warps = gen.threads // 32
     cr = E // 4  # 16-byte chunks of a row
-    w(f"so = {base} + uint64((16 * wp + g) * {LD} + 2 * t)")
+    w(f"so = cur + uint64((16 * wp + g) * {LD} + 2 * t)")
     for k, (acc, _, suffix) in enumerate(tiles):
         for r, (i, j) in enumerate(((0, 1), (2, 3))):
             for n in range(gen.NE):
                 for c, x in ((0, i), (1, j)):
-                    off = warps * per * k + 8 * r * LD + 8 * n + c
+                    off = 4 * per * k + 8 * r * LD + 8 * n + c
                     w(f"sm[so + {gen.u(off)}] = {acc}{n}_{x}{suffix.format(r=r)}")
     w("cuda.syncthreads()" if SIMULATOR else "cuda.syncwarp()")
     w(f"lr = (tid % 32) // {cr}", f"lc = 4 * ((tid % 32) % {cr})  # a lane's row, column")
-    w(f"sr = {base} + uint64((16 * wp + lr) * {LD} + lc)")
+    w(f"sr = cur + uint64((16 * wp + lr) * {LD} + lc)")
     for k, (_, col, _) in enumerate(tiles):
         for it in range(16 * cr // 32):
             row = f"{row0} + 16 * wp + lr + {it * (32 // cr)}"
-            at = gen.u(warps * per * k + it * (32 // cr) * LD)
+            at = gen.u(4 * per * k + it * (32 // cr) * LD)
             w(f"x0, x1, x2, x3 = load4_shared(sm, sr + {at})")
             w(f"if {row} < Tn:", f"    store4_3d({dst}, b, {row}, {col} + lc, x0, x1, x2, x3)")
 
@@ -658,7 +640,7 @@ def _layout(E: int) -> dict[str, int]:
     nbuf = 2 if PIPELINE else 1
     sizes = {k: nbuf * v for k, v in _buffers(E).items()}
     if ATOMIC_DQ:
-        sizes["dkv"] += _dkv_keys(E) * (E + 4 + LDS)
+        sizes["dkv"] += TILE * (E + 4) + TILE * LDS
     return sizes
 
 
@@ -913,28 +895,25 @@ def _dkv_source(E: int) -> str:
     """The dkv kernel. Without PIPELINE, Q is staged scaled (S^T = K (Q scale)^T, and dK =
     dS^T (Q scale) needs no scale); cp.async cannot scale, so with PIPELINE K is scaled as
     it is staged instead, and dK takes the scale as it is written. With ATOMIC_DQ the K tile
-    stays in shared memory for dQ = dS K, which then needs the scale unless K carries it.
-    With DKV_KEYS 128 a block owns 128 keys (8 warps): K and V come as two 64-row tiles
-    each, V filling buffer 1 whole."""
-    KEYS = _dkv_keys(E)
-    gen = _Gen(E, 2 * KEYS)
+    stays in shared memory for dQ = dS K, which then needs the scale unless K carries it."""
+    gen = _Gen(E)
     w, NE, LD = gen.w, gen.NE, gen.LD
     QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
     BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
-    KK, DS = RED - KEYS * (LD + LDS), RED - KEYS * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
+    KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
         "dqkv, dsum, dout, qkv, lse, H, G, scale",
-        f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / {KEYS}, "
-        f"B G), {2 * KEYS} threads; rows are keys.",
+        f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
+        "128 threads; rows are keys.",
         RED,
         _dynamic("dkv"),
     )
     head, tile = gen.block("head", HEAVY_FIRST), gen.block("tile", HEAVY_FIRST)
     w("rep = H // G", f"b = {head} // G", f"kvh = {head} % G")
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
-    w(f"j0 = {tile} * {KEYS}  # the first key tiles see the most queries")
+    w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
     def issue_rows(i: str, h: str, buf: str, flat: bool) -> None:
         """issue's copies, flat (FLAT: the tile lies within the sequence) or clamped."""
@@ -943,7 +922,7 @@ def _dkv_source(E: int) -> str:
         if flat:
             w(f"fl = (b * H + {h}) * Tn + {i} + (tid & 63)")
         for region, src, lo in ((LS, "lse", 0), (DD, "dsum", TILE)):  # one float per thread
-            w("if tid < 64:" if lo == 0 else "else:" if KEYS == TILE else "elif tid < 128:")
+            w("if tid < 64:" if lo == 0 else "else:")
             at = f"{buf} + uint64({region - lo} + tid)"
             if flat:
                 w(f"    cp_async4_flat(sm, {at}, {src}, fl)")
@@ -957,20 +936,17 @@ def _dkv_source(E: int) -> str:
         gen.flat_or_clamped(f"{i} + 64 <= Tn", lambda flat: issue_rows(i, h, buf, flat))
 
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
-    vs = BUF + (DOS if KEYS == TILE else QS) if PIPELINE else DOS  # 128 rows: buffer 1 whole
+    vs = BUF + DOS if PIPELINE else DOS
     async_kv = PIPELINE and ASYNC_KV
-    kv_rows = [(TILE * LD * k, f"j0 + {TILE * k}") for k in range(KEYS // TILE)]  # 64-row tiles
     if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
-        kv = [(ks + at, row, "ko", "qkv") for at, row in kv_rows]
-        gen.stage_async(kv + [(vs + at, row, "vo", "qkv") for at, row in kv_rows], gen.u(0))
+        gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0))
         w("cp_async_commit()")
     if async_kv:
         w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
-        for _, off in (c for at, _ in kv_rows for c in gen.async_chunks(ks + at)):  # K scaled
-            # and rounded in place by its copier
+        for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
             at = f"ca + {gen.u(off)}"
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
@@ -1004,7 +980,7 @@ def _dkv_source(E: int) -> str:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w("nit = rep * ((Tn + 63) // 64 - j0 // 64)  # query tiles of the group's heads")
+        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
@@ -1035,15 +1011,9 @@ def _dkv_source(E: int) -> str:
         gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
         gen.zero("p", cols)
         gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
-        if KEYS == TILE:
-            w("if j0 == i0:")
-            w.indent()
-            gen.mask("s", cols, rows_are_queries=False)
-        else:  # query tiles j0 and j0 + 64 have keys after queries; dg less a tile's offset
-            w(f"if i0 < j0 + {KEYS}:")
-            w.indent()
-            w("dgx = dg + (i0 - j0)")
-            gen.mask("s", cols, rows_are_queries=False, diff="dgx")
+        w("if j0 == i0:")
+        w.indent()
+        gen.mask("s", cols, rows_are_queries=False)
         w.indent(-1)
         for n in cols:
             for j in range(2):  # the lane's two columns of block n
@@ -1067,7 +1037,7 @@ def _dkv_source(E: int) -> str:
         gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
         gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
-        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED, KEYS)
+        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
         w("cur = nxt", "i0 = i1", "h = h1")
         w.indent(-1)
@@ -1076,11 +1046,7 @@ def _dkv_source(E: int) -> str:
         w.indent(-2)
     dk_scale = " * scale" if PIPELINE else ""
     if PIPELINE and STAGED_OUT:
-        base = "cur"  # the free buffer; 8 warps' rows take the K and dS^T tiles' room
-        if KEYS > TILE:
-            w("cuda.syncthreads()  # every warp is done with K and dS^T")
-            base = gen.u(KK)
-        _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0", base)
+        _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0")
         return w.text()
     w("r0 = j0 + 16 * wp + g", "kc = ko + 2 * t", "vc = vo + 2 * t")
     for r, (i, j) in enumerate(((0, 1), (2, 3))):
@@ -1092,7 +1058,7 @@ def _dkv_source(E: int) -> str:
     return w.text()
 
 
-def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, keys: int = TILE) -> None:
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
 
     Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
@@ -1101,27 +1067,20 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, keys: int = TI
     tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
     loop's next barrier keeps the next tile's dS^T stores after these reads. With LDSM_DQ
     the tile at sm[DS] is dS [query][key] and the one at sm[KK] K^T [e][key], both read
-    by ldmatrix, the keys in their natural order. With 128 keys (8 warps), warp w takes
-    queries 16 (w % 4).. and the columns of half w // 4, summing over the 128 keys.
+    by ldmatrix, the keys in their natural order.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
-    passes = [range(n0, min(NE, n0 + HALF)) for n0 in range(0, NE, HALF)]
-    if keys == TILE:
-        w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t", "lpq = lp")
-    else:  # this warp's 16 queries and NE / 2 column blocks, at column cq
-        w("wq = wp & 3", f"cq = {4 * NE} * (wp >> 2)", "rq = i0 + 16 * wq + g")
-        w("qc = qo + 2 * t + cq", f"lt = uint64(2 * t * {LDS} + 16 * wq + g)")
-        w("lpq = lp + uint64(cq)")
-        passes = [range(NE // 2)]
+    w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
     flat = FLAT and ATOMIC_WIDTH == 2
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
     a = ["a0", "a1", "a2", "a3"]
-    for cols in passes:
+    for n0 in range(0, NE, HALF):
+        cols = range(n0, min(NE, n0 + HALF))
         gen.zero("dq", cols)
-        for kk in range(keys // 8):
+        for kk in range(8):
             if _ldsm_dq():  # A: rows of dS [query][key]; B: rows of K^T [e][key]
                 w(f"a0, a1, a2, a3 = ldmatrix_x4(sm, ld + {gen.u(DS + 8 * kk)})")
                 for n in cols[::2]:
@@ -1138,7 +1097,7 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, keys: int = TI
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
-                gen._load_b([f"lpq + {gen.u(off)}", f"lpq + {gen.u(off + LD)}"], raw=False)
+                gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, a)
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
@@ -1209,15 +1168,15 @@ VECTOR_IMPORT = (
 )
 
 
-def _compile(name: str, src: str, threads: int = THREADS):
+def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
     header += VECTOR_IMPORT
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
-    header += f"\n\n# launch_bounds ({threads}, {MIN_BLOCKS})"
-    opts = {} if SIMULATOR else {"launch_bounds": (threads, MIN_BLOCKS)}  # no register cap there
+    header += f"\n\n# launch_bounds ({THREADS}, {MIN_BLOCKS})"
+    opts = {} if SIMULATOR else {"launch_bounds": (THREADS, MIN_BLOCKS)}  # no register cap there
     return compile_generated(name, src, header, **opts)
 
 
@@ -1229,7 +1188,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ, DKV_KEYS=DKV_KEYS,
+                LDSM_DQ=LDSM_DQ,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1252,8 +1211,7 @@ def kernels(E: int):
     key = (E, *knobs().values())
     if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
-        threads = {"backward_dkv_tc_kernel": 2 * _dkv_keys(E)}
-        _BUILT[key] = tuple(_compile(n, s, threads.get(n, THREADS)) for n, s in sources(E).items())
+        _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
     return _BUILT[key]
 
 
@@ -1268,16 +1226,9 @@ def _grid(tiles: int, heads: int, heavy_first: bool) -> tuple[int, int]:
     return (heads, tiles) if heavy_first else (tiles, heads)
 
 
-def dkv_launch(B: int, Tn: int, G: int, E: int) -> tuple[tuple[int, int], int]:
-    """(grid, threads a block) of the dkv kernel: a block per DKV_KEYS keys of a kv head."""
-    keys = _dkv_keys(E)
-    return _grid((Tn + keys - 1) // keys, B * G, HEAVY_FIRST), 2 * keys
-
-
-def _launch(kernel, grid, stream, nbytes: int, *args, threads: int = THREADS) -> None:
-    """Launch one of these kernels (THREADS a block unless told) with nbytes of dynamic
-    shared memory."""
-    attention.launch_dynamic(kernel, grid, threads, stream, nbytes, *args)
+def _launch(kernel, grid, stream, nbytes: int, *args) -> None:
+    """Launch one of these kernels (THREADS a block) with nbytes of dynamic shared memory."""
+    attention.launch_dynamic(kernel, grid, THREADS, stream, nbytes, *args)
 
 
 def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
@@ -1314,5 +1265,4 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    grid, threads = dkv_launch(B, Tn, G, E)
-    _launch(built[-1], grid, stream, nbytes["dkv"], *args, threads=threads)
+    _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)
