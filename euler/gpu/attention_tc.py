@@ -280,10 +280,11 @@ LDSM_DQ = False
 # against 0.3509 with the atomics, though 4.48 against 4.59 at T=2048 (commit 9eac9e1,
 # results/attention-tc-s14-call2-*). So did dkv blocks of 128 keys, 8 warps, one a
 # multiprocessor (a query tile's copies serving twice the keys, dQ summed over 128 keys
-# before its atomics, which halved: 0.024 ms of dkv against 0.044): backward 0.396 ms at
+# before its atomics, which halved: 0.024 ms of dkv against 0.039): backward 0.396 ms at
 # T=512 against 0.351, 4.49 at T=2048 against 4.51-4.54; dkv without its atomics took 0.332
-# against 0.257, its first query tile wholly masked for half the warps, no second block to
-# run through a block's barriers (commit ff2949d, results/attention-tc-s14-call4-*).
+# against 0.271 (session 13's parts), its first query tile wholly masked for half the warps,
+# no second block to run through a block's barriers (commit ff2949d,
+# results/attention-tc-s14-call4-*).
 
 
 def _ldsm_dq() -> bool:
