@@ -220,8 +220,9 @@ STAGED_OUT = True
 # 96 a tile (forward) and from 458 to 134 (dkv). So did Q and dO rounded by others: the
 # forward writing its Q tile back rounded, the prep kernel dO (commit 09f4469): dkv's loop
 # fell from 2,199 SASS instructions a tile to 1,687 and dkv from 0.310 ms to 0.301, but the
-# forward rose from 0.133 to 0.140 and the backward from 0.351 to 0.355 (the write-back of
-# dO, 50 MB, costs the dkv kernel after it 0.014 ms; results/attention-tc-s14-call1-*).
+# forward rose from 0.133 to 0.140 and the backward from 0.351 to 0.355 at T=512 (the
+# write-back of dO, 50 MB, costs the dkv kernel after it 0.014 ms), though at T=2048 the
+# backward fell from 4.57 to 4.35 (results/attention-tc-s14-call1-*).
 ASYNC_KV = True
 # Warpgroup products (wgmma.py) for dkv's S^T = K Q^T and dP^T = V dO^T lost: m64n32k8 a
 # half, K and V as register A fragments, Q and dO read by the tensor core from tiles in its
