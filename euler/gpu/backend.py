@@ -352,9 +352,10 @@ class GpuBackend:
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
         if self._tensor_cores(E):
-            self.k_attention_tc.attention_backward(
-                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
-            )
+            tc = self.k_attention_tc
+            B, Tn = lse.shape[0], lse.shape[2]
+            order = self.scratch("attention_order", tc.order_shape(B, H, Tn), np.int32)
+            tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, order)
             return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
