@@ -301,12 +301,14 @@ if not IN_SIMULATOR:
         src = attention_tc.sources(8)[name]
         lines, got = src.splitlines(), no_atomics(src).splitlines()
         changed = [b for a, b in zip(lines, got, strict=True) if a != b]
-        # rows g and g + 8 of the one column block at E = 8, and FLAT's whole-tile test
-        assert len(changed) == 3
+        # rows g and g + 8 of the one column block at E = 8, and FLAT's whole-tile test;
+        # twice with TICKET_DQ (the first block's stores, the others' adds)
+        assert len(changed) == 3 * (2 if attention_tc._ticket_dq() else 1)
         assert all(x.strip().startswith(("if rq +", "if whole")) for x in changed)
         assert all("scale < T(0.0)" in x for x in changed)
         f32 = numba.float32[:, :, ::1]
         sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
+        sig += (numba.int32[::1],) if attention_tc._ticket_dq() else ()
         kernel = attention_tc._compile(name, no_atomics(src))
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 
