@@ -58,16 +58,12 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     grid = attention_tc._grid((T + 63) // 64, B * G, attention_tc.HEAVY_FIRST)
     nbytes = attention_tc.shared_bytes(E)["dkv"]
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    zero_dq = not attention_tc._ticket_dq()  # the prep as the backward runs it
-    if not zero_dq:  # TICKET_DQ's counters (the ablated kernel takes their tickets too)
-        order = be.zeros(attention_tc.order_shape(B, H, T), np.int32)
-        args += (order.reshape(order.size),)
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, s
         ),
-        "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s, zero_dq),
+        "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
         "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
     }

@@ -59,7 +59,7 @@ RECORDS: list[dict] = []
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM, TICKET_DQ
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
@@ -68,7 +68,6 @@ VARIANTS = [
     ("scalar-loads", {"FLAT": False, "EXP2_DKV": False, "LDSM": False}),
     ("no-flat", {"FLAT": False, "EXP2_DKV": False}),  # ldmatrix alone
     ("ldsm-dq", {"LDSM_DQ": True}),  # dQ = dS K by ldmatrix too (K^T made once a block)
-    ("zeroed-dq", {"TICKET_DQ": False}),  # the prep zeroes dQ; every dkv block adds
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

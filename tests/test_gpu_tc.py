@@ -48,10 +48,10 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False, "TICKET_DQ": False}  # fmt: skip
+        "LDSM_DQ": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM", "TICKET_DQ")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -70,7 +70,6 @@ VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
 VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
-VARIANTS["zeroed-dq"] = VARIANTS["default"] | {"TICKET_DQ": False}  # the prep zeroes dQ
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -86,7 +85,6 @@ QUICK_PTX = (
     "atomics-4",
     "scalar-loads",
     "ldsm-dq",
-    "zeroed-dq",
 )
 
 
@@ -192,17 +190,6 @@ if not IN_SIMULATOR:
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
             want_adds *= 2 if flat and width == 2 else 1  # FLAT's flat and clamped adds
             assert len(adds) == want_adds, (name, len(adds))
-            # TICKET_DQ: the first block's plain 8-byte stores of the same values, where the
-            # tile is whole; a ticket and a flag read a tile (and the bounded wait's reads),
-            # the flag raised at two places
-            ticket = knobs["TICKET_DQ"] and atomic and pipeline and flat and width == 2
-            ticket = ticket and name == "dkv"
-            stores = re.findall(r"st\.global\.v2\.f32", text)
-            assert len(stores) == (4 * E // 8 // 2 if ticket else 0), (name, len(stores))
-            tickets = re.findall(r"atom\.global\.add\.u32", text)
-            assert len(tickets) == (3 if ticket else 0), (name, len(tickets))
-            raised = re.findall(r"atom\.global\.max\.s32", text)
-            assert len(raised) == (2 if ticket else 0), (name, len(raised))
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
             ldsm = knobs["LDSM"] and not split and name != "dq"
             want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0
@@ -301,14 +288,12 @@ if not IN_SIMULATOR:
         src = attention_tc.sources(8)[name]
         lines, got = src.splitlines(), no_atomics(src).splitlines()
         changed = [b for a, b in zip(lines, got, strict=True) if a != b]
-        # rows g and g + 8 of the one column block at E = 8, and FLAT's whole-tile test;
-        # twice with TICKET_DQ (the first block's stores, the others' adds)
-        assert len(changed) == 3 * (2 if attention_tc._ticket_dq() else 1)
+        # rows g and g + 8 of the one column block at E = 8, and FLAT's whole-tile test
+        assert len(changed) == 3
         assert all(x.strip().startswith(("if rq +", "if whole")) for x in changed)
         assert all("scale < T(0.0)" in x for x in changed)
         f32 = numba.float32[:, :, ::1]
         sig = (f32, f32, f32, f32, f32, numba.int64, numba.int64, numba.float32)
-        sig += (numba.int32[::1],) if attention_tc._ticket_dq() else ()
         kernel = attention_tc._compile(name, no_atomics(src))
         assert "red.global.add" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0]
 
@@ -464,14 +449,6 @@ else:
             monkeypatch.setattr(attention_tc, knob, value)
         forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
         _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
-
-    def test_attention_tc_tickets_twice() -> None:
-        """TICKET_DQ: two backwards into a dqkv of NaNs (no zeros anywhere), the counters
-        carried from the first call to the second: each query tile's first block stores,
-        the others add, both calls (a tile nobody stored keeps its NaN)."""
-        assert attention_tc._ticket_dq()
-        for _ in range(2):
-            _check_attention(1, 70, 2, 1, 8, forward=False)
 
     def test_attention_tc_whole_tiles() -> None:
         """Two whole query tiles (T = 128), one head: the forward's second block copies key

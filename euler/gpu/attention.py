@@ -257,9 +257,8 @@ PREP_MAX_THREADS = 1024  # a prep block takes the heads of a row that fit in thi
 
 
 @cuda.jit
-def backward_prep_kernel(dqkv, dsum, dout, out, shift, per, zero_dq):
-    """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed
-    (if zero_dq: attention_tc's TICKET_DQ has no need);
+def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
+    """dsum (B, H, T) = rowsum(dO O) per (b, t, h) row, and dQ's columns of dqkv zeroed;
     float32, E / 4 = 2^shift lanes a head (at most 32). Grid (T, B, H E / 4 / per), blocks
     of per (rounded up to whole warps) threads: thread k of block z takes 16-byte chunk
     z per + k of row (b, t), so its head is a shift away and no index is divided; the
@@ -278,9 +277,8 @@ def backward_prep_kernel(dqkv, dsum, dout, out, shift, per, zero_dq):
     if tid < per:
         o0, o1, o2, o3 = load4_3d(out, b, i, c)
         d0, d1, d2, d3 = load4_3d(dout, b, i, c)
-        if zero_dq:
-            z = T(0.0)
-            store4_3d(dqkv, b, i, c, z, z, z, z)
+        z = T(0.0)
+        store4_3d(dqkv, b, i, c, z, z, z, z)
         s = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3
     s = group_sum(s, buf, T(0.0), L)  # every thread calls it: the simulator's is a barrier
     if tid < per and k & (L - 1) == 0:
@@ -297,15 +295,14 @@ def prep_launch(B: int, Tn: int, H: int, E: int) -> tuple[tuple, int, int, int]:
     return (Tn, B, H // heads), -(-per // 32) * 32, L.bit_length() - 1, per
 
 
-def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0, zero_dq: bool = True) -> None:
-    """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed
-    unless zero_dq is False: what the backwards that add dQ with atomics start from
-    (16-byte aligned arrays)."""
+def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
+    """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed:
+    what the backwards that add dQ with atomics start from (16-byte aligned arrays)."""
     assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
     check_aligned(dqkv, dout, out)
     B, Tn, _ = out.shape
     grid, threads, shift, per = prep_launch(B, Tn, H, E)
-    backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per, zero_dq)
+    backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per)
 
 
 def _check(qkv, H, G, E) -> tuple[int, int]:

@@ -114,8 +114,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-from numba import cuda, float32
+from numba import float32
 
 from euler.gpu import attention
 from euler.gpu.approx import LOG2E
@@ -286,30 +285,14 @@ LDSM_DQ = False
 # T=512 against 0.351, 4.49 at T=2048 against 4.51-4.54; dkv without its atomics took 0.332
 # against 0.271 (session 13's parts), its first query tile wholly masked for half the warps,
 # no second block to run through a block's barriers (commit ff2949d,
-# results/attention-tc-s14-call4-*).
-
-
-# TICKET_DQ (with PIPELINE, ATOMIC_DQ, FLAT and ATOMIC_WIDTH 2): no zeros for dQ; the first
-# dkv block to reach a (b, h, query tile) stores its dS K there, the others add after it.
-# Thread 0 of a block takes a ticket for each tile at the loop's top (one relaxed atomic on
-# a counter of the tile's, its answer needed only at the dQ stage, so its latency hides)
-# and reads the tile's flag; the ticket's rank among the tile's i + 1 contributions (key
-# tiles 0..i) says first or not, its quotient the call (counters only grow, so no reset:
-# 2^31 / (T / 64) calls). The first stores with plain 8-byte stores; its threads fence
-# before the next iteration's top barrier, after which thread 0 raises the flag to the
-# call's number + 1; the others spin (bounded) until the flag passes their call's number.
-# A block releases its tile before it waits for any other's: no cycle of waits. The
-# counters and flags live in an int32 buffer of the caller's (attention_backward's order).
-TICKET_DQ = True
-# flag reads before a waiting block gives up (wrong sums, but no hang): about 10 ms, where
-# a first block stores and releases within an iteration of its ticket (about 6 us)
-SPIN = 1 << 14
-
-
-def _ticket_dq() -> bool:
-    """Whether dkv orders dQ's first store and later adds by tickets (TICKET_DQ and what
-    it needs), so the prep kernel writes no zeros."""
-    return TICKET_DQ and ATOMIC_DQ and PIPELINE and FLAT and ATOMIC_WIDTH == 2
+# results/attention-tc-s14-call4-*). So did dQ without zeros (TICKET_DQ): each query tile's
+# first dkv block stored its dS K and the others added after it, ordered by a relaxed
+# ticket and a flag a block and tile (thread 0 taking them at the loop's top, reading them
+# at the dQ stage; the first's threads fencing before the next top barrier, then raising
+# the flag; bounded waits). Correct (`pytest -m gpu tests/test_gpu_device.py` 31 passed),
+# and the prep fell from 0.040 ms to 0.027, but dkv rose from 0.310 to 0.356 (0.310
+# without its dQ writes, against 0.271): backward 0.387-0.388 at T=512 against 0.350
+# (commit f5c40f7, results/attention-tc-s14-call5-*).
 
 
 def _ldsm_dq() -> bool:
@@ -933,10 +916,9 @@ def _dkv_source(E: int) -> str:
     BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
     KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
-    ticket = _ticket_dq()
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", order" if ticket else ""),
+        "dqkv, dsum, dout, qkv, lse, H, G, scale",
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -1014,28 +996,14 @@ def _dkv_source(E: int) -> str:
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
         w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
-        if ticket:  # (module comment of TICKET_DQ)
-            w("ts = cuda.shared.array(1, int32)  # first or not: thread 0 tells the block")
-            w("nqt = (Tn + 63) // 64", "nh = order.shape[0] // 2  # counters, then flags")
-            w("pst = False  # the last tile was stored first", "qt = 0", "tk = 0", "fg = 0")
-            w("ep = 0", "pqt = 0", "pep = 0")
         w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
         w.indent()
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        landed = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
-        landed = landed if exp2 else ()
-        if ticket:  # the last tile's first stores out before the barrier
-            landed += ("if pst:", "    cuda.threadfence()")
-        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
-        if ticket:
-            w("if tid == 0:")
-            w.indent()
-            w("if pst:  # release the last tile to the blocks that add to it")
-            w("    cuda.atomic.max(order, nh + pqt, int32(pep + 1))")
-            w("qt = (b * H + h) * nqt + (i0 >> 6)", "tk = cuda.atomic.add(order, qt, 1)")
-            w("fg = cuda.atomic.add(order, nh + qt, 0)  # the tile's flag, read early")
-            w.indent(-1)
+        scaled = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
+        gen.pipeline_top(
+            "it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), scaled if exp2 else ()
+        )
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -1083,17 +1051,13 @@ def _dkv_source(E: int) -> str:
         gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
         gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
     if ATOMIC_DQ:
-        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED, ticket)
+        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
     if PIPELINE:
         w("cur = nxt", "i0 = i1", "h = h1")
         w.indent(-1)
     else:
         w("cuda.syncthreads()")
         w.indent(-2)
-    if ticket:
-        w("if pst:  # the last tile was stored first: out, then released")
-        w("    cuda.threadfence()", "    cuda.syncthreads()", "    if tid == 0:")
-        w("        cuda.atomic.max(order, nh + pqt, int32(pep + 1))")
     dk_scale = " * scale" if PIPELINE else ""
     if PIPELINE and STAGED_OUT:
         _store_staged(gen, [("dk", "ko", dk_scale), ("dv", "vo", "")], "dqkv", "j0")
@@ -1108,7 +1072,7 @@ def _dkv_source(E: int) -> str:
     return w.text()
 
 
-def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, ticket: bool = False) -> None:
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
 
     Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
@@ -1117,23 +1081,10 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, ticket: bool =
     tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
     loop's next barrier keeps the next tile's dS^T stores after these reads. With LDSM_DQ
     the tile at sm[DS] is dS [query][key] and the one at sm[KK] K^T [e][key], both read
-    by ldmatrix, the keys in their natural order. With ticket (TICKET_DQ) the tile's first
-    block stores instead of adding, and the others wait for it.
+    by ldmatrix, the keys in their natural order.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
-    if ticket:
-        w("if tid == 0:")
-        w.indent()
-        w("nq = (i0 >> 6) + 1  # key tiles adding to this query tile", "ep = tk // nq")
-        w("first = tk - ep * nq == 0")
-        w("if not first:  # wait for the first's stores (bounded: never hang)")
-        w(f"    for _ in range({SPIN}):", "        if fg > ep:", "            break")
-        w("        fg = cuda.atomic.add(order, nh + qt, 0)", "    cuda.threadfence()")
-        w("ts[0] = select(first, 1, 0)")
-        w.indent(-1)
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
-    if ticket:
-        w("fst = ts[0] != 0")
     w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
     flat = FLAT and ATOMIC_WIDTH == 2
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
@@ -1165,46 +1116,25 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int, ticket: bool =
         if ATOMIC_WIDTH == 4:
             _atomic_dq_quads(gen, cols, scale, red)
             continue
-        if not ticket:
-            _dq_out(gen, cols, scale, flat, False)
-            continue
-        for head, store in (("if fst:", True), ("else:", False)):
-            w(head)
+        rows = list(enumerate(((0, 1), (2, 3))))  # (row half r, C values (i, j) of its row)
+        pair = lambda n, i, j: f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"  # noqa: E731
+        if flat:
+            w("if whole:")
+            for r, (i, j) in rows:
+                for n in cols:
+                    w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {pair(n, i, j)})")
+            w("else:")
             w.indent()
-            _dq_out(gen, cols, scale, flat, store)
-            w.indent(-1)
-    if ticket:
-        w("pst = fst", "pqt = qt", "pep = ep")
-
-
-def _dq_out(gen: _Gen, cols, scale: str, flat: bool, store: bool) -> None:
-    """This warp's dQ fragments of column blocks cols added to dqkv (stored if store: the
-    tile's first block with TICKET_DQ), by flat indices where the tile is whole (flat)."""
-    w = gen.w
-    rows = list(enumerate(((0, 1), (2, 3))))  # (row half r, C values (i, j) of its row)
-    pair = lambda n, i, j: f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"  # noqa: E731
-    if flat:
-        w("if whole:")
-        op = "store2_flat" if store else "atomic_add2_flat"
         for r, (i, j) in rows:
+            w(f"if rq + {8 * r} < Tn:")
             for n in cols:
-                w(f"    {op}(dqkv, dq{8 * r} + {8 * n}, {pair(n, i, j)})")
-        w("else:")
-        w.indent()
-    for r, (i, j) in rows:
-        w(f"if rq + {8 * r} < Tn:")
-        for n in cols:
-            if store:
+                if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
+                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair(n, i, j)})")
+                    continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
-                    w(f"    dqkv[b, rq + {8 * r}, qc + {c}] = dq{n}_{k}{scale}")
-                continue
-            if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
-                w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair(n, i, j)})")
-                continue
-            for k, c in ((i, 8 * n), (j, 8 * n + 1)):
-                w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
-    if flat:
-        w.indent(-1)
+                    w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
+        if flat:
+            w.indent(-1)
 
 
 def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
@@ -1235,7 +1165,7 @@ _BUILT: dict[tuple, tuple] = {}
 
 HEADER = """import math
 
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, uint64
 
 from euler.gpu.branchless import fmax, select
 from euler.gpu.mma import ldmatrix_x4, mma_tf32, tf32, tf32_finite
@@ -1248,7 +1178,7 @@ EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = (
     "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_shared,"
-    " store2_flat, store4_3d"
+    " store4_3d"
 )
 
 
@@ -1272,7 +1202,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ, TICKET_DQ=TICKET_DQ,
+                LDSM_DQ=LDSM_DQ,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1329,22 +1259,11 @@ def attention_forward(out, lse, qkv, H, G, E, stream=0) -> None:
     _launch(fwd, grid, stream, shared_bytes(E)["forward"], out, lse, qkv, H, G, scale)
 
 
-_ORDERS: dict[tuple, object] = {}  # TICKET_DQ's buffers of callers without their own
-
-
-def order_shape(B: int, H: int, Tn: int) -> tuple[int, int, int, int]:
-    """TICKET_DQ's int32 buffer: counters, then flags, per (b, h, query tile). A buffer
-    serves one shape only: its counts mean nothing at another's."""
-    return (2, B, H, (Tn + TILE - 1) // TILE)
-
-
-def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, order=None) -> None:
+def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> None:
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 
     dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
-    the query heads of their group. Same math as attention.attention_backward. order:
-    TICKET_DQ's int32 buffer of order_shape(B, H, T), zeros when first given, then kept
-    for this shape's calls (one at a time); None takes one of this module's.
+    the query heads of their group. Same math as attention.attention_backward.
     """
     B, Tn = _check(qkv, H, G, E)
     assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
@@ -1354,21 +1273,10 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, order
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    ticket = _ticket_dq()
-    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds (unless tickets)
-        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream, zero_dq=not ticket)
+    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
+        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    if ticket:
-        shape = order_shape(B, H, Tn)
-        if order is None:  # on the device if dqkv is (host arrays: the simulator's)
-            on_device = hasattr(dqkv, "__cuda_array_interface__")
-            if (shape, on_device) not in _ORDERS:
-                zeros = np.zeros(shape, np.int32)
-                _ORDERS[shape, on_device] = cuda.to_device(zeros) if on_device else zeros
-            order = _ORDERS[shape, on_device]
-        assert order.shape == shape and order.dtype == np.int32
-        args += (order.reshape(order.size),)
     _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)

@@ -352,10 +352,9 @@ class GpuBackend:
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
         if self._tensor_cores(E):
-            tc = self.k_attention_tc
-            B, Tn = lse.shape[0], lse.shape[2]
-            order = self.scratch("attention_order", tc.order_shape(B, H, Tn), np.int32)
-            tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, order)
+            self.k_attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
+            )
             return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile

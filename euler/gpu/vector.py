@@ -18,11 +18,7 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
     atomic_add2_flat(ary, k, a0, a1)        the same at ary's element k in C order
 
 are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
-8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic), and
-
-    store2_flat(ary, k, a0, a1)             ary's elements k, k + 1 = a0, a1
-
-one st.global.v2.f32.
+8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
 
     a0, a1, a2, a3 = load4_shared(sm, i)    sm[i : i + 4] of a 1-d float32 shared array
 
@@ -140,9 +136,8 @@ if not SIMULATOR:
         """ary[i0, i1, i2 : i2 + 4] = (a0, .., a3) of a 3-d array, one 16-byte store."""
         return _store4_typing("store4_3d", ary, (i0, i1, i2), (a0, a1, a2, a3))
 
-    def _atomic_add_typing(ary, indices, values, op: str = "red.global.add"):
-        """The signature of an atomic_add of len(values) floats (or with op "st.global", a
-        plain vector store), or a TypingError."""
+    def _atomic_add_typing(ary, indices, values):
+        """The signature of an atomic_add of len(values) floats, or a TypingError."""
         n = len(values)
         ok = (
             isinstance(ary, types.Array)
@@ -167,7 +162,7 @@ if not SIMULATOR:
             f32 = ir.FloatType()
             fnty = ir.FunctionType(ir.VoidType(), [p.type] + [f32] * n)
             regs = ", ".join(f"${k + 1}" for k in range(n))
-            text = f"{op}.v{n}.f32 [$0], {{{regs}}};"
+            text = f"red.global.add.v{n}.f32 [$0], {{{regs}}};"
             asm = ir.InlineAsm(fnty, text, "l" + ",f" * n + ",~{memory}", side_effect=True)
             builder.call(asm, [p, *args[1 + m :]])
             return context.get_dummy_value()
@@ -183,12 +178,6 @@ if not SIMULATOR:
     def atomic_add2_flat(typingctx, ary, k, a0, a1):
         """ary[i0, i1, i2 : i2 + 2] += (a0, a1) where k = (i0 n1 + i1) n2 + i2 (C order)."""
         return _atomic_add_typing(ary, (k,), (a0, a1))
-
-    @intrinsic
-    def store2_flat(typingctx, ary, k, a0, a1):
-        """ary[i0, i1, i2 : i2 + 2] = (a0, a1) where k = (i0 n1 + i1) n2 + i2: one 8-byte
-        store (st.global.v2.f32)."""
-        return _atomic_add_typing(ary, (k,), (a0, a1), "st.global")
 
     @intrinsic
     def atomic_add4(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
@@ -237,13 +226,6 @@ else:
         """The simulator's atomic_add2_flat: atomic_add2 at the 3-d index of k."""
         i0, i1, i2 = unravel3(ary, k)
         atomic_add2(ary, i0, i1, i2, a0, a1)
-
-    @cuda.jit(device=True)
-    def store2_flat(ary, k, a0, a1):
-        """The simulator's store2_flat: two element stores at the 3-d index of k."""
-        i0, i1, i2 = unravel3(ary, k)
-        ary[i0, i1, i2] = a0
-        ary[i0, i1, i2 + 1] = a1
 
     @cuda.jit(device=True)
     def atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3):
