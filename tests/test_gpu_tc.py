@@ -48,7 +48,7 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False}  # fmt: skip
+        "LDSM_DQ": False, "PREP_BLOCKS": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
        "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
@@ -70,6 +70,7 @@ VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
 VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
+VARIANTS["prep-blocks"] = VARIANTS["default"] | {"PREP_BLOCKS": True}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -85,6 +86,7 @@ QUICK_PTX = (
     "atomics-4",
     "scalar-loads",
     "ldsm-dq",
+    "prep-blocks",
 )
 
 
@@ -455,6 +457,18 @@ else:
         tile 1 by FLAT's flat indices, dkv's first block query tile 1 likewise, and dQ's adds
         go flat (test_attention_tc's T = 70 takes the clamped copies of a partial tile)."""
         _check_attention(1, 128, 1, 1, 8)
+
+    @pytest.mark.parametrize(
+        "B,G", [(1, 1), pytest.param(2, 2, marks=pytest.mark.slow)], ids=["one-kv-head", "four"]
+    )
+    def test_attention_tc_prep_blocks(monkeypatch, B, G) -> None:
+        """PREP_BLOCKS on whole tiles: the dkv grid's first row writes dsum and dQ's zeros
+        (both start as NaN here) for B batch elements and G kv heads of two query heads
+        each, two query tiles; its dkv blocks wait on the units' flags, the second head's
+        first tile among them (the variant test's T = 70 takes the prep kernel instead)."""
+        for knob, value in VARIANTS["prep-blocks"].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        _check_attention(B, 128, 2 * G, G, 8, forward=False)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from

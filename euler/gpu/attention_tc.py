@@ -114,7 +114,9 @@ from __future__ import annotations
 
 import math
 
-from numba import float32
+import numpy as np
+from numba import cuda, float32
+from numba.cuda.cudadrv.driver import device_memset
 
 from euler.gpu import attention
 from euler.gpu.approx import LOG2E
@@ -273,6 +275,15 @@ LDSM = True
 # Off: in session 14 it moved the backward by -0.6% and +1% beside other knobs (calls 1
 # and 2), within the calls' spread; the simulator checks it at E = 8, 16 and 32.
 LDSM_DQ = False
+# PREP_BLOCKS (with PIPELINE, ATOMIC_DQ and HEAVY_FIRST; T a multiple of 64): no prep
+# kernel: the dkv grid's first row (one block per batch element and kv head, dispatched
+# before every dkv block) writes dsum and dQ's zeros for the query heads of its kv head,
+# 64-row unit by unit in the order the heaviest dkv blocks use them, raising a flag a unit
+# (after a fence); a dkv block's thread 0 waits for a tile's flag before the barrier that
+# precedes its copies, having read it an iteration ahead. The prep's bytes then move while
+# the first dkv blocks compute, not before them. The flags are zeroed by a memset a call.
+# Unlike the claimed units of session 11 (ATOMIC_DQ's comment), no dkv block prepares.
+PREP_BLOCKS = False
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
@@ -918,7 +929,7 @@ def _dkv_source(E: int) -> str:
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale",
+        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", out, flags, prep" if PREP_BLOCKS else ""),
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -926,17 +937,26 @@ def _dkv_source(E: int) -> str:
     )
     head, tile = gen.block("head", HEAVY_FIRST), gen.block("tile", HEAVY_FIRST)
     w("rep = H // G", f"b = {head} // G", f"kvh = {head} % G")
+    if PREP_BLOCKS:  # prep: 1 where the grid's first row prepares (PREP_BLOCKS), else 0
+        w("nt = (Tn + 63) // 64", f"if {tile} < prep:")
+        w.indent()
+        _prep_units(gen)
+        w("return")
+        w.indent(-1)
+        tile = f"({tile} - prep)"
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
     w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
-    def issue_rows(i: str, h: str, buf: str, flat: bool) -> None:
+    def issue_rows(i: str, h: str, buf: str, flat: bool, parts: str) -> None:
         """issue's copies, flat (FLAT: the tile lies within the sequence) or clamped."""
         tiles = [(QS, i, f"{h} * {E}", "qkv"), (DOS, i, f"{h} * {E}", "dout")]
-        (gen.stage_async_flat if flat else gen.stage_async)(tiles, buf)
+        if "tiles" in parts:
+            (gen.stage_async_flat if flat else gen.stage_async)(tiles, buf)
         if flat:
             w(f"fl = (b * H + {h}) * Tn + {i} + (tid & 63)")
-        for region, src, lo in ((LS, "lse", 0), (DD, "dsum", TILE)):  # one float per thread
-            w("if tid < 64:" if lo == 0 else "else:")
+        rows = [r for r in ((LS, "lse", 0), (DD, "dsum", TILE)) if r[1] in parts]
+        for region, src, lo in rows:  # one float per thread
+            w("if tid < 64:" if lo == 0 else "else:" if len(rows) == 2 else "if tid >= 64:")
             at = f"{buf} + uint64({region - lo} + tid)"
             if flat:
                 w(f"    cp_async4_flat(sm, {at}, {src}, fl)")
@@ -945,9 +965,11 @@ def _dkv_source(E: int) -> str:
             n = f"select({row} < Tn, 4, 0)"
             w(f"    cp_async4(sm, {at}, {src}, b, {h}, min({row}, Tn - 1), {n})")
 
-    def issue(i: str, h: str, buf: str) -> None:
-        """cp.async of query tile i of head h (Q, dO, and lse, dsum) into buffer buf."""
-        gen.flat_or_clamped(f"{i} + 64 <= Tn", lambda flat: issue_rows(i, h, buf, flat))
+    def issue(i: str, h: str, buf: str, parts: str = "tiles lse dsum") -> None:
+        """cp.async of query tile i of head h (Q, dO, and lse, dsum: those named in parts)
+        into buffer buf."""
+        emit = lambda flat: issue_rows(i, h, buf, flat, parts)  # noqa: E731
+        gen.flat_or_clamped(f"{i} + 64 <= Tn", emit)
 
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
     vs = BUF + DOS if PIPELINE else DOS
@@ -956,10 +978,20 @@ def _dkv_source(E: int) -> str:
         gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
-        issue("j0", "kvh * rep", gen.u(0))
+        issue("j0", "kvh * rep", gen.u(0), "tiles lse" if PREP_BLOCKS else "tiles lse dsum")
+        w("cp_async_commit()")
+    if PREP_BLOCKS:  # tile 0's dsum once its unit is prepared; tile 1's flag read ahead
+        w("fv = 1", "fidx = 0", "if prep:")
+        w("    if tid == 0:", "        fidx = (b * H + kvh * rep) * nt + j0 // 64")
+        w("        while cuda.atomic.add(flags, fidx, 0) == 0:", "            pass")
+        w(f"        if {tile} + 1 < nt or rep > 1:")
+        w("            fidx = select(j0 + 64 < Tn, fidx + 1, fidx + nt)")
+        w("            fv = cuda.atomic.add(flags, fidx, 0)")
+        w("    cuda.syncthreads()")
+        issue("j0", "kvh * rep", gen.u(0), "dsum")
         w("cp_async_commit()")
     if async_kv:
-        w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
+        w(f"cp_async_wait({1 + PREP_BLOCKS})  # K's and V's copies (query tile 0's may still fly)")
         for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
             at = f"ca + {gen.u(off)}"
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
@@ -1001,9 +1033,16 @@ def _dkv_source(E: int) -> str:
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
         scaled = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
-        gen.pipeline_top(
-            "it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), scaled if exp2 else ()
-        )
+        landed = scaled if exp2 else ()
+        if PREP_BLOCKS:  # tile it + 1's unit prepared before anyone copies it
+            landed += ("if prep and tid == 0 and it + 1 < nit:", "    while fv == 0:",
+                       "        fv = cuda.atomic.add(flags, fidx, 0)")  # fmt: skip
+        gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
+        if PREP_BLOCKS:  # tile it + 2's flag, read an iteration ahead of its wait
+            w("if prep and tid == 0 and it + 2 < nit:")
+            w("    i2 = i1 + 64", "    w2 = i2 >= Tn")
+            w("    fidx = (b * H + h1 + select(w2, 1, 0)) * nt + select(w2, j0, i2) // 64")
+            w("    fv = cuda.atomic.add(flags, fidx, 0)")
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -1070,6 +1109,38 @@ def _dkv_source(E: int) -> str:
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
+
+
+def _prep_units(gen: _Gen) -> None:
+    """PREP_BLOCKS: a prep block's work, what attention.backward_prep does for the query
+    heads of kv head kvh of batch element b: dsum = rowsum(dO O) and dQ zeroed, 64-row units
+    (head, query tile) in the order of the heaviest dkv blocks' loop, two units a pass
+    (their loads all in flight at once), each pass ending in a fence, a barrier and its
+    units' flags. Thread tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + ..."""
+    w, E = gen.w, gen.E
+    lanes = E // 4
+    step = THREADS // lanes  # rows a pass over the chunks
+    w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "nu = rep * nt", "z = T(0.0)")
+    w("for u in range(0, nu, 2):")
+    w.indent()
+    for a in range(2):  # the last unit twice where nu is odd: the same values stored again
+        w(f"pu{a} = min(u + {a}, nu - 1)", f"ph{a} = kvh * rep + pu{a} // nt")
+        w(f"prow{a} = (pu{a} % nt) * 64 + pr", f"pcol{a} = ph{a} * {E} + pc")
+    rows = [(a, k) for a in range(2) for k in range(TILE // step)]
+    for src in ("out", "dout"):
+        for a, k in rows:
+            vals = ", ".join(f"p{src[0]}{a}_{k}_{x}" for x in range(4))
+            w(f"{vals} = load4_3d({src}, b, prow{a} + {k * step}, pcol{a})")
+    for a, k in rows:
+        w(f"store4_3d(dqkv, b, prow{a} + {k * step}, pcol{a}, z, z, z, z)")
+    for a, k in rows:
+        dot = " + ".join(f"pd{a}_{k}_{x} * po{a}_{k}_{x}" for x in range(4))
+        w(f"ps{a}_{k} = group_sum({dot}, sm, z, {lanes})")
+        w("if pc == 0:", f"    dsum[b, ph{a}, prow{a} + {k * step}] = ps{a}_{k}")
+    w("cuda.threadfence()  # this pass's stores visible on the device before its flags")
+    w("cuda.syncthreads()", "if tid == 0:")
+    w(*(f"    cuda.atomic.exch(flags, (b * H + ph{a}) * nt + pu{a} % nt, 1)" for a in range(2)))
+    w.indent(-1)
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
@@ -1177,15 +1248,16 @@ ASYNC_IMPORT = (
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = (
-    "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_shared,"
-    " store4_3d"
+    "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_3d,"
+    " load4_shared, store4_3d"
 )
+PREP_IMPORT = "\nfrom euler.gpu.reduce import group_sum"
 
 
 def _compile(name: str, src: str):
     header = HEADER + (ASYNC_IMPORT if PIPELINE else "") + (EXP_IMPORT if FAST_EXP else "")
     header += ADD_ROUND_IMPORT if ADD_ROUND else ""
-    header += VECTOR_IMPORT
+    header += VECTOR_IMPORT + (PREP_IMPORT if PREP_BLOCKS else "")
     if not MIN_BLOCKS:
         return compile_generated(name, src, header)
     # Numba's disk cache keys a kernel on its file, not its launch bounds: put them in it
@@ -1202,7 +1274,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ,
+                LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1225,6 +1297,7 @@ def kernels(E: int):
     key = (E, *knobs().values())
     if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
+        assert not PREP_BLOCKS or (PIPELINE and ATOMIC_DQ and HEAVY_FIRST)
         _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
     return _BUILT[key]
 
@@ -1273,10 +1346,30 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    if ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
+    heads, rows = _grid(nt, B * G, HEAVY_FIRST)
+    fused = PREP_BLOCKS and Tn % TILE == 0  # whole units: no two share a cache line of dsum
+    if fused:
+        check_aligned(out)
+    elif ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
         attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
     else:
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    _launch(built[-1], _grid(nt, B * G, HEAVY_FIRST), stream, nbytes["dkv"], *args)
+    if PREP_BLOCKS:
+        args += (out, _flags(B * H * nt if fused else 1, stream), int(fused))
+    _launch(built[-1], (heads, rows + int(fused)), stream, nbytes["dkv"], *args)
+
+
+_FLAGS: dict[int, object] = {}
+
+
+def _flags(n: int, stream) -> object:
+    """PREP_BLOCKS's flags, one a (b, h, query tile) unit, zeroed on stream: an int32 device
+    array kept per size (allocated on first use, before any graph capture of the step)."""
+    if SIMULATOR:
+        return cuda.to_device(np.zeros(n, np.int32))
+    if n not in _FLAGS:
+        _FLAGS[n] = cuda.device_array(n, np.int32)
+    device_memset(_FLAGS[n], 0, 4 * n, stream)
+    return _FLAGS[n]
