@@ -15,7 +15,9 @@ B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
 - dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
   decide (scale < 0: the products stay, the adds go; its dQ is wrong by design; the
   results of 2026-11-30 14:28 UTC, session 13, left FLAT's adds in: parts-s13-*);
-- backward: attention_tc.attention_backward whole, and the forward for the ratio.
+- backward: attention_tc.attention_backward whole, and the forward for the ratio;
+- prep blocks alone: PREP_BLOCKS's first grid row without the dkv blocks (grid (B G, 1)):
+  how long its B G blocks take to do the prep kernel's work.
 """
 
 from __future__ import annotations
@@ -46,7 +48,17 @@ def no_atomics(src: str) -> str:
     return "\n".join(guarded(line) for line in src.splitlines()) + "\n"
 
 
-def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
+def prep_blocks_kernel():
+    """The dkv kernel with PREP_BLOCKS on (compiled apart from the module's defaults)."""
+    name, saved = "backward_dkv_tc_kernel", attention_tc.PREP_BLOCKS
+    attention_tc.PREP_BLOCKS = True
+    try:
+        return attention_tc._compile(name, attention_tc.sources(64)[name])
+    finally:
+        attention_tc.PREP_BLOCKS = saved
+
+
+def calls_at(be, B: int, T: int, dkv, dkv_ablated, prep_blocks) -> dict:
     """Each part's call on random data of batch B, length T, by name."""
     s, H, G, E = be.stream, 12, 4, 64
     rng = np.random.default_rng(0)
@@ -66,6 +78,16 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
         "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: attention_tc._launch(dkv, grid, s, nbytes, *args),
         "dkv no atomics": lambda: attention_tc._launch(dkv_ablated, grid, s, nbytes, *args),
+        "prep blocks alone": lambda: attention_tc._launch(
+            prep_blocks,
+            (grid[0], 1),
+            s,
+            nbytes,
+            *args,
+            out,
+            attention_tc._flags(B * H * grid[1], s),
+            1,
+        ),
     }
 
 
@@ -79,7 +101,8 @@ def main() -> None:
     dkv_ablated = attention_tc._compile(name, no_atomics(attention_tc.sources(64)[name]))
     rows = []
     for T in (int(x) for x in args.T.split(",")):
-        for part, call in calls_at(be, args.batch, T, dkv, dkv_ablated).items():
+        parts = calls_at(be, args.batch, T, dkv, dkv_ablated, prep_blocks_kernel())
+        for part, call in parts.items():
             call()
             rows.append(
                 {"part": part, "B": args.batch, "T": T, "ms": timed(be.stream, call, args.reps)}

@@ -983,10 +983,10 @@ def _dkv_source(E: int) -> str:
     if PREP_BLOCKS:  # tile 0's dsum once its unit is prepared; tile 1's flag read ahead
         w("fv = 1", "fidx = 0", "if prep:")
         w("    if tid == 0:", "        fidx = (b * H + kvh * rep) * nt + j0 // 64")
-        w("        while cuda.atomic.add(flags, fidx, 0) == 0:", "            pass")
+        w("        while flag_read(flags, fidx) == 0:", "            pass")
         w(f"        if {tile} + 1 < nt or rep > 1:")
         w("            fidx = select(j0 + 64 < Tn, fidx + 1, fidx + nt)")
-        w("            fv = cuda.atomic.add(flags, fidx, 0)")
+        w("            fv = flag_read(flags, fidx)")
         w("    cuda.syncthreads()")
         issue("j0", "kvh * rep", gen.u(0), "dsum")
         w("cp_async_commit()")
@@ -1036,13 +1036,13 @@ def _dkv_source(E: int) -> str:
         landed = scaled if exp2 else ()
         if PREP_BLOCKS:  # tile it + 1's unit prepared before anyone copies it
             landed += ("if prep and tid == 0 and it + 1 < nit:", "    while fv == 0:",
-                       "        fv = cuda.atomic.add(flags, fidx, 0)")  # fmt: skip
+                       "        fv = flag_read(flags, fidx)")  # fmt: skip
         gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
         if PREP_BLOCKS:  # tile it + 2's flag, read an iteration ahead of its wait
             w("if prep and tid == 0 and it + 2 < nit:")
             w("    i2 = i1 + 64", "    w2 = i2 >= Tn")
             w("    fidx = (b * H + h1 + select(w2, 1, 0)) * nt + select(w2, j0, i2) // 64")
-            w("    fv = cuda.atomic.add(flags, fidx, 0)")
+            w("    fv = flag_read(flags, fidx)")
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -1115,12 +1115,14 @@ def _prep_units(gen: _Gen) -> None:
     """PREP_BLOCKS: a prep block's work, what attention.backward_prep does for the query
     heads of kv head kvh of batch element b: dsum = rowsum(dO O) and dQ zeroed, 64-row units
     (head, query tile) in the order of the heaviest dkv blocks' loop, two units a pass
-    (their loads all in flight at once), each pass ending in a fence, a barrier and its
-    units' flags. Thread tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + ..."""
+    (their loads all in flight at once). A pass's flags (flags.py) rise in the next, after
+    its loads are issued (the release fence waits for them), past the barrier that ends
+    the pass. Thread tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + ..."""
     w, E = gen.w, gen.E
     lanes = E // 4
     step = THREADS // lanes  # rows a pass over the chunks
     w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "nu = rep * nt", "z = T(0.0)")
+    w("pf0 = -1", "pf1 = -1  # the previous pass's flags")
     w("for u in range(0, nu, 2):")
     w.indent()
     for a in range(2):  # the last unit twice where nu is odd: the same values stored again
@@ -1131,16 +1133,19 @@ def _prep_units(gen: _Gen) -> None:
         for a, k in rows:
             vals = ", ".join(f"p{src[0]}{a}_{k}_{x}" for x in range(4))
             w(f"{vals} = load4_3d({src}, b, prow{a} + {k * step}, pcol{a})")
+    w("if tid == 0 and u > 0:", "    flag_release()")
+    w(*(f"    flag_raise(flags, pf{a})" for a in range(2)))
     for a, k in rows:
         w(f"store4_3d(dqkv, b, prow{a} + {k * step}, pcol{a}, z, z, z, z)")
     for a, k in rows:
         dot = " + ".join(f"pd{a}_{k}_{x} * po{a}_{k}_{x}" for x in range(4))
         w(f"ps{a}_{k} = group_sum({dot}, sm, z, {lanes})")
         w("if pc == 0:", f"    dsum[b, ph{a}, prow{a} + {k * step}] = ps{a}_{k}")
-    w("cuda.threadfence()  # this pass's stores visible on the device before its flags")
-    w("cuda.syncthreads()", "if tid == 0:")
-    w(*(f"    cuda.atomic.exch(flags, (b * H + ph{a}) * nt + pu{a} % nt, 1)" for a in range(2)))
+    w(*(f"pf{a} = (b * H + ph{a}) * nt + pu{a} % nt" for a in range(2)))
+    w("cuda.syncthreads()  # every thread's stores before the flags' release")
     w.indent(-1)
+    w("if tid == 0:", "    flag_release()")
+    w(*(f"    flag_raise(flags, pf{a})" for a in range(2)))
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
@@ -1251,7 +1256,10 @@ VECTOR_IMPORT = (
     "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_3d,"
     " load4_shared, store4_3d"
 )
-PREP_IMPORT = "\nfrom euler.gpu.reduce import group_sum"
+PREP_IMPORT = (
+    "\nfrom euler.gpu.flags import flag_raise, flag_read, flag_release"
+    "\nfrom euler.gpu.reduce import group_sum"
+)
 
 
 def _compile(name: str, src: str):
