@@ -940,7 +940,7 @@ def _dkv_source(E: int) -> str:
     if PREP_BLOCKS:  # prep: 1 where the grid's first row prepares (PREP_BLOCKS), else 0
         w("nt = (Tn + 63) // 64", f"if {tile} < prep:")
         w.indent()
-        _prep_units(gen)
+        _prep_units(gen, head)
         w("return")
         w.indent(-1)
         tile = f"({tile} - prep)"
@@ -1111,41 +1111,83 @@ def _dkv_source(E: int) -> str:
     return w.text()
 
 
-def _prep_units(gen: _Gen) -> None:
+PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
+PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
+
+
+def _prep_units(gen: _Gen, head: str) -> None:
     """PREP_BLOCKS: a prep block's work, what attention.backward_prep does for the query
-    heads of kv head kvh of batch element b: dsum = rowsum(dO O) and dQ zeroed, 64-row units
-    (head, query tile) in the order of the heaviest dkv blocks' loop, two units a pass
-    (their loads all in flight at once). A pass's flags (flags.py) rise in the next, after
-    its loads are issued (the release fence waits for them), past the barrier that ends
-    the pass. Thread tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + ..."""
+    heads of PREP_SPAN consecutive (batch element, kv head) pairs: dsum = rowsum(dO O) and
+    dQ zeroed, 64-row units (head, query tile) in the order of the heaviest dkv blocks'
+    loop. Each unit's dO and O come by cp.async into one of PREP_STAGES buffers, two units
+    ahead of its sums, and each thread reads back only its own copies (no barrier for the
+    buffers). A unit ends in a barrier and its flag (flags.py), raised by thread 0. Thread
+    tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + 512 / E c."""
     w, E = gen.w, gen.E
-    lanes = E // 4
-    step = THREADS // lanes  # rows a pass over the chunks
-    w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "nu = rep * nt", "z = T(0.0)")
-    w("pf0 = -1", "pf1 = -1  # the previous pass's flags")
-    w("for u in range(0, nu, 2):")
+    lanes, span = E // 4, PREP_SPAN
+    step, unit = THREADS // lanes, 2 * TILE * E  # rows a chunk apart; floats a buffer
+    w(f"if {head} % {span}:", "    return  # served by the block before")
+    w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "z = T(0.0)")
+    w(f"pa = uint64(pr * {E} + pc)  # this thread's first chunk in a buffer")
+    w(f"ns = min({span}, B * G - {head})  # pairs served", "nu = ns * rep * nt  # units")
+    for d in range(span):  # pair d's batch element and kv head (division once a block)
+        w(f"pb{d} = min({head} + {d}, B * G - 1) // G", f"pk{d} = min({head} + {d}, B * G - 1) % G")
+
+    def fields(p: str) -> None:  # unit p's batch element, head, first row
+        b = "pb0" if span == 1 else f"select({p}d == 0, pb0, pb1)"
+        k = "pk0" if span == 1 else f"select({p}d == 0, pk0, pk1)"
+        w(f"{p}b = {b}", f"{p}h = {k} * rep + {p}hh", f"{p}r = {p}i * 64 + pr")
+
+    def advance(p: str) -> None:  # unit p's counters to the next unit (pair, tile, head)
+        w(f"{p}d += 1", f"if {p}d == ns:", f"    {p}d = 0", f"    {p}i += 1")
+        w(f"if {p}i == nt:", f"    {p}i = 0", f"    {p}hh += 1")
+
+    def issue(stage: str) -> None:  # unit q's copies into buffer stage
+        fields("q")
+        w(f"qo = uint64({stage} * {unit}) + pa")
+        for c in range(E // 8):
+            for k, src in enumerate(("dout", "out")):
+                at = f"qo + {gen.u(k * TILE * E + c * step * E)}"
+                w(f"cp_async16(sm, {at}, {src}, qb, qr + {c * step}, qh * {E} + pc, 16)")
+        advance("q")
+
+    w("qd = 0", "qi = 0", "qhh = 0  # the next unit to copy")
+    issue("0")
+    w("cp_async_commit()", "if nu > 1:")
     w.indent()
-    for a in range(2):  # the last unit twice where nu is odd: the same values stored again
-        w(f"pu{a} = min(u + {a}, nu - 1)", f"ph{a} = kvh * rep + pu{a} // nt")
-        w(f"prow{a} = (pu{a} % nt) * 64 + pr", f"pcol{a} = ph{a} * {E} + pc")
-    rows = [(a, k) for a in range(2) for k in range(TILE // step)]
-    for src in ("out", "dout"):
-        for a, k in rows:
-            vals = ", ".join(f"p{src[0]}{a}_{k}_{x}" for x in range(4))
-            w(f"{vals} = load4_3d({src}, b, prow{a} + {k * step}, pcol{a})")
-    w("if tid == 0 and u > 0:", "    flag_release()")
-    w(*(f"    flag_raise(flags, pf{a})" for a in range(2)))
-    for a, k in rows:
-        w(f"store4_3d(dqkv, b, prow{a} + {k * step}, pcol{a}, z, z, z, z)")
-    for a, k in rows:
-        dot = " + ".join(f"pd{a}_{k}_{x} * po{a}_{k}_{x}" for x in range(4))
-        w(f"ps{a}_{k} = group_sum({dot}, sm, z, {lanes})")
-        w("if pc == 0:", f"    dsum[b, ph{a}, prow{a} + {k * step}] = ps{a}_{k}")
-    w(*(f"pf{a} = (b * H + ph{a}) * nt + pu{a} % nt" for a in range(2)))
-    w("cuda.syncthreads()  # every thread's stores before the flags' release")
+    issue("1")
     w.indent(-1)
-    w("if tid == 0:", "    flag_release()")
-    w(*(f"    flag_raise(flags, pf{a})" for a in range(2)))
+    w("cp_async_commit()", "ud = 0", "ui = 0", "uhh = 0  # the unit summed", "us = 0", "qs = 2")
+    w("for v in range(nu):")
+    w.indent()
+    w("if v + 2 < nu:")
+    w.indent()
+    issue("qs")
+    w.indent(-1)
+    w("cp_async_commit()", "cp_async_wait(2)  # unit v's copies (this thread's) landed")
+    fields("u")
+    w(f"uo = uint64(us * {unit}) + pa")
+    for c in range(E // 8):
+        at = [f"uo + {gen.u(k * TILE * E + c * step * E)}" for k in range(2)]
+        w(
+            f"d0, d1, d2, d3 = load4_shared(sm, {at[0]})",
+            f"o0, o1, o2, o3 = load4_shared(sm, {at[1]})",
+        )
+        w(f"ps{c} = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3")
+        w(f"store4_3d(dqkv, ub, ur + {c * step}, uh * {E} + pc, z, z, z, z)")
+    scratch = PREP_STAGES * unit  # the simulator's group sums meet past the buffers
+    w(*(f"ps{c} = group_sum(ps{c}, sm[{scratch}:], z, {lanes})" for c in range(E // 8)))
+    w("if pc == 0:")
+    w(*(f"    dsum[ub, uh, ur + {c * step}] = ps{c}" for c in range(E // 8)))
+    w("fu = (ub * H + uh) * nt + ui")
+    w("cuda.syncthreads()  # every thread's stores before the flag's release")
+    w("if tid == 0:", "    flag_release()", "    flag_raise(flags, fu)")
+    advance("u")
+    w(
+        f"us = select(us == {PREP_STAGES - 1}, 0, us + 1)",
+        f"qs = select(qs == {PREP_STAGES - 1}, 0, qs + 1)",
+    )
+    w.indent(-1)
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
