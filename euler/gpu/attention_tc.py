@@ -284,6 +284,8 @@ LDSM_DQ = False
 # the first dkv blocks compute, not before them. The flags are zeroed by a memset a call.
 # Unlike the claimed units of session 11 (ATOMIC_DQ's comment), no dkv block prepares.
 PREP_BLOCKS = False
+PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
+PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
@@ -974,30 +976,31 @@ def _dkv_source(E: int) -> str:
     ks = KK if ATOMIC_DQ else (BUF + QS if PIPELINE else QS)
     vs = BUF + DOS if PIPELINE else DOS
     async_kv = PIPELINE and ASYNC_KV
+    if PREP_BLOCKS:  # thread 0 reads query tile 0's flag (fidx: of tile fi) as K, V copy
+        w("fv = 1", "fidx = 0", "fi = 0")
+        w("if prep and tid == 0:", "    fi = j0 >> 6", "    fidx = (b * H + kvh * rep) * nt + fi")
+        w("    fv = flag_read(flags, fidx)")
     if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
         gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
     if PIPELINE:  # query tile 0 lands in buffer 0 while K, V are staged
         issue("j0", "kvh * rep", gen.u(0), "tiles lse" if PREP_BLOCKS else "tiles lse dsum")
         w("cp_async_commit()")
-    if PREP_BLOCKS:  # tile 0's dsum once its unit is prepared; tile 1's flag read ahead
-        w("fv = 1", "fidx = 0", "if prep:")
-        w("    if tid == 0:", "        fidx = (b * H + kvh * rep) * nt + j0 // 64")
-        w("        while flag_read(flags, fidx) == 0:", "            pass")
-        w(f"        if {tile} + 1 < nt or rep > 1:")
-        w("            fidx = select(j0 + 64 < Tn, fidx + 1, fidx + nt)")
-        w("            fv = flag_read(flags, fidx)")
-        w("    cuda.syncthreads()")
-        issue("j0", "kvh * rep", gen.u(0), "dsum")
-        w("cp_async_commit()")
     if async_kv:
-        w(f"cp_async_wait({1 + PREP_BLOCKS})  # K's and V's copies (query tile 0's may still fly)")
+        w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
         for _, off in gen.async_chunks(ks):  # K scaled and rounded in place by its copier
             at = f"ca + {gen.u(off)}"
             w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}]{ksc}')}" for k in range(4)))
     else:  # ptxas 13 spills 20 bytes of this kernel (255 registers) if this uses select()
         gen.stage([(ks, "j0", "ko", "qkv", ksc), (vs, "j0", "vo", "qkv", "")], branchless=False)
+    if PREP_BLOCKS:  # tile 0's unit prepared before the barrier, then its dsum; tile 1's flag
+        w("if prep and tid == 0:", "    while fv == 0:", "        fv = flag_read(flags, fidx)")
+        w("    if fi + 1 < nt or rep > 1:")
+        _next_flag(gen, " " * 8)
     w("cuda.syncthreads()")
+    if PREP_BLOCKS:
+        issue("j0", "kvh * rep", gen.u(0), "dsum")
+        w("cp_async_commit()")
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
     gen.load_a("va", vs, raw="" if async_kv else None)
@@ -1040,9 +1043,7 @@ def _dkv_source(E: int) -> str:
         gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
         if PREP_BLOCKS:  # tile it + 2's flag, read an iteration ahead of its wait
             w("if prep and tid == 0 and it + 2 < nit:")
-            w("    i2 = i1 + 64", "    w2 = i2 >= Tn")
-            w("    fidx = (b * H + h1 + select(w2, 1, 0)) * nt + select(w2, j0, i2) // 64")
-            w("    fv = flag_read(flags, fidx)")
+            _next_flag(gen)
         w("lcb = lc + cur")
         bn, bp, lcb = "bn", "bp", "lcb"
     else:
@@ -1109,10 +1110,6 @@ def _dkv_source(E: int) -> str:
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
-
-
-PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
-PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
 
 
 def _prep_units(gen: _Gen, head: str) -> None:
@@ -1188,6 +1185,14 @@ def _prep_units(gen: _Gen, head: str) -> None:
         f"qs = select(qs == {PREP_STAGES - 1}, 0, qs + 1)",
     )
     w.indent(-1)
+
+
+def _next_flag(gen: _Gen, pad: str = "    ") -> None:
+    """PREP_BLOCKS (thread 0 of a dkv block, statements indented by pad): fidx and fi step
+    to the flag of the next tile of the loop's order (the next query tile of this head, or
+    the next head's first, j0's), whose read fv starts here; the loop's top waits on it."""
+    gen.w(*(pad + x for x in ("fi += 1", "wr = fi == nt", "fidx += select(wr, 1 + (j0 >> 6), 1)")))
+    gen.w(*(pad + x for x in ("fi = select(wr, j0 >> 6, fi)", "fv = flag_read(flags, fidx)")))
 
 
 def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
@@ -1324,7 +1329,7 @@ def knobs() -> dict:
                 HEAVY_FIRST_FORWARD=HEAVY_FIRST_FORWARD, ADD_ROUND=ADD_ROUND,
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
-                LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS,
+                LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS, PREP_SPAN=PREP_SPAN,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1347,7 +1352,7 @@ def kernels(E: int):
     key = (E, *knobs().values())
     if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
-        assert not PREP_BLOCKS or (PIPELINE and ATOMIC_DQ and HEAVY_FIRST)
+        assert not PREP_BLOCKS or (PIPELINE and ATOMIC_DQ and HEAVY_FIRST and ASYNC_KV)
         _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
     return _BUILT[key]
 
