@@ -70,6 +70,8 @@ VARIANTS = [
     ("ldsm-dq", {"LDSM_DQ": True}),  # dQ = dS K by ldmatrix too (K^T made once a block)
     ("prep-blocks", {"PREP_BLOCKS": True}),  # the dkv grid's first row does the prep's work
     ("prep-blocks-1", {"PREP_BLOCKS": True, "PREP_SPAN": 1}),  # each of its blocks one kv head
+    ("prep-blocks-4", {"PREP_BLOCKS": True, "PREP_SPAN": 4}),  # a quarter of them, four each
+    ("prep-blocks-f1", {"PREP_BLOCKS": True, "PREP_FLAG_EVERY": 1}),  # a fence a unit
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
