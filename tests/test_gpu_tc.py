@@ -124,6 +124,7 @@ if not IN_SIMULATOR:
             compute_capability=(9, 0)
         ))  # fmt: skip
         monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)  # needs a GPU
+        monkeypatch.setattr(attention_tc, "_flags", lambda n, stream: np.zeros(n, np.int32))
         f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
         B, T, H, G = 2, 3, 4, 2
         qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
@@ -173,16 +174,22 @@ if not IN_SIMULATOR:
             flat = pipeline and knobs["FLAT"] and not wide
             flats = (2 if name == "dkv" else 1) * 2 * E // 8 if flat else 0
             want_copies = 4 * E // 8 + extra + flats if pipeline else 0
+            # PREP_BLOCKS: the prep blocks' dO and O, three issues (two ahead, the loop's)
+            prep = knobs.get("PREP_BLOCKS", False) and name == "dkv"
+            want_copies += 3 * 2 * E // 8 if prep else 0
             assert len(copies) == want_copies, (name, len(copies))
+            flags = ("ld.relaxed.gpu.global.s32", "fence.acq_rel.gpu", "red.relaxed.gpu.global.add")
+            assert all((f in text) == prep for f in flags), name
             assert ("cp.async.wait_group 1;" in text) == (async_q or async_kv), name
             # STAGED_OUT: a warp's 16 rows of each output tile (out; dK and dV) leave through
             # shared memory, 16 bytes a lane: E / 8 loads and stores of each
             staged = pipeline and knobs["STAGED_OUT"] and name != "dq" and not wide
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
-            assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors, name
+            zeros = E // 8 if prep else 0  # and the prep blocks' dQ zeros, read back dO and O
+            assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors + zeros, name
             # LDSM_DQ: dkv reads K 16 bytes at a time (E / 8 loads) to transpose it
             ldsm_dq = knobs["LDSM"] and knobs["LDSM_DQ"] and atomic and async_kv and not split
-            loads = vectors + (E // 8 if ldsm_dq else 0)
+            loads = vectors + (E // 8 if ldsm_dq else 0) + 2 * zeros
             assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == loads, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
             # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
@@ -459,15 +466,23 @@ else:
         _check_attention(1, 128, 1, 1, 8)
 
     @pytest.mark.parametrize(
-        "B,G", [(1, 1), pytest.param(2, 2, marks=pytest.mark.slow)], ids=["one-kv-head", "four"]
+        "B,G,span",
+        [
+            (1, 1, 2),
+            pytest.param(2, 2, 2, marks=pytest.mark.slow),
+            pytest.param(2, 2, 4, marks=pytest.mark.slow),
+        ],  # fmt: skip
+        ids=["one-kv-head", "four-by-two", "four-by-four"],
     )
-    def test_attention_tc_prep_blocks(monkeypatch, B, G) -> None:
+    def test_attention_tc_prep_blocks(monkeypatch, B, G, span) -> None:
         """PREP_BLOCKS on whole tiles: the dkv grid's first row writes dsum and dQ's zeros
         (both start as NaN here) for B batch elements and G kv heads of two query heads
-        each, two query tiles; its dkv blocks wait on the units' flags, the second head's
-        first tile among them (the variant test's T = 70 takes the prep kernel instead)."""
+        each, two query tiles, a prep block serving `span` of them; its dkv blocks wait on
+        the units' flags, the second head's first tile among them (the variant test's T = 70
+        takes the prep kernel instead)."""
         for knob, value in VARIANTS["prep-blocks"].items():
             monkeypatch.setattr(attention_tc, knob, value)
+        monkeypatch.setattr(attention_tc, "PREP_SPAN", span)
         _check_attention(B, 128, 2 * G, G, 8, forward=False)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:

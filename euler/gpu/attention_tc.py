@@ -81,6 +81,9 @@ LDSM: the nt products' B fragments (over K in the forward, Q and dO in dkv) four
   by ldmatrix (mma.ldmatrix_x4).
 LDSM_DQ: dkv's dQ = dS K by ldmatrix as well, from K^T (made once a block) and dS stored
   [query][key].
+PREP_BLOCKS: no prep kernel: the dkv grid's first row writes dsum and dQ's zeros, unit by
+  unit, while the dkv blocks run, each waiting for a tile's flag (flags.py) before its
+  copies; PREP_SPAN, PREP_STAGES, PREP_FLAG_EVERY shape those blocks.
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
@@ -275,7 +278,7 @@ LDSM = True
 # Off: in session 14 it moved the backward by -0.6% and +1% beside other knobs (calls 1
 # and 2), within the calls' spread; the simulator checks it at E = 8, 16 and 32.
 LDSM_DQ = False
-# PREP_BLOCKS (with PIPELINE, ATOMIC_DQ and HEAVY_FIRST; T a multiple of 64): no prep
+# PREP_BLOCKS (with PIPELINE, ATOMIC_DQ, HEAVY_FIRST, ASYNC_KV; T a multiple of 64): no prep
 # kernel: the dkv grid's first row (one block per batch element and kv head, dispatched
 # before every dkv block) writes dsum and dQ's zeros for the query heads of its kv head,
 # 64-row unit by unit in the order the heaviest dkv blocks use them, raising a flag a unit
@@ -283,6 +286,10 @@ LDSM_DQ = False
 # precedes its copies, having read it an iteration ahead. The prep's bytes then move while
 # the first dkv blocks compute, not before them. The flags are zeroed by a memset a call.
 # Unlike the claimed units of session 11 (ATOMIC_DQ's comment), no dkv block prepares.
+# On the H200 at T=512: backward 0.3413-0.3442 ms against 0.3505-0.3529 (2.55x the
+# forward), but 4.49-4.50 at T=2048 against 4.46 (results/attention-tc-s15-call{4,5}-*,
+# bench/notes_gpu.md session 15, with the versions that lost on the way). Off until the
+# GPU suite and the captured training step have run with it.
 PREP_BLOCKS = False
 PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
 PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
@@ -1132,13 +1139,10 @@ def _prep_units(gen: _Gen, head: str) -> None:
     w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "z = T(0.0)")
     w(f"pa = uint64(pr * {E} + pc)  # this thread's first chunk in a buffer")
     w(f"ns = min({span}, B * G - {head})  # pairs served", "nu = ns * rep * nt  # units")
-    for d in range(span):  # pair d's batch element and kv head (division once a block)
-        w(f"pb{d} = min({head} + {d}, B * G - 1) // G", f"pk{d} = min({head} + {d}, B * G - 1) % G")
 
     def fields(p: str) -> None:  # unit p's batch element, head, first row
-        b = "pb0" if span == 1 else f"select({p}d == 0, pb0, pb1)"
-        k = "pk0" if span == 1 else f"select({p}d == 0, pk0, pk1)"
-        w(f"{p}b = {b}", f"{p}h = {k} * rep + {p}hh", f"{p}r = {p}i * 64 + pr")
+        w(f"{p}b = ({head} + {p}d) // G", f"{p}h = (({head} + {p}d) % G) * rep + {p}hh")
+        w(f"{p}r = {p}i * 64 + pr")
 
     def advance(p: str) -> None:  # unit p's counters to the next unit (pair, tile, head)
         w(f"{p}d += 1", f"if {p}d == ns:", f"    {p}d = 0", f"    {p}i += 1")
