@@ -1130,8 +1130,8 @@ def _prep_units(gen: _Gen, head: str) -> None:
     loop. Each unit's dO and O come by cp.async into one of PREP_STAGES buffers, two units
     ahead of its sums, and each thread reads back only its own copies (no barrier for the
     buffers). A unit ends in a barrier; thread 0 raises the units' flags (flags.py) every
-    PREP_FLAG_EVERY units. Thread
-    tid takes 16-byte chunk tid % (E / 4) of rows tid // (E / 4) + 512 / E c."""
+    PREP_FLAG_EVERY units. Thread tid takes 16-byte chunk tid % (E / 4) of rows
+    tid // (E / 4) + 512 / E c."""
     w, E = gen.w, gen.E
     lanes, span = E // 4, PREP_SPAN
     step, unit = THREADS // lanes, 2 * TILE * E  # rows a chunk apart; floats a buffer
