@@ -224,16 +224,22 @@ def test_wgmma_product() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,T", [(8, 512), (2, 200)])
-def test_tensor_core_attention_matches_float64(B, T) -> None:
+@pytest.mark.parametrize(
+    "B,T,prep_blocks", [(8, 512, False), (2, 200, False), (8, 512, True), (2, 192, True)]
+)
+def test_tensor_core_attention_matches_float64(monkeypatch, B, T, prep_blocks) -> None:
     """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
     the `gpu` preset's heads, the backward twice into the same dqkv (its dQ atomics must
     start from the prep's zeros each time): TF32's 2e-3 of each output's scale
-    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once."""
+    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. With
+    attention_tc.PREP_BLOCKS the dkv grid's first row prepares, behind flags zeroed each
+    call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence)."""
+    from euler.gpu import attention_tc
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
 
     _gpu_backend()  # skips without a GPU
+    monkeypatch.setattr(attention_tc, "PREP_BLOCKS", prep_blocks)
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)
@@ -250,6 +256,33 @@ def test_tensor_core_attention_matches_float64(B, T) -> None:
         for name, g, w in zip(("out", "lse", "dqkv"), got, ref, strict=True):
             err, tol = np.abs(g - w).max(), 2e-3 * np.abs(w).max()
             assert err <= tol, f"call {call}, {name}: max error {err:.2e} > {tol:.2e}"
+
+
+@pytest.mark.gpu
+def test_prep_blocks_backward_replays_in_a_cuda_graph(monkeypatch) -> None:
+    """attention_tc.PREP_BLOCKS's backward captured (the flags' memset a node of the graph)
+    and replayed twice gives the eager call's dqkv to TF32's rounding (dQ's atomic sums
+    differ in order from call to call)."""
+    from euler.gpu import attention_tc
+
+    monkeypatch.setattr(attention_tc, "PREP_BLOCKS", True)
+    gpu, rng = _gpu_backend(), np.random.default_rng(7)
+    B, T, H, G, E = 4, 256, 12, 4, 64
+    qkv, dout = (
+        gpu.to_device(_f32(rng, B, T, (H + 2 * G) * E)),
+        gpu.to_device(_f32(rng, B, T, H * E)),
+    )
+    out, lse = gpu.zeros((B, T, H * E), np.float32), gpu.zeros((B, H, T), np.float32)
+    dqkv = gpu.zeros(qkv.shape, np.float32)
+    gpu.attention_forward(out, lse, qkv, H, G, E)
+    gpu.attention_backward(dqkv, dout, qkv, out, lse, H, G, E)  # eager first: the flags
+    want = gpu.to_host(dqkv)
+    graph, _ = gpu.capture(lambda: gpu.attention_backward(dqkv, dout, qkv, out, lse, H, G, E))
+    for replay in range(2):
+        gpu.copy_(dqkv, np.full(want.shape, np.nan, np.float32))
+        graph.replay()
+        report(f"replay {replay}", gpu.to_host(dqkv), want, atol=1e-4 * np.abs(want).max())
+    graph.close()
 
 
 def train_step_matches(gpu, preset, B: int, T: int, steps: int, grad_rtol: float) -> None:
