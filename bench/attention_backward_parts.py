@@ -99,9 +99,10 @@ def main() -> None:
     name = "backward_dkv_tc_kernel"
     dkv = attention_tc.kernels(64)[-1]
     dkv_ablated = attention_tc._compile(name, no_atomics(attention_tc.sources(64)[name]))
+    prep_blocks = prep_blocks_kernel()
     rows = []
     for T in (int(x) for x in args.T.split(",")):
-        parts = calls_at(be, args.batch, T, dkv, dkv_ablated, prep_blocks_kernel())
+        parts = calls_at(be, args.batch, T, dkv, dkv_ablated, prep_blocks)
         for part, call in parts.items():
             call()
             rows.append(

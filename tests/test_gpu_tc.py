@@ -175,7 +175,7 @@ if not IN_SIMULATOR:
             flats = (2 if name == "dkv" else 1) * 2 * E // 8 if flat else 0
             want_copies = 4 * E // 8 + extra + flats if pipeline else 0
             # PREP_BLOCKS: the prep blocks' dO and O, three issues (two ahead, the loop's)
-            prep = knobs.get("PREP_BLOCKS", False) and name == "dkv"
+            prep = knobs["PREP_BLOCKS"] and name == "dkv"
             want_copies += 3 * 2 * E // 8 if prep else 0
             assert len(copies) == want_copies, (name, len(copies))
             flags = ("ld.relaxed.gpu.global.s32", "fence.acq_rel.gpu", "red.relaxed.gpu.global.add")

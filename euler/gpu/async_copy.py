@@ -145,16 +145,30 @@ if not SIMULATOR:
     cp_async16_flat = _make_flat_copy(16, "cg")
     cp_async4_flat = _make_flat_copy(4, "ca")
 
-    def _asm_statement(builder, text: str) -> None:
+    def asm_statement(builder, text: str) -> None:
+        """The PTX statement text, volatile and clobbering memory (kept, and kept in place)."""
         fnty = ir.FunctionType(ir.VoidType(), [])
         builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+
+    def statement_intrinsic(text: str, doc: str):
+        """An intrinsic of no arguments that emits the PTX statement text (asm_statement)."""
+
+        def impl(typingctx):
+            def codegen(context, builder, sig, args):
+                asm_statement(builder, text)
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        impl.__doc__ = doc
+        return intrinsic(impl)
 
     @intrinsic
     def cp_async_commit(typingctx):
         """Close this thread's copies issued since the last commit into one group."""
 
         def codegen(context, builder, sig, args):
-            _asm_statement(builder, "cp.async.commit_group;")
+            asm_statement(builder, "cp.async.commit_group;")
             return context.get_dummy_value()
 
         return types.void(), codegen
@@ -167,7 +181,7 @@ if not SIMULATOR:
         text = f"cp.async.wait_group {n.literal_value};"
 
         def codegen(context, builder, sig, args):
-            _asm_statement(builder, text)
+            asm_statement(builder, text)
             return context.get_dummy_value()
 
         return types.void(n), codegen

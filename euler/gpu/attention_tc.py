@@ -1417,7 +1417,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     scale = float32(1.0 / math.sqrt(E))
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
-    heads, rows = _grid(nt, B * G, HEAVY_FIRST)
+    grid = _grid(nt, B * G, HEAVY_FIRST)
     fused = PREP_BLOCKS and Tn % TILE == 0  # whole units: no two share a cache line of dsum
     if fused:
         check_aligned(out)
@@ -1429,7 +1429,9 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     if PREP_BLOCKS:
         args += (out, _flags(B * H * nt if fused else 1, stream), int(fused))
-    _launch(built[-1], (heads, rows + int(fused)), stream, nbytes["dkv"], *args)
+    if fused:  # the prep blocks' row first (HEAVY_FIRST: tiles on the grid's slow axis)
+        grid = (grid[0], grid[1] + 1)
+    _launch(built[-1], grid, stream, nbytes["dkv"], *args)
 
 
 _FLAGS: dict[int, object] = {}

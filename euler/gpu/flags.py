@@ -31,7 +31,7 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from euler.gpu.async_copy import element_ptr
+    from euler.gpu.async_copy import element_ptr, statement_intrinsic
 
     def _check(name: str, flags, i) -> None:
         ok = (
@@ -47,19 +47,11 @@ if not SIMULATOR:
         p = element_ptr(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
         return builder.ptrtoint(p, ir.IntType(64))
 
-    @intrinsic
-    def flag_release(typingctx):
-        """A release fence at device scope: what this thread (and, through a barrier before
-        it, its block) stored is visible on the device before what it stores next."""
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.call(
-                ir.InlineAsm(fnty, "fence.acq_rel.gpu;", "~{memory}", side_effect=True), []
-            )
-            return context.get_dummy_value()
-
-        return types.void(), codegen
+    flag_release = statement_intrinsic(
+        "fence.acq_rel.gpu;",
+        "A release fence at device scope: what this thread (and, through a barrier before it,"
+        " its block) stored is visible on the device before what it stores next.",
+    )
 
     @intrinsic
     def flag_raise(typingctx, flags, i):

@@ -71,30 +71,15 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    from euler.gpu.async_copy import element_ptr, shared_address
+    from euler.gpu.async_copy import element_ptr, shared_address, statement_intrinsic
 
-    def _statement(builder, text: str) -> None:
-        fnty = ir.FunctionType(ir.VoidType(), [])
-        builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
-
-    def _statement_intrinsic(text: str, doc: str):
-        def impl(typingctx):
-            def codegen(context, builder, sig, args):
-                _statement(builder, text)
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        impl.__doc__ = doc
-        return intrinsic(impl)
-
-    wgmma_fence = _statement_intrinsic(
+    wgmma_fence = statement_intrinsic(
         "wgmma.fence.sync.aligned;", "Order earlier register writes before the next products."
     )
-    wgmma_commit = _statement_intrinsic(
+    wgmma_commit = statement_intrinsic(
         "wgmma.commit_group.sync.aligned;", "Close the products issued since into a group."
     )
-    fence_proxy_async = _statement_intrinsic(
+    fence_proxy_async = statement_intrinsic(
         "fence.proxy.async.shared::cta;",
         "Publish this thread's shared-memory stores to the tensor core's reads (then a barrier).",
     )
