@@ -144,15 +144,15 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 prep-blocks)
-    # session 15's plan: the gpu suite (its PREP_BLOCKS tests set the knob themselves), then
+    # session 15's plan: the tc gpu tests (two set PREP_BLOCKS themselves), then
     # the knob on in this checkout (the device's copy): the suite again and euler bench
-    log "gpu tests, defaults"
-    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+    log "gpu tests of the tensor-core attention (two set PREP_BLOCKS themselves)"
+    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "tensor_core or prep_blocks" 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     sed -i 's/^PREP_BLOCKS = False$/PREP_BLOCKS = True/' euler/gpu/attention_tc.py
     grep -q '^PREP_BLOCKS = True$' euler/gpu/attention_tc.py || { log "knob not set"; exit 1; }
     log "gpu tests, PREP_BLOCKS on"
-    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+    timeout 280 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     log "euler bench, PREP_BLOCKS on (ours only)"
     timeout 150 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-peer \
