@@ -72,6 +72,8 @@ VARIANTS = [
     ("prep-blocks-1", {"PREP_BLOCKS": True, "PREP_SPAN": 1}),  # each of its blocks one kv head
     ("prep-blocks-4", {"PREP_BLOCKS": True, "PREP_SPAN": 4}),  # a quarter of them, four each
     ("prep-blocks-f1", {"PREP_BLOCKS": True, "PREP_FLAG_EVERY": 1}),  # a fence a unit
+    ("prep-blocks-f4", {"PREP_BLOCKS": True, "PREP_FLAG_EVERY": 4}),  # a fence four units
+    ("prep-blocks-unfused", {"PREP_BLOCKS": True, "PREP_MAX_T": 0}),  # its dkv, prep kernel
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

@@ -293,10 +293,12 @@ LDSM_DQ = False
 PREP_BLOCKS = False
 PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
 PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
-# PREP_FLAG_EVERY: units a prep block's thread 0 raises after one release fence (1 or 2). The
-# fence waits for that thread's copies in flight, about a unit's latency: on the H200 64
-# prep blocks alone took 0.061 ms at T=512 with 1 (1.3 us a unit).
+# PREP_FLAG_EVERY: units a prep block's thread 0 raises after one release fence (the first
+# two units' at once, then every PREP_FLAG_EVERY). The fence waits for that thread's copies
+# in flight, about a unit's latency: on the H200 64 prep blocks alone took 0.061 ms at
+# T=512 with 1 (1.3 us a unit); 2 gained 0.5% over 1.
 PREP_FLAG_EVERY = 2
+PREP_MAX_T = 1 << 30  # PREP_BLOCKS: longer sequences take the prep kernel (dkv's prep = 0)
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
@@ -1164,7 +1166,8 @@ def _prep_units(gen: _Gen, head: str) -> None:
     issue("1")
     w.indent(-1)
     w("cp_async_commit()", "ud = 0", "ui = 0", "uhh = 0  # the unit summed", "us = 0", "qs = 2")
-    w("fp = 0  # the flag of the unit before")
+    if PREP_FLAG_EVERY > 1:  # units summed whose flags wait for thread 0's next fence
+        w("nf = 0", *(f"p{k} = 0" for k in range(1, PREP_FLAG_EVERY)))
     w("for v in range(nu):")
     w.indent()
     w("if v + 2 < nu:")
@@ -1188,17 +1191,31 @@ def _prep_units(gen: _Gen, head: str) -> None:
     w(*(f"    dsum[ub, uh, ur + {c * step}] = ps{c}" for c in range(E // 8)))
     w("fu = (ub * H + uh) * nt + ui")
     w("cuda.syncthreads()  # every thread's stores before the flags' release")
-    if PREP_FLAG_EVERY == 1:
-        w("if tid == 0:", "    flag_release()", "    flag_raise(flags, fu)")
-    else:  # this unit's and the one before's, after one fence
-        w("if tid == 0 and (v & 1 or v + 1 == nu):", "    flag_release()")
-        w("    if v & 1:", "        flag_raise(flags, fp)", "    flag_raise(flags, fu)")
-        w("fp = fu")
+    _raise_flags(gen, PREP_FLAG_EVERY)
     advance("u")
     w(
         f"us = select(us == {PREP_STAGES - 1}, 0, us + 1)",
         f"qs = select(qs == {PREP_STAGES - 1}, 0, qs + 1)",
     )
+    w.indent(-1)
+
+
+def _raise_flags(gen: _Gen, every: int) -> None:
+    """PREP_BLOCKS: a prep block's thread 0 raises the flag of unit v (fu), and those of the
+    nf units before it (p1 the last, p2, ...), after one release fence: after units 1 (a
+    two-pair block's first tiles), 1 + every, 1 + 2 every, ... and the last."""
+    w, prev = gen.w, [f"p{k}" for k in range(1, every)]
+    if every == 1:
+        w("if tid == 0:", "    flag_release()", "    flag_raise(flags, fu)")
+        return
+    w("if tid == 0:")
+    w.indent()
+    w(f"if v % {every} == 1 or v + 1 == nu:", "    flag_release()")
+    for k, p in enumerate(prev, 1):
+        w(f"    if nf >= {k}:", f"        flag_raise(flags, {p})")
+    w("    flag_raise(flags, fu)", "    nf = 0", "else:", "    nf += 1")
+    shift = list(zip(prev, ["fu"] + prev[:-1], strict=True))[::-1]  # p2 = p1 before p1 = fu
+    w(*(f"{a} = {b}" for a, b in shift))
     w.indent(-1)
 
 
@@ -1418,7 +1435,8 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     built, nbytes = kernels(E), shared_bytes(E)
     nt = (Tn + TILE - 1) // TILE
     grid = _grid(nt, B * G, HEAVY_FIRST)
-    fused = PREP_BLOCKS and Tn % TILE == 0  # whole units: no two share a cache line of dsum
+    # whole units: no two share a cache line of dsum
+    fused = PREP_BLOCKS and Tn % TILE == 0 and Tn <= PREP_MAX_T
     if fused:
         check_aligned(out)
     elif ATOMIC_DQ:  # dsum, and dQ zeroed for the dkv kernel's atomic adds
