@@ -1133,7 +1133,8 @@ def _prep_units(gen: _Gen, head: str) -> None:
     ahead of its sums, and each thread reads back only its own copies (no barrier for the
     buffers). A unit ends in a barrier; thread 0 raises the units' flags (flags.py) every
     PREP_FLAG_EVERY units. Thread tid takes 16-byte chunk tid % (E / 4) of rows
-    tid // (E / 4) + 512 / E c."""
+    tid // (E / 4) + 512 / E c. The pairs' batch elements and heads are worked out once
+    and picked per unit; dO, O (one shape) and dQ's zeros go by flat indices."""
     w, E = gen.w, gen.E
     lanes, span = E // 4, PREP_SPAN
     step, unit = THREADS // lanes, 2 * TILE * E  # rows a chunk apart; floats a buffer
@@ -1141,10 +1142,22 @@ def _prep_units(gen: _Gen, head: str) -> None:
     w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "z = T(0.0)")
     w(f"pa = uint64(pr * {E} + pc)  # this thread's first chunk in a buffer")
     w(f"ns = min({span}, B * G - {head})  # pairs served", "nu = ns * rep * nt  # units")
+    w(
+        f"rs = {step} * H * {E}  # dO's and O's flat step a chunk",
+        f"zs = {step} * (H + 2 * G) * {E}",
+    )
+    for k in range(span):  # pair k's batch element and first query head
+        w(f"pb{k} = ({head} + {k}) // G", f"ph{k} = (({head} + {k}) % G) * rep")
 
-    def fields(p: str) -> None:  # unit p's batch element, head, first row
-        w(f"{p}b = ({head} + {p}d) // G", f"{p}h = (({head} + {p}d) % G) * rep + {p}hh")
-        w(f"{p}r = {p}i * 64 + pr")
+    def pick(d: str, name: str) -> str:  # pair d's value of name{k}, by selects
+        expr = f"{name}{span - 1}"
+        for k in reversed(range(span - 1)):
+            expr = f"select({d} == {k}, {name}{k}, {expr})"
+        return expr
+
+    def fields(p: str) -> None:  # unit p's batch element, head, this thread's first row
+        w(f"{p}b = {pick(p + 'd', 'pb')}", f"{p}h = {pick(p + 'd', 'ph')} + {p}hh")
+        w(f"{p}r = {p}b * Tn + {p}i * 64 + pr  # row of the (B T) rows")
 
     def advance(p: str) -> None:  # unit p's counters to the next unit (pair, tile, head)
         w(f"{p}d += 1", f"if {p}d == ns:", f"    {p}d = 0", f"    {p}i += 1")
@@ -1152,11 +1165,11 @@ def _prep_units(gen: _Gen, head: str) -> None:
 
     def issue(stage: str) -> None:  # unit q's copies into buffer stage
         fields("q")
-        w(f"qo = uint64({stage} * {unit}) + pa")
+        w(f"qo = uint64({stage} * {unit}) + pa", f"qk = (qr * H + qh) * {E} + pc")
         for c in range(E // 8):
             for k, src in enumerate(("dout", "out")):
                 at = f"qo + {gen.u(k * TILE * E + c * step * E)}"
-                w(f"cp_async16(sm, {at}, {src}, qb, qr + {c * step}, qh * {E} + pc, 16)")
+                w(f"cp_async16_flat(sm, {at}, {src}, qk + {c} * rs)")
         advance("q")
 
     w("qd = 0", "qi = 0", "qhh = 0  # the next unit to copy")
@@ -1167,7 +1180,7 @@ def _prep_units(gen: _Gen, head: str) -> None:
     w.indent(-1)
     w("cp_async_commit()", "ud = 0", "ui = 0", "uhh = 0  # the unit summed", "us = 0", "qs = 2")
     if PREP_FLAG_EVERY > 1:  # units summed whose flags wait for thread 0's next fence
-        w("nf = 0", *(f"p{k} = 0" for k in range(1, PREP_FLAG_EVERY)))
+        w("nf = 0", *(f"p{k} = 0" for k in range(1, PREP_FLAG_EVERY)))  # their flags' indices
     w("for v in range(nu):")
     w.indent()
     w("if v + 2 < nu:")
@@ -1176,7 +1189,7 @@ def _prep_units(gen: _Gen, head: str) -> None:
     w.indent(-1)
     w("cp_async_commit()", "cp_async_wait(2)  # unit v's copies (this thread's) landed")
     fields("u")
-    w(f"uo = uint64(us * {unit}) + pa")
+    w(f"uo = uint64(us * {unit}) + pa", f"uz = (ur * (H + 2 * G) + uh) * {E} + pc")
     for c in range(E // 8):
         at = [f"uo + {gen.u(k * TILE * E + c * step * E)}" for k in range(2)]
         w(
@@ -1184,11 +1197,11 @@ def _prep_units(gen: _Gen, head: str) -> None:
             f"o0, o1, o2, o3 = load4_shared(sm, {at[1]})",
         )
         w(f"ps{c} = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3")
-        w(f"store4_3d(dqkv, ub, ur + {c * step}, uh * {E} + pc, z, z, z, z)")
+        w(f"store4_flat(dqkv, uz + {c} * zs, z, z, z, z)")
     scratch = PREP_STAGES * unit  # the simulator's group sums meet past the buffers
     w(*(f"ps{c} = group_sum(ps{c}, sm[{scratch}:], z, {lanes})" for c in range(E // 8)))
-    w("if pc == 0:")
-    w(*(f"    dsum[ub, uh, ur + {c * step}] = ps{c}" for c in range(E // 8)))
+    w("ut = ui * 64 + pr", "if pc == 0:")
+    w(*(f"    dsum[ub, uh, ut + {c * step}] = ps{c}" for c in range(E // 8)))
     w("fu = (ub * H + uh) * nt + ui")
     w("cuda.syncthreads()  # every thread's stores before the flags' release")
     _raise_flags(gen, PREP_FLAG_EVERY)
@@ -1210,7 +1223,8 @@ def _raise_flags(gen: _Gen, every: int) -> None:
         return
     w("if tid == 0:")
     w.indent()
-    w(f"if v % {every} == 1 or v + 1 == nu:", "    flag_release()")
+    assert every & (every - 1) == 0, "PREP_FLAG_EVERY: a power of two"
+    w(f"if v & {every - 1} == 1 or v + 1 == nu:", "    flag_release()")
     for k, p in enumerate(prev, 1):
         w(f"    if nf >= {k}:", f"        flag_raise(flags, {p})")
     w("    flag_raise(flags, fu)", "    nf = 0", "else:", "    nf += 1")
@@ -1338,6 +1352,7 @@ VECTOR_IMPORT = (
 PREP_IMPORT = (
     "\nfrom euler.gpu.flags import flag_raise, flag_read, flag_release"
     "\nfrom euler.gpu.reduce import group_sum"
+    "\nfrom euler.gpu.vector import store4_flat"
 )
 
 

@@ -11,6 +11,7 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
     store4(ary, i, a0, a1, a2, a3)       ary[i : i + 4] = a0, a1, a2, a3
     a0, .., a3 = load4_3d(ary, i0, i1, i2)         ary[i0, i1, i2 : i2 + 4] of a 3-d array
     store4_3d(ary, i0, i1, i2, a0, a1, a2, a3)     ary[i0, i1, i2 : i2 + 4] = a0, .., a3
+    store4_flat(ary, k, a0, a1, a2, a3)  the same at element k in C order (C-contiguous ary)
 
     atomic_add2(ary, i0, i1, i2, a0, a1)    ary[i0, i1, i2 : i2 + 2] += a0, a1 atomically
     atomic_add4(ary, i0, i1, i2, a0, .., a3)
@@ -108,8 +109,13 @@ if not SIMULATOR:
         """ary[i0, i1, i2 : i2 + 4] of a 3-d array as a 4-tuple of float32, one 16-byte load."""
         return _load4_typing("load4_3d", ary, (i0, i1, i2))
 
-    def _store4_typing(name: str, ary, indices, values):
-        _check(name, ary, *indices)
+    def _store4_typing(name: str, ary, indices, values, flat: bool = False):
+        if flat:  # one index, element k in C order of a C-contiguous array of any rank
+            if not (isinstance(ary, types.Array) and ary.layout == "C"):
+                raise TypingError(f"{name} takes a C-contiguous float32 array")
+            _check(name, ary.copy(ndim=1), *indices)
+        else:
+            _check(name, ary, *indices)
         if not all(isinstance(a, types.Float) for a in values):
             raise TypingError(f"{name} stores four floats")
         n = len(indices)
@@ -119,8 +125,13 @@ if not SIMULATOR:
             for k in range(4):
                 v = context.cast(builder, args[1 + n + k], sig.args[1 + n + k], types.float32)
                 vec = builder.insert_element(vec, v, ir.Constant(ir.IntType(32), k))
-            ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
-                              sig.args[1 : 1 + n])  # fmt: skip
+            if flat:
+                p = flat_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, 1))
+                ptr = builder.bitcast(p, ir.PointerType(_V4, 1))
+            else:
+                ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
+                                  sig.args[1 : 1 + n])  # fmt: skip
             builder.store(vec, ptr, align=16)
             return context.get_dummy_value()
 
@@ -135,6 +146,12 @@ if not SIMULATOR:
     def store4_3d(typingctx, ary, i0, i1, i2, a0, a1, a2, a3):
         """ary[i0, i1, i2 : i2 + 4] = (a0, .., a3) of a 3-d array, one 16-byte store."""
         return _store4_typing("store4_3d", ary, (i0, i1, i2), (a0, a1, a2, a3))
+
+    @intrinsic
+    def store4_flat(typingctx, ary, k, a0, a1, a2, a3):
+        """Elements k .. k + 3 (C order) of a C-contiguous array = (a0, .., a3), one 16-byte
+        store."""
+        return _store4_typing("store4_flat", ary, (k,), (a0, a1, a2, a3), flat=True)
 
     def _atomic_add_typing(ary, indices, values):
         """The signature of an atomic_add of len(values) floats, or a TypingError."""
@@ -214,6 +231,12 @@ else:
         ary[i0, i1, i2 + 1] = a1
         ary[i0, i1, i2 + 2] = a2
         ary[i0, i1, i2 + 3] = a3
+
+    @cuda.jit(device=True)
+    def store4_flat(ary, k, a0, a1, a2, a3):
+        """The simulator's store4_flat (3-d ary): store4_3d at the 3-d index of k."""
+        i0, i1, i2 = unravel3(ary, k)
+        store4_3d(ary, i0, i1, i2, a0, a1, a2, a3)
 
     @cuda.jit(device=True)
     def atomic_add2(ary, i0, i1, i2, a0, a1):
