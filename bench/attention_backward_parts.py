@@ -12,9 +12,10 @@ B=32, H=12, G=4, E=64 (bench/gpu_timing.timed, 10 calls back to back):
   before it took 0.126 ms at T=512, 0.494 at 2048: results
   attention-tc-backward-parts-launchfree-2026-11-30-h200.json; a split of it into a
   zeroing kernel and a reading one, 0.101 and 0.379: -s9d-prep-split-.)
-- dkv: the dkv kernel alone, and with its dQ atomics behind a test the compiler cannot
-  decide (scale < 0: the products stay, the adds go; its dQ is wrong by design; the
-  results of 2026-11-30 14:28 UTC, session 13, left FLAT's adds in: parts-s13-*);
+- dkv: the dkv kernel alone (compiled without PREP_BLOCKS, the prep kernel's partner), and
+  with its dQ atomics behind a test the compiler cannot decide (scale < 0: the products
+  stay, the adds go; its dQ is wrong by design; the results of 2026-11-30 14:28 UTC,
+  session 13, left FLAT's adds in: parts-s13-*);
 - backward: attention_tc.attention_backward whole, and the forward for the ratio;
 - prep blocks alone: PREP_BLOCKS's first grid row without the dkv blocks (grid (B G, 1)):
   how long its B G blocks take to do the prep kernel's work.
@@ -48,12 +49,13 @@ def no_atomics(src: str) -> str:
     return "\n".join(guarded(line) for line in src.splitlines()) + "\n"
 
 
-def prep_blocks_kernel():
-    """The dkv kernel with PREP_BLOCKS on (compiled apart from the module's defaults)."""
+def dkv_kernel(prep_blocks: bool, edit=lambda src: src):
+    """The dkv kernel compiled with PREP_BLOCKS set as given (apart from the module's
+    defaults), its source passed through edit first."""
     name, saved = "backward_dkv_tc_kernel", attention_tc.PREP_BLOCKS
-    attention_tc.PREP_BLOCKS = True
+    attention_tc.PREP_BLOCKS = prep_blocks
     try:
-        return attention_tc._compile(name, attention_tc.sources(64)[name])
+        return attention_tc._compile(name, edit(attention_tc.sources(64)[name]))
     finally:
         attention_tc.PREP_BLOCKS = saved
 
@@ -96,10 +98,8 @@ def main() -> None:
     from euler.gpu.backend import GpuBackend
 
     be = GpuBackend(tf32=True)
-    name = "backward_dkv_tc_kernel"
-    dkv = attention_tc.kernels(64)[-1]
-    dkv_ablated = attention_tc._compile(name, no_atomics(attention_tc.sources(64)[name]))
-    prep_blocks = prep_blocks_kernel()
+    dkv, dkv_ablated = dkv_kernel(False), dkv_kernel(False, no_atomics)
+    prep_blocks = dkv_kernel(True)
     rows = []
     for T in (int(x) for x in args.T.split(",")):
         parts = calls_at(be, args.batch, T, dkv, dkv_ablated, prep_blocks)

@@ -59,7 +59,7 @@ RECORDS: list[dict] = []
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
     ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM, PREP_BLOCKS
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
@@ -68,12 +68,12 @@ VARIANTS = [
     ("scalar-loads", {"FLAT": False, "EXP2_DKV": False, "LDSM": False}),
     ("no-flat", {"FLAT": False, "EXP2_DKV": False}),  # ldmatrix alone
     ("ldsm-dq", {"LDSM_DQ": True}),  # dQ = dS K by ldmatrix too (K^T made once a block)
-    ("prep-blocks", {"PREP_BLOCKS": True}),  # the dkv grid's first row does the prep's work
-    ("prep-blocks-1", {"PREP_BLOCKS": True, "PREP_SPAN": 1}),  # each of its blocks one kv head
-    ("prep-blocks-4", {"PREP_BLOCKS": True, "PREP_SPAN": 4}),  # a quarter of them, four each
-    ("prep-blocks-f1", {"PREP_BLOCKS": True, "PREP_FLAG_EVERY": 1}),  # a fence a unit
-    ("prep-blocks-f4", {"PREP_BLOCKS": True, "PREP_FLAG_EVERY": 4}),  # a fence four units
-    ("prep-blocks-unfused", {"PREP_BLOCKS": True, "PREP_MAX_T": 0}),  # its dkv, prep kernel
+    ("prep-kernel", {"PREP_BLOCKS": False}),  # the prep kernel, then dkv (until session 16)
+    ("prep-blocks-1", {"PREP_SPAN": 1}),  # each of its blocks one kv head
+    ("prep-blocks-4", {"PREP_SPAN": 4}),  # a quarter of them, four each
+    ("prep-blocks-f1", {"PREP_FLAG_EVERY": 1}),  # a fence a unit
+    ("prep-blocks-f4", {"PREP_FLAG_EVERY": 4}),  # a fence four units
+    ("prep-blocks-unfused", {"PREP_MAX_T": 0}),  # its dkv, prep kernel
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

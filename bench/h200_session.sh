@@ -15,7 +15,7 @@
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
-#     bash bench/h200_session.sh prep-blocks  # gpu tests, then with PREP_BLOCKS on: tests, bench
+#     bash bench/h200_session.sh defaults   # gpu tests, then euler bench --no-peer (~5 min)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished.
 set -u
@@ -143,23 +143,17 @@ final)
     timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
-prep-blocks)
-    # session 15's plan: the tc gpu tests (two set PREP_BLOCKS themselves), then
-    # the knob on in this checkout (the device's copy): the suite again and euler bench
-    log "gpu tests of the tensor-core attention (two set PREP_BLOCKS themselves)"
-    timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "tensor_core or prep_blocks" 2>&1 \
-        | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
-    sed -i 's/^PREP_BLOCKS = False$/PREP_BLOCKS = True/' euler/gpu/attention_tc.py
-    grep -q '^PREP_BLOCKS = True$' euler/gpu/attention_tc.py || { log "knob not set"; exit 1; }
-    log "gpu tests, PREP_BLOCKS on"
+defaults)
+    # the whole gpu suite, then the step (ours only): a change of defaults (session 16)
+    log "gpu tests"
     timeout 280 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
-    log "euler bench, PREP_BLOCKS on (ours only)"
+    log "euler bench (ours only)"
     timeout 150 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-peer \
         --json "$OUT/bench.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|exact|ablation|parts|attention|overlap|labs|curves|final|prep-blocks" >&2
+    echo "usage: $0 check|variants|exact|ablation|parts|attention|overlap|labs|curves|final|defaults" >&2
     exit 2
     ;;
 esac

@@ -51,7 +51,7 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "LDSM_DQ": False, "PREP_BLOCKS": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM", "PREP_BLOCKS")  # fmt: skip
 VARIANTS = {
     "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
     "staged": _OFF,
@@ -70,7 +70,8 @@ VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
 VARIANTS["ldsm-dq"] = VARIANTS["default"] | {"LDSM_DQ": True}
-VARIANTS["prep-blocks"] = VARIANTS["default"] | {"PREP_BLOCKS": True}
+# the defaults until session 16: the prep kernel before dkv, whatever T
+VARIANTS["prep-kernel"] = VARIANTS["default"] | {"PREP_BLOCKS": False}
 # The kernels that train run in the simulator in the quick suite (3xTF32 on a smaller shape,
 # test_attention_tc_3xtf32_one_tile); the others wait for -m slow (about a minute a variant
 # there). Their PTX is quick (seconds a variant at E = 8), but for the combinations whose
@@ -86,7 +87,7 @@ QUICK_PTX = (
     "atomics-4",
     "scalar-loads",
     "ldsm-dq",
-    "prep-blocks",
+    "prep-kernel",
 )
 
 
@@ -293,6 +294,7 @@ if not IN_SIMULATOR:
         monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
             compute_capability=(9, 0)
         ))  # fmt: skip
+        monkeypatch.setattr(attention_tc, "PREP_BLOCKS", False)  # as the bench compiles it
         name = "backward_dkv_tc_kernel"
         src = attention_tc.sources(8)[name]
         lines, got = src.splitlines(), no_atomics(src).splitlines()
@@ -480,7 +482,7 @@ else:
         each, two query tiles, a prep block serving `span` of them and raising their flags
         `every` units; its dkv blocks wait on the units' flags, the second head's first
         tile among them (the variant test's T = 70 takes the prep kernel instead)."""
-        for knob, value in VARIANTS["prep-blocks"].items():
+        for knob, value in VARIANTS["default"].items():
             monkeypatch.setattr(attention_tc, knob, value)
         monkeypatch.setattr(attention_tc, "PREP_SPAN", span)
         monkeypatch.setattr(attention_tc, "PREP_FLAG_EVERY", every)

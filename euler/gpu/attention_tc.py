@@ -286,11 +286,14 @@ LDSM_DQ = False
 # precedes its copies, having read it an iteration ahead. The prep's bytes then move while
 # the first dkv blocks compute, not before them. The flags are zeroed by a memset a call.
 # Unlike the claimed units of session 11 (ATOMIC_DQ's comment), no dkv block prepares.
-# On the H200 at T=512: backward 0.3413-0.3442 ms against 0.3505-0.3529 (2.55x the
-# forward), but 4.49-4.50 at T=2048 against 4.46 (results/attention-tc-s15-call{4,5}-*,
-# bench/notes_gpu.md session 15, with the versions that lost on the way). Off until the
-# GPU suite and the captured training step have run with it.
-PREP_BLOCKS = False
+# On the H200 (session 16, results/attention-tc-s16-call3-*): backward 0.3405, 0.3408 ms at
+# T=512 against 0.3506, 0.3508 with the prep kernel (2.55x the forward against 2.63x);
+# 4.445, 4.469 at T=2048 against 4.414, 4.432 (0.7% lost: its 64 prep blocks hold their
+# slots 0.19 ms there). The prep blocks alone: 0.053 ms at T=512 (0.070 with the pairs'
+# batch elements and heads divided out a unit, 3-d copies). Counted by list scheduling,
+# most of what is left is packing: the grid's makespan grows by 3 dkv iterations (17 us)
+# with the prep blocks in it, against 2.2 of their slot-time (bench/notes_gpu.md).
+PREP_BLOCKS = True
 PREP_SPAN = 2  # PREP_BLOCKS: kv heads (b, g) a prep block serves; the others exit at once
 PREP_STAGES = 3  # units in shared memory at once: two in flight while one is summed
 # PREP_FLAG_EVERY: units a prep block's thread 0 raises after one release fence (the first
@@ -298,7 +301,9 @@ PREP_STAGES = 3  # units in shared memory at once: two in flight while one is su
 # in flight, about a unit's latency: on the H200 64 prep blocks alone took 0.061 ms at
 # T=512 with 1 (1.3 us a unit); 2 gained 0.5% over 1.
 PREP_FLAG_EVERY = 2
-PREP_MAX_T = 1 << 30  # PREP_BLOCKS: longer sequences take the prep kernel (dkv's prep = 0)
+# PREP_MAX_T: longer sequences take the prep kernel (dkv's prep = 0), which lost more at
+# T=2048 (4.490-4.497 ms, session 16's call 2) than the prep blocks do
+PREP_MAX_T = 1 << 30
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
