@@ -13,6 +13,11 @@ over --split iterations is cut in two (which would need dK and dV added by atomi
 The H200 holds two dkv blocks per multiprocessor (235 registers, 105 KB of shared memory),
 so 264 slots on its 132. At T=512 (B=32, 12 query heads, 4 kv heads): ideal 52.4
 iterations a slot, heaviest first 54, and no split does better (session 11).
+
+--prep N,L puts PREP_BLOCKS's first row in front: N blocks of L iterations each (64 blocks
+of 53 us, 9.2 iterations of 5.8 us, in session 16). With half an iteration of overhead a
+block the makespan grows from 56 to 59 iterations, against 2.2 of the row's slot-time;
+rows of blocks no longer than 3 iterations would cost nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import argparse
 import heapq
 
 
-def makespan(jobs: list[float], slots: int) -> float:
-    """Finish time of jobs (iterations each) dispatched longest first onto slots."""
+def makespan(jobs: list[float], slots: int, first: tuple[float, ...] = ()) -> float:
+    """Finish time of jobs (iterations each) dispatched longest first onto slots, after the
+    jobs `first` (PREP_BLOCKS's row) in their order."""
     free = [0.0] * slots
-    for job in sorted(jobs, reverse=True):
+    for job in [*first, *sorted(jobs, reverse=True)]:
         heapq.heappush(free, heapq.heappop(free) + job)
     return max(free)
 
@@ -45,6 +51,7 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--slots", type=int, default=264)
+    ap.add_argument("--prep", default="64,9.2", help="PREP_BLOCKS's row: blocks,iterations")
     args = ap.parse_args()
     H, G = 12, 4
     for overhead in (0, 1, 2):
@@ -54,6 +61,16 @@ def main() -> None:
         for split in (12, 15, 18):
             cut = blocks(args.T, args.batch, H, G, overhead, split)
             line += f", split over {split}: {makespan(cut, args.slots):.0f}"
+        print(line)
+    n, length = (float(x) for x in args.prep.split(","))
+    for overhead in (0, 0.5, 1):
+        whole = blocks(args.T, args.batch, H, G, overhead, 0)
+        ideal = (sum(whole) + n * length) / args.slots
+        line = f"overhead {overhead}, a prep row of {n:.0f} x {length}: ideal {ideal:.1f}, "
+        line += f"heaviest first {makespan(whole, args.slots, (length,) * int(n)):.1f}; "
+        line += "its blocks' length 1..10 instead: " + " ".join(
+            f"{makespan(whole, args.slots, (x,) * int(n)):.0f}" for x in range(1, 11)
+        )
         print(line)
 
 
