@@ -299,7 +299,7 @@ PREP_STAGES = 3  # units in shared memory at once: two in flight while one is su
 # PREP_FLAG_EVERY: units a prep block's thread 0 raises after one release fence (the first
 # two units' at once, then every PREP_FLAG_EVERY). The fence waits for that thread's copies
 # in flight, about a unit's latency: on the H200 64 prep blocks alone took 0.061 ms at
-# T=512 with 1 (1.3 us a unit); 2 gained 0.5% over 1.
+# T=512 with 1 (1.3 us a unit); 2 gained 0.5% over 1, 4 nothing over 2 (session 16).
 PREP_FLAG_EVERY = 2
 # PREP_MAX_T: longer sequences take the prep kernel (dkv's prep = 0), which lost more at
 # T=2048 (4.490-4.497 ms, session 16's call 2) than the prep blocks do
@@ -1222,13 +1222,13 @@ def _raise_flags(gen: _Gen, every: int) -> None:
     """PREP_BLOCKS: a prep block's thread 0 raises the flag of unit v (fu), and those of the
     nf units before it (p1 the last, p2, ...), after one release fence: after units 1 (a
     two-pair block's first tiles), 1 + every, 1 + 2 every, ... and the last."""
+    assert every & (every - 1) == 0, "PREP_FLAG_EVERY: a power of two"
     w, prev = gen.w, [f"p{k}" for k in range(1, every)]
     if every == 1:
         w("if tid == 0:", "    flag_release()", "    flag_raise(flags, fu)")
         return
     w("if tid == 0:")
     w.indent()
-    assert every & (every - 1) == 0, "PREP_FLAG_EVERY: a power of two"
     w(f"if v & {every - 1} == 1 or v + 1 == nu:", "    flag_release()")
     for k, p in enumerate(prev, 1):
         w(f"    if nf >= {k}:", f"        flag_raise(flags, {p})")
