@@ -225,21 +225,31 @@ def test_wgmma_product() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "B,T,prep_blocks", [(8, 512, False), (2, 200, False), (8, 512, True), (2, 192, True)]
+    "B,T,prep_blocks,ready",
+    [
+        (8, 512, False, False),
+        (2, 200, False, False),
+        (8, 512, True, False),
+        (2, 192, True, False),
+        (8, 512, True, True),
+    ],  # fmt: skip
 )
-def test_tensor_core_attention_matches_float64(monkeypatch, B, T, prep_blocks) -> None:
+def test_tensor_core_attention_matches_float64(monkeypatch, B, T, prep_blocks, ready) -> None:
     """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
     the `gpu` preset's heads, the backward twice into the same dqkv (its dQ atomics must
     start from the prep's zeros each time): TF32's 2e-3 of each output's scale
     (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. With
     attention_tc.PREP_BLOCKS the dkv grid's first row prepares, behind flags zeroed each
-    call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence)."""
+    call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence);
+    with PREP_READY_LOOP the blocks that start after their pair's prep take a loop without
+    flags."""
     from euler.gpu import attention_tc
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
 
     _gpu_backend()  # skips without a GPU
     monkeypatch.setattr(attention_tc, "PREP_BLOCKS", prep_blocks)
+    monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", ready)
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)

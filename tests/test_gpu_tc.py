@@ -468,24 +468,28 @@ else:
         _check_attention(1, 128, 1, 1, 8)
 
     @pytest.mark.parametrize(
-        "B,G,span,every",
+        "B,G,span,every,ready",
         [
-            (1, 1, 2, 2),
-            pytest.param(2, 2, 2, 4, marks=pytest.mark.slow),
-            pytest.param(2, 2, 4, 1, marks=pytest.mark.slow),
+            (1, 1, 2, 2, False),
+            pytest.param(2, 2, 2, 4, False, marks=pytest.mark.slow),
+            pytest.param(2, 2, 4, 1, False, marks=pytest.mark.slow),
+            pytest.param(2, 2, 2, 2, True, marks=pytest.mark.slow),
         ],  # fmt: skip
-        ids=["one-kv-head", "four-by-two", "four-by-four"],
+        ids=["one-kv-head", "four-by-two", "four-by-four", "ready-loop"],
     )
-    def test_attention_tc_prep_blocks(monkeypatch, B, G, span, every) -> None:
+    def test_attention_tc_prep_blocks(monkeypatch, B, G, span, every, ready) -> None:
         """PREP_BLOCKS on whole tiles: the dkv grid's first row writes dsum and dQ's zeros
         (both start as NaN here) for B batch elements and G kv heads of two query heads
         each, two query tiles, a prep block serving `span` of them and raising their flags
         `every` units; its dkv blocks wait on the units' flags, the second head's first
-        tile among them (the variant test's T = 70 takes the prep kernel instead)."""
+        tile among them (the variant test's T = 70 takes the prep kernel instead). With
+        PREP_READY_LOOP a dkv block finding its pair prepared (here every block: the
+        simulator runs the prep row first) takes the loop without flags."""
         for knob, value in VARIANTS["default"].items():
             monkeypatch.setattr(attention_tc, knob, value)
         monkeypatch.setattr(attention_tc, "PREP_SPAN", span)
         monkeypatch.setattr(attention_tc, "PREP_FLAG_EVERY", every)
+        monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", ready)
         _check_attention(B, 128, 2 * G, G, 8, forward=False)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:

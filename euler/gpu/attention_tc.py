@@ -304,6 +304,13 @@ PREP_FLAG_EVERY = 2
 # PREP_MAX_T: longer sequences take the prep kernel (dkv's prep = 0), which lost more at
 # T=2048 (4.490-4.497 ms, session 16's call 2) than the prep blocks do
 PREP_MAX_T = 1 << 30
+# PREP_READY_LOOP: dkv's loop twice, with the flags' code and without: a block whose pair's
+# last unit is flagged when it starts (all its units prepared) runs the second. The loop's
+# flag code costs 77 SASS instructions a tile; ptxas 13 makes the two loops 2,272 and
+# 2,177 (254 registers; 2,276 for PREP_BLOCKS's one loop, 2,199 without PREP_BLOCKS).
+# At T=512 the first wave's 200 blocks (a third of the iterations) start before the prep
+# ends. Off: not yet measured on a GPU (session 16 wrote it with no device time left).
+PREP_READY_LOOP = False
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
@@ -686,6 +693,8 @@ def _layout(E: int) -> dict[str, int]:
     sizes = {k: nbuf * v for k, v in _buffers(E).items()}
     if ATOMIC_DQ:
         sizes["dkv"] += TILE * (E + 4) + TILE * LDS
+    if PIPELINE and PREP_BLOCKS and PREP_READY_LOOP:
+        sizes["dkv"] += 4  # whether the block's pair is prepared
     return sizes
 
 
@@ -945,7 +954,9 @@ def _dkv_source(E: int) -> str:
     w, NE, LD = gen.w, gen.NE, gen.LD
     QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
     BUF, RED = _buffers(E)["dkv"], _layout(E)["dkv"]
-    KK, DS = RED - TILE * (LD + LDS), RED - TILE * LDS  # with ATOMIC_DQ: K, dS^T [key][query]
+    ready_loop = PIPELINE and PREP_BLOCKS and PREP_READY_LOOP
+    READY = RED - 4 if ready_loop else RED  # PREP_READY_LOOP's slot ends the layout
+    KK, DS = READY - TILE * (LD + LDS), READY - TILE * LDS  # ATOMIC_DQ: K, dS^T [key][query]
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
@@ -996,8 +1007,12 @@ def _dkv_source(E: int) -> str:
     async_kv = PIPELINE and ASYNC_KV
     if PREP_BLOCKS:  # thread 0 reads query tile 0's flag (fidx: of tile fi) as K, V copy
         w("fv = 1", "fidx = 0", "fi = 0")
+        if ready_loop:  # and the pair's last unit's: set, all its units are prepared
+            w("fa = 1")
         w("if prep and tid == 0:", "    fi = j0 >> 6", "    fidx = (b * H + kvh * rep) * nt + fi")
         w("    fv = flag_read(flags, fidx)")
+        if ready_loop:
+            w("    fa = flag_read(flags, (b * H + kvh * rep + rep) * nt - 1)")
     if async_kv:  # K, V land (K at ks, V in buffer 1), then query tile 0 in buffer 0
         gen.stage_async([(ks, "j0", "ko", "qkv"), (vs, "j0", "vo", "qkv")], gen.u(0))
         w("cp_async_commit()")
@@ -1015,6 +1030,8 @@ def _dkv_source(E: int) -> str:
         w("if prep and tid == 0:", "    while fv == 0:", "        fv = flag_read(flags, fidx)")
         w("    if fi + 1 < nt or rep > 1:")
         _next_flag(gen, " " * 8)
+        if ready_loop:
+            w("if tid == 0:", f"    sm[uint64({READY})] = T(fa)")
     w("cuda.syncthreads()")
     if PREP_BLOCKS:
         issue("j0", "kvh * rep", gen.u(0), "dsum")
@@ -1046,24 +1063,74 @@ def _dkv_source(E: int) -> str:
     if ATOMIC_DQ:
         w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
         w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
-    if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
-        w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
-        w("cur = uint64(0)  # this tile's buffer", "for it in range(nit):")
-        w.indent()
+
+    def tile_body(bn: str, bp: str, lcb: str) -> None:
+        """One (head, query tile) pair: S^T and dP^T, P and dS, dV and dK; dQ's adds."""
+        for half in range(8 // HALF):
+            cols = range(half * HALF, (half + 1) * HALF)
+            gen.zero("s", cols)
+            gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
+            gen.zero("p", cols)
+            gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
+            w("if j0 == i0:")
+            w.indent()
+            gen.mask("s", cols, rows_are_queries=False)
+            w.indent(-1)
+            for n in cols:
+                for j in range(2):  # the lane's two columns of block n
+                    off = 8 * n + j
+                    w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
+                    for i in (j, j + 2):
+                        e = f"exp2_approx(s{n}_{i} - lq)" if exp2 else gen.exp(f"s{n}_{i} - lq")
+                        w(f"s{n}_{i} = {e}")
+                        w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
+                        w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
+            if ldsm_dq:  # dS [query][key] for dQ: lane (g, t) stores rows 2t, 2t + 1 of block n
+                for n in cols:
+                    for i in range(4):
+                        off = DS + (8 * n + (i & 1)) * LDS + 8 * (i >> 1)
+                        w(f"sm[lt + {gen.u(off)}] = p{n}_{i}")
+            elif ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
+                for n in cols:
+                    for i in range(4):
+                        off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
+                        w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
+            gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
+            gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
+        if ATOMIC_DQ:
+            _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
+
+    def pipelined_tile(waits: bool) -> None:
+        """A pipelined iteration: this tile landed, the next one's copies issued (after its
+        unit's flag, if waits), the tile's work."""
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
         scaled = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
         landed = scaled if exp2 else ()
-        if PREP_BLOCKS:  # tile it + 1's unit prepared before anyone copies it
+        if waits:  # tile it + 1's unit prepared before anyone copies it
             landed += ("if prep and tid == 0 and it + 1 < nit:", "    while fv == 0:",
                        "        fv = flag_read(flags, fidx)")  # fmt: skip
         gen.pipeline_top("it + 1 < nit", BUF, lambda: issue("i1", "h1", "nxt"), landed)
-        if PREP_BLOCKS:  # tile it + 2's flag, read an iteration ahead of its wait
+        if waits:  # tile it + 2's flag, read an iteration ahead of its wait
             w("if prep and tid == 0 and it + 2 < nit:")
             _next_flag(gen)
         w("lcb = lc + cur")
-        bn, bp, lcb = "bn", "bp", "lcb"
+        tile_body("bn", "bp", "lcb")
+        w("cur = nxt", "i0 = i1", "h = h1")
+
+    if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
+        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
+        w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
+        w("cur = uint64(0)  # this tile's buffer")
+        loops = [("range(nit)", PREP_BLOCKS)]
+        if ready_loop:  # all iterations wait on flags, or none (the block's pair is prepared)
+            w(f"nw = select(sm[uint64({READY})] == T(0.0), nit, 0)")
+            loops = [("range(nw)", True), ("range(nw, nit)", False)]
+        for iterations, waits in loops:
+            w(f"for it in {iterations}:")
+            w.indent()
+            pipelined_tile(waits)
+            w.indent(-1)
     else:
         w("for hh in range(rep):")
         w.indent()
@@ -1076,44 +1143,7 @@ def _dkv_source(E: int) -> str:
         w(f"    sm[{LS} + tid] = lse[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w(f"    sm[{DD} + tid] = dsum[b, h, i0 + tid] if i0 + tid < Tn else T(0.0)")
         w("cuda.syncthreads()")
-        bn, bp, lcb = "lb", "lp", "lc"
-    for half in range(8 // HALF):
-        cols = range(half * HALF, (half + 1) * HALF)
-        gen.zero("s", cols)
-        gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
-        gen.zero("p", cols)
-        gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
-        w("if j0 == i0:")
-        w.indent()
-        gen.mask("s", cols, rows_are_queries=False)
-        w.indent(-1)
-        for n in cols:
-            for j in range(2):  # the lane's two columns of block n
-                off = 8 * n + j
-                w(f"lq = sm[{lcb} + {gen.u(off)}]", f"dd = sm[{lcb} + {gen.u(off + TILE)}]")
-                for i in (j, j + 2):
-                    e = f"exp2_approx(s{n}_{i} - lq)" if exp2 else gen.exp(f"s{n}_{i} - lq")
-                    w(f"s{n}_{i} = {e}")
-                    w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
-                    w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
-        if ldsm_dq:  # dS [query][key] for dQ: lane (g, t) stores rows 2t, 2t + 1 of block n
-            for n in cols:
-                for i in range(4):
-                    off = DS + (8 * n + (i & 1)) * LDS + 8 * (i >> 1)
-                    w(f"sm[lt + {gen.u(off)}] = p{n}_{i}")
-        elif ATOMIC_DQ:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
-            for n in cols:
-                for i in range(4):
-                    off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
-                    w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
-        gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
-        gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
-    if ATOMIC_DQ:
-        _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
-    if PIPELINE:
-        w("cur = nxt", "i0 = i1", "h = h1")
-        w.indent(-1)
-    else:
+        tile_body("lb", "lp", "lc")
         w("cuda.syncthreads()")
         w.indent(-2)
     dk_scale = " * scale" if PIPELINE else ""
@@ -1382,7 +1412,7 @@ def knobs() -> dict:
                 WIDE=WIDE, WIDE_KEYS=WIDE_KEYS, MIN_BLOCKS=MIN_BLOCKS, ASYNC_Q=ASYNC_Q,
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
                 LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS, PREP_SPAN=PREP_SPAN,
-                PREP_FLAG_EVERY=PREP_FLAG_EVERY,
+                PREP_FLAG_EVERY=PREP_FLAG_EVERY, PREP_READY_LOOP=PREP_READY_LOOP,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
