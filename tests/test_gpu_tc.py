@@ -282,6 +282,19 @@ if not IN_SIMULATOR:
             kernel = attention_tc._compile("forward_tc_kernel", text)
             assert "mma.sync" in cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))[0], name
 
+    def test_ptx_prep_ready_loop(monkeypatch) -> None:
+        """PREP_READY_LOOP's dkv kernel (E = 8) holds its loop twice: twice the default dkv's
+        mma, and one flag read more (the pair's last unit's, at the start), so the second
+        loop reads none."""
+        from euler.gpu import attention_tc
+
+        base = _ptx_of_launches(monkeypatch, 8)["backward_dkv_tc_kernel"]
+        monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", True)
+        ready = _ptx_of_launches(monkeypatch, 8)["backward_dkv_tc_kernel"]
+        mma, read = r"mma\.sync\.aligned", "ld.relaxed.gpu.global.s32"
+        assert len(re.findall(mma, ready)) == 2 * len(re.findall(mma, base)) > 0
+        assert ready.count(read) == base.count(read) + 1
+
     def test_parts_no_atomics_source(monkeypatch) -> None:
         """bench/attention_backward_parts.py's dkv without dQ's adds (head size 8): only the
         tests in front of the atomics change, and the adds stay in the PTX, behind them."""
