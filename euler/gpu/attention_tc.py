@@ -1234,6 +1234,7 @@ def _prep_units(gen: _Gen, head: str) -> None:
         w(f"ps{c} = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3")
         w(f"store4_flat(dqkv, uz + {c} * zs, z, z, z, z)")
     scratch = PREP_STAGES * unit  # the simulator's group sums meet past the buffers
+    assert scratch + THREADS <= _layout(E)["dkv"], "PREP_STAGES: more than dkv's shared memory"
     w(*(f"ps{c} = group_sum(ps{c}, sm[{scratch}:], z, {lanes})" for c in range(E // 8)))
     w("ut = ui * 64 + pr", "if pc == 0:")
     w(*(f"    dsum[ub, uh, ut + {c * step}] = ps{c}" for c in range(E // 8)))
