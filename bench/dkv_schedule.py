@@ -17,33 +17,32 @@ iterations a slot, heaviest first 54, and no split does better (session 11).
 --prep N,L puts PREP_BLOCKS's first row in front: N blocks of L iterations each (64 blocks
 of 53 us, 9.2 iterations of 5.8 us, in session 16). With half an iteration of overhead a
 block the makespan grows from 56 to 59 iterations, against 2.2 of the row's slot-time;
-rows of blocks no longer than 3 iterations would cost nothing.
+rows of blocks no longer than 3 iterations would cost nothing. The last line is the order
+attention_tc.ROW_ORDER gives the dkv grid's rows for these counts (euler/gpu/schedule.py,
+whose makespan this uses).
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def makespan(jobs: list[float], slots: int, first: tuple[float, ...] = ()) -> float:
-    """Finish time of jobs (iterations each) dispatched longest first onto slots, after the
-    jobs `first` (PREP_BLOCKS's row) in their order."""
-    free = [0.0] * slots
-    for job in [*first, *sorted(jobs, reverse=True)]:
-        heapq.heappush(free, heapq.heappop(free) + job)
-    return max(free)
+from euler.gpu.schedule import makespan, row_order  # noqa: E402
 
 
 def blocks(T: int, B: int, H: int, G: int, overhead: float, split: int) -> list[float]:
-    """Iterations of each dkv block, those over `split` cut in two (0: none cut)."""
+    """Iterations of each dkv block, those over `split` cut in two (0: none cut), longest
+    first (the grid's order)."""
     nt, rep = T // 64, H // G
     jobs = []
     for j in range(nt):
         n = rep * (nt - j)
         parts = [n] if not split or n <= split else [n - n // 2, n // 2]
         jobs += [p + overhead for p in parts] * (B * G)
-    return jobs
+    return sorted(jobs, reverse=True)
 
 
 def main() -> None:
@@ -72,6 +71,9 @@ def main() -> None:
             f"{makespan(whole, args.slots, (x,) * int(n)):.0f}" for x in range(1, 11)
         )
         print(line)
+    nt, pairs = args.T // 64, args.batch * G
+    order = row_order(nt, H // G, pairs, args.slots, int(n), round(length / 0.19))
+    print(f"attention_tc.ROW_ORDER's rows (schedule.row_order): {order}")
 
 
 if __name__ == "__main__":

@@ -225,16 +225,18 @@ def test_wgmma_product() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "B,T,prep_blocks,ready",
+    "B,T,knobs",
     [
-        (8, 512, False, False),
-        (2, 200, False, False),
-        (8, 512, True, False),
-        (2, 192, True, False),
-        (8, 512, True, True),
-    ],  # fmt: skip
+        (8, 512, {"PREP_BLOCKS": False}),
+        (2, 200, {"PREP_BLOCKS": False}),
+        (8, 512, {}),
+        (2, 192, {}),
+        (8, 512, {"PREP_READY_LOOP": True}),
+        (24, 512, {"ROW_ORDER": True}),
+    ],
+    ids=["prep-kernel", "prep-kernel-tail", "default", "default-192", "ready-loop", "row-order"],
 )
-def test_tensor_core_attention_matches_float64(monkeypatch, B, T, prep_blocks, ready) -> None:
+def test_tensor_core_attention_matches_float64(monkeypatch, B, T, knobs) -> None:
     """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
     the `gpu` preset's heads, the backward twice into the same dqkv (its dQ atomics must
     start from the prep's zeros each time): TF32's 2e-3 of each output's scale
@@ -242,17 +244,21 @@ def test_tensor_core_attention_matches_float64(monkeypatch, B, T, prep_blocks, r
     attention_tc.PREP_BLOCKS the dkv grid's first row prepares, behind flags zeroed each
     call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence);
     with PREP_READY_LOOP the blocks that start after their pair's prep take a loop without
-    flags."""
+    flags; with ROW_ORDER (at the batch whose order is not heaviest first) the grid's rows
+    hold their key tiles in schedule.row_order's order."""
     from euler.gpu import attention_tc
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
 
     _gpu_backend()  # skips without a GPU
-    monkeypatch.setattr(attention_tc, "PREP_BLOCKS", prep_blocks)
-    monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", ready)
+    for knob, value in knobs.items():
+        monkeypatch.setattr(attention_tc, knob, value)
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)
+    if knobs.get("ROW_ORDER"):  # the order under test is not heaviest first
+        heaviest_first = sum(j << (4 * j) for j in range(T // 64))
+        assert attention_tc._packed_order(T // 64, H // G, B * G, True) != heaviest_first
     rng = np.random.default_rng(T)
     qkv, dout = _f32(rng, B, T, (H + 2 * G) * E), _f32(rng, B, T, H * E)
     ref = attention_with_grads(qkv, dout, H, G, E)

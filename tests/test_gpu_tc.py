@@ -505,6 +505,18 @@ else:
         monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", ready)
         _check_attention(B, 128, 2 * G, G, 8, forward=False)
 
+    @pytest.mark.slow
+    def test_attention_tc_row_order(monkeypatch) -> None:
+        """ROW_ORDER with the rows out of the heaviest-first order (key tiles 0, 1, 3, 2 at
+        T = 256, forced): each block still finds its tile, its dK, dV and dQ land."""
+        from euler.gpu import schedule
+
+        for knob, value in VARIANTS["default"].items():
+            monkeypatch.setattr(attention_tc, knob, value)
+        monkeypatch.setattr(attention_tc, "ROW_ORDER", True)
+        monkeypatch.setattr(schedule, "row_order", lambda nt, *rest: (0, 1, 3, 2)[:nt])
+        _check_attention(1, 256, 2, 1, 8, forward=False)
+
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from
         zero, negatives, the largest floats (to inf) and inf itself."""

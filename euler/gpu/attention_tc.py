@@ -121,7 +121,7 @@ import numpy as np
 from numba import cuda, float32
 from numba.cuda.cudadrv.driver import device_memset
 
-from euler.gpu import attention
+from euler.gpu import attention, schedule
 from euler.gpu.approx import LOG2E
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.generated import Source, compile_generated
@@ -304,6 +304,13 @@ PREP_FLAG_EVERY = 2
 # PREP_MAX_T: longer sequences take the prep kernel (dkv's prep = 0), which lost more at
 # T=2048 (4.490-4.497 ms, session 16's call 2) than the prep blocks do
 PREP_MAX_T = 1 << 30
+# ROW_ORDER (with HEAVY_FIRST): which key tile each row of the dkv grid holds, chosen by the
+# launcher (schedule.row_order: of all orders of the rows after the first two, the least
+# makespan by list scheduling, up to 8 tiles). At T=512 (B=32, H=12, G=4, 264 slots, the
+# prep row first) it is 0, 1, 6, 2, 4, 3, 5, 7: 58.5 and 60.0 iterations against 59 and
+# 61 heaviest first (half an iteration of staging a block, or one). Off: not yet measured
+# on a GPU (session 16 wrote it with no device time left).
+ROW_ORDER = False
 # PREP_READY_LOOP: dkv's loop twice, with the flags' code and without: a block whose pair's
 # last unit is flagged when it starts (all its units prepared) runs the second. The loop's
 # flag code costs 77 SASS instructions a tile; ptxas 13 makes the two loops 2,272 and
@@ -960,7 +967,9 @@ def _dkv_source(E: int) -> str:
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", out, flags, prep" if PREP_BLOCKS else ""),
+        "dqkv, dsum, dout, qkv, lse, H, G, scale"
+        + (", out, flags, prep" if PREP_BLOCKS else "")
+        + (", order" if ROW_ORDER else ""),
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -976,7 +985,10 @@ def _dkv_source(E: int) -> str:
         w.indent(-1)
         tile = f"({tile} - prep)"
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
-    w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
+    if ROW_ORDER:  # the row's key tile from the launcher's order, 4 bits a row (-1: rows')
+        w(f"j0 = select(order < 0, {tile}, (order >> (4 * {tile})) & 15) * 64")
+    else:
+        w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
     def issue_rows(i: str, h: str, buf: str, flat: bool, parts: str) -> None:
         """issue's copies, flat (FLAT: the tile lies within the sequence) or clamped."""
@@ -1119,7 +1131,8 @@ def _dkv_source(E: int) -> str:
         w("cur = nxt", "i0 = i1", "h = h1")
 
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
+        jt = "(j0 >> 6)" if ROW_ORDER else tile
+        w(f"nit = rep * ((Tn + 63) // 64 - {jt})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
         w("cur = uint64(0)  # this tile's buffer")
         loops = [("range(nit)", PREP_BLOCKS)]
@@ -1414,6 +1427,7 @@ def knobs() -> dict:
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
                 LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS, PREP_SPAN=PREP_SPAN,
                 PREP_FLAG_EVERY=PREP_FLAG_EVERY, PREP_READY_LOOP=PREP_READY_LOOP,
+                ROW_ORDER=ROW_ORDER,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1437,6 +1451,7 @@ def kernels(E: int):
     if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
         assert not PREP_BLOCKS or (PIPELINE and ATOMIC_DQ and HEAVY_FIRST and ASYNC_KV)
+        assert not ROW_ORDER or HEAVY_FIRST
         _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
     return _BUILT[key]
 
@@ -1498,9 +1513,23 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     if PREP_BLOCKS:
         args += (out, _flags(B * H * nt if fused else 1, stream), int(fused))
+    if ROW_ORDER:
+        args += (_packed_order(nt, H // G, B * G, fused),)
     if fused:  # the prep blocks' row first (HEAVY_FIRST: tiles on the grid's slow axis)
         grid = (grid[0], grid[1] + 1)
     _launch(built[-1], grid, stream, nbytes["dkv"], *args)
+
+
+def _packed_order(nt: int, rep: int, pairs: int, fused: bool) -> int:
+    """ROW_ORDER's key tile of each dkv grid row, 4 bits a row, for this GPU's slots (two
+    dkv blocks a multiprocessor), after the prep row if fused; -1 (each row its own tile)
+    up to 2 tiles, where there is nothing to order, and past 8."""
+    if not 2 < nt <= 8:
+        return -1
+    slots = 2 * (132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    prep = -(-pairs // PREP_SPAN) if fused else 0  # the prep blocks that work
+    order = schedule.row_order(nt, rep, pairs, slots, prep, PREP_SPAN * rep * nt)
+    return sum(j << (4 * r) for r, j in enumerate(order))
 
 
 _FLAGS: dict[int, object] = {}
