@@ -83,7 +83,9 @@ LDSM_DQ: dkv's dQ = dS K by ldmatrix as well, from K^T (made once a block) and d
   [query][key].
 PREP_BLOCKS: no prep kernel: the dkv grid's first row writes dsum and dQ's zeros, unit by
   unit, while the dkv blocks run, each waiting for a tile's flag (flags.py) before its
-  copies; PREP_SPAN, PREP_STAGES, PREP_FLAG_EVERY shape those blocks.
+  copies; PREP_SPAN, PREP_STAGES, PREP_FLAG_EVERY shape those blocks; PREP_READY_LOOP
+  gives the blocks of prepared pairs a loop without the flags.
+ROW_ORDER: dkv's grid rows hold their key tiles in the order schedule.row_order counts best.
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
