@@ -926,14 +926,7 @@ def _dq_source(E: int) -> str:
     bn, bp = gen.key_tile_loop(BUF)
     for half in range(8 // HALF):
         cols = range(half * HALF, (half + 1) * HALF)
-        gen.zero("s", cols)
-        gen.product_nt("s", "qa", KS, cols, bn, PIPELINE)
-        gen.zero("p", cols)
-        gen.product_nt("p", "da", VS, cols, bn, PIPELINE)
-        w("if j0 == i0:")
-        w.indent()
-        gen.mask("s", cols, rows_are_queries=True)
-        w.indent(-1)
+        _scores(gen, cols, ("qa", KS), ("da", VS), bn, rows_are_queries=True)
         for n in cols:
             for i in range(4):
                 r = i >> 1
@@ -1082,14 +1075,7 @@ def _dkv_source(E: int) -> str:
         """One (head, query tile) pair: S^T and dP^T, P and dS, dV and dK; dQ's adds."""
         for half in range(8 // HALF):
             cols = range(half * HALF, (half + 1) * HALF)
-            gen.zero("s", cols)
-            gen.product_nt("s", "ka", QS, cols, bn, PIPELINE)
-            gen.zero("p", cols)
-            gen.product_nt("p", "va", DOS, cols, bn, PIPELINE)
-            w("if j0 == i0:")
-            w.indent()
-            gen.mask("s", cols, rows_are_queries=False)
-            w.indent(-1)
+            _scores(gen, cols, ("ka", QS), ("va", DOS), bn, rows_are_queries=False)
             for n in cols:
                 for j in range(2):  # the lane's two columns of block n
                     off = 8 * n + j
@@ -1173,6 +1159,20 @@ def _dkv_source(E: int) -> str:
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n}] = {acc}{n}_{i}{sc}")
                 w(f"    dqkv[b, r0 + {8 * r}, {col} + {8 * n + 1}] = {acc}{n}_{j}{sc}")
     return w.text()
+
+
+def _scores(gen: _Gen, cols, s: tuple[str, int], p: tuple[str, int], bn: str,
+            rows_are_queries: bool) -> None:  # fmt: skip
+    """The backward's two products of a tile pair over column blocks cols: s = A B^T and
+    p = A B^T from (A fragments, B's shared region) s and p, B's lane offset bn; s masked
+    on the diagonal tile (j0 == i0)."""
+    for name, (a, region) in (("s", s), ("p", p)):
+        gen.zero(name, cols)
+        gen.product_nt(name, a, region, cols, bn, PIPELINE)
+    gen.w("if j0 == i0:")
+    gen.w.indent()
+    gen.mask("s", cols, rows_are_queries=rows_are_queries)
+    gen.w.indent(-1)
 
 
 def _prep_units(gen: _Gen, head: str) -> None:
