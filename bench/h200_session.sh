@@ -80,7 +80,7 @@ ab)
     shift
     if [ -z "${SKIP_TESTS:-}" ]; then
         log "tensor-core attention against float64 on the GPU"
-        timeout 300 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "tensor_core or wgmma or prep_blocks" 2>&1 \
+        timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "tensor_core or wgmma or prep_blocks" 2>&1 \
             | grep -E "Error|error|passed|failed" | tee -a "$OUT/log.txt"
     fi
     for round in 1 2; do
