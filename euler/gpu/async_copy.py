@@ -163,15 +163,10 @@ if not SIMULATOR:
         impl.__doc__ = doc
         return intrinsic(impl)
 
-    @intrinsic
-    def cp_async_commit(typingctx):
-        """Close this thread's copies issued since the last commit into one group."""
-
-        def codegen(context, builder, sig, args):
-            asm_statement(builder, "cp.async.commit_group;")
-            return context.get_dummy_value()
-
-        return types.void(), codegen
+    cp_async_commit = statement_intrinsic(
+        "cp.async.commit_group;",
+        "Close this thread's copies issued since the last commit into one group.",
+    )
 
     @intrinsic
     def cp_async_wait(typingctx, n):

@@ -118,6 +118,7 @@ this module 0.144 and 0.365 (1.79 4.58), 3xTF32 0.381 1.143, the exact fp32 kern
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
 from numba import cuda, float32
@@ -1513,8 +1514,8 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
         args = (dqkv, dsum, dout, qkv, out, lse, H, G, scale)
         _launch(built[1], _grid(nt, B * H, HEAVY_FIRST), stream, nbytes["dq"], *args)
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-    if PREP_BLOCKS:
-        args += (out, _flags(B * H * nt if fused else 1, stream), int(fused))
+    if PREP_BLOCKS:  # unfused (prep = 0), the kernel reads no flag: none is zeroed
+        args += (out, _flags(B * H * nt if fused else 1, stream if fused else None), int(fused))
     if ROW_ORDER:
         args += (_packed_order(nt, H // G, B * G, fused),)
     if fused:  # the prep blocks' row first (HEAVY_FIRST: tiles on the grid's slow axis)
@@ -1522,6 +1523,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     _launch(built[-1], grid, stream, nbytes["dkv"], *args)
 
 
+@cache
 def _packed_order(nt: int, rep: int, pairs: int, fused: bool) -> int:
     """ROW_ORDER's key tile of each dkv grid row, 4 bits a row, for this GPU's slots (two
     dkv blocks a multiprocessor), after the prep row if fused; -1 (each row its own tile)
@@ -1538,11 +1540,13 @@ _FLAGS: dict[int, object] = {}
 
 
 def _flags(n: int, stream) -> object:
-    """PREP_BLOCKS's flags, one a (b, h, query tile) unit, zeroed on stream: an int32 device
-    array kept per size (allocated on first use, before any graph capture of the step)."""
+    """PREP_BLOCKS's flags, one a (b, h, query tile) unit, zeroed on stream (not at all if
+    stream is None): an int32 device array kept per size (allocated on first use, before
+    any graph capture of the step)."""
     if SIMULATOR:
         return cuda.to_device(np.zeros(n, np.int32))
     if n not in _FLAGS:
         _FLAGS[n] = cuda.device_array(n, np.int32)
-    device_memset(_FLAGS[n], 0, 4 * n, stream)
+    if stream is not None:
+        device_memset(_FLAGS[n], 0, 4 * n, stream)
     return _FLAGS[n]

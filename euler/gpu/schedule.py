@@ -39,14 +39,14 @@ def row_order(
 ) -> tuple[int, ...]:
     """Key tiles by grid row for a dkv grid of nt tiles, rep query heads a kv head, `pairs`
     (batch element, kv head) pairs, on `slots` block slots, after `prep` prep blocks of
-    `units` units each: of
-    all orders of the rows after the first two (720 at 8 tiles, under a second), the one
-    of least counted makespan summed over OVERHEADS, heaviest first on ties. The first two
-    rows stay: their blocks start while the prep runs, and a later tile's would wait for
-    its units. Past 8 tiles, heaviest first (the counted gains there are under 0.3%)."""
-    rest = tuple(range(2, nt))
+    `units` units each: of all orders of the rows after the first two (720 at 8 tiles,
+    under a second), the one of least counted makespan summed over OVERHEADS, heaviest
+    first on ties. The first two rows stay: their blocks start while the prep runs, and a
+    later tile's would wait for its units. Past 8 tiles, heaviest first (the counted
+    gains there are under 0.3%)."""
     if nt > 8:
         return tuple(range(nt))
+    rest = tuple(range(2, nt))
 
     def cost(order: tuple[int, ...]) -> float:
         first = (PREP_UNIT * units,) * prep
