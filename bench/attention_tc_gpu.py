@@ -80,7 +80,8 @@ VARIANTS = [
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
-    ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, the lanes of a pair swapping halves
+    ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, dQ's column blocks interleaved in pairs
+    ("atomics-4-ready", {"ATOMIC_WIDTH": 4, "PREP_READY_LOOP": True}),  # and the ready loop
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
     ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),

@@ -188,18 +188,24 @@ if not IN_SIMULATOR:
             vectors = E // 8 * {"forward": 1, "dkv": 2, "dq": 0}[name] if staged else 0
             zeros = E // 8 if prep else 0  # and the prep blocks' dQ zeros, read back dO and O
             assert len(re.findall(r"st\.global\.v4\.f32", text)) == vectors + zeros, name
-            # LDSM_DQ: dkv reads K 16 bytes at a time (E / 8 loads) to transpose it
+            # LDSM_DQ and 4-column atomics (from E = 16): dkv reads K 16 bytes at a time (E /
+            # 8 loads) to transpose it
             ldsm_dq = knobs["LDSM"] and knobs["LDSM_DQ"] and atomic and async_kv and not split
-            loads = vectors + (E // 8 if ldsm_dq else 0) + 2 * zeros
+            width = knobs["ATOMIC_WIDTH"]
+            quads = width == 4 and E >= 16 and not split and not ldsm_dq and atomic
+            loads = vectors + (E // 8 if ldsm_dq or (quads and name == "dkv") else 0) + 2 * zeros
             assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == loads, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
-            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request
-            width = knobs["ATOMIC_WIDTH"]
+            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request (4: from E = 16, its
+            # B values by 8-byte loads, 8 a key block and pair of column blocks)
+            width = 4 if quads else min(width, 2)
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
-            want_adds *= 2 if flat and width == 2 else 1  # FLAT's flat and clamped adds
+            want_adds *= 2 if flat and width > 1 else 1  # FLAT's flat and clamped adds
             assert len(adds) == want_adds, (name, len(adds))
+            pairs = len(re.findall(r"ld\.shared\.v2\.[fub]32", text))
+            assert pairs == (8 * E // 8 if quads and name == "dkv" else 0), name
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
             ldsm = knobs["LDSM"] and not split and name != "dq"
             want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0
@@ -229,8 +235,10 @@ if not IN_SIMULATOR:
         assert all(set(v) == set(VARIANTS["default"]) for v in VARIANTS.values())
 
     def test_ptx_sm90(monkeypatch, variant) -> None:
-        """Head size 8: seconds of NVVM time per variant."""
-        _check_ptx(_ptx_of_launches(monkeypatch, 8), 8, variant)
+        """Head size 8 (16 for 4-column atomics, which need two column blocks): seconds of
+        NVVM time per variant."""
+        E = 16 if variant["ATOMIC_WIDTH"] == 4 else 8
+        _check_ptx(_ptx_of_launches(monkeypatch, E), E, variant)
 
     def test_ptx_min_blocks(monkeypatch) -> None:
         """MIN_BLOCKS reaches ptxas as a launch bound (a register cap) on every kernel."""
@@ -472,7 +480,8 @@ else:
         for knob, value in VARIANTS[name].items():
             monkeypatch.setattr(attention_tc, knob, value)
         forward = name in ("staged", "3xtf32", "libdevice-exp", "wide")
-        _check_attention(1, 70, 2, 1, 8, forward=forward, backward=name != "wide")
+        E = 16 if VARIANTS[name]["ATOMIC_WIDTH"] == 4 else 8  # two column blocks to interleave
+        _check_attention(1, 70, 2, 1, E, forward=forward, backward=name != "wide")
 
     def test_attention_tc_whole_tiles() -> None:
         """Two whole query tiles (T = 128), one head: the forward's second block copies key

@@ -348,6 +348,12 @@ def _ldsm_dq() -> bool:
     return LDSM_DQ and LDSM and ATOMIC_DQ and PIPELINE and ASYNC_KV and not SPLIT_TF32
 
 
+def _quads(E: int) -> bool:
+    """Whether dkv's dQ atomics take 4 columns a request (ATOMIC_WIDTH 4 and what it needs:
+    two column blocks to interleave; not with SPLIT_TF32 or LDSM_DQ, which take 2)."""
+    return ATOMIC_WIDTH == 4 and E >= 16 and not SPLIT_TF32 and not _ldsm_dq()
+
+
 def _wide() -> bool:
     """Whether the forward is WIDE's (_forward_wide_source)."""
     return WIDE and PIPELINE and not SPLIT_TF32
@@ -1047,8 +1053,8 @@ def _dkv_source(E: int) -> str:
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
     gen.load_a("va", vs, raw="" if async_kv else None)
-    ldsm_dq = _ldsm_dq()
-    if ldsm_dq:  # K^T [e][key] over K: a warp reads 32 keys' 16 bytes, writes rows of K^T
+    ldsm_dq, quads = _ldsm_dq(), ATOMIC_DQ and _quads(E)
+    if ldsm_dq or quads:  # K^T [e][key] over K: a warp reads 32 keys' 16 bytes, writes rows
         per = E // 8  # 4-column chunks a thread: thread tid takes key tid % 64
         w(f"kr = uint64((tid & 63) * {LD} + (tid >> 6) * {4 * per})  # its first chunk")
         for c in range(per):
@@ -1059,6 +1065,9 @@ def _dkv_source(E: int) -> str:
         )
         w(*(f"sm[kt + {gen.u(KK + (4 * c + k) * LDS)}] = x{c}_{k}" for c in range(per)
             for k in range(4)))  # fmt: skip
+    if quads:  # dQ's B pairs: keys 2t, 2t + 1 of K^T's row 2g (and 2g + 1), _atomic_dq's
+        w(f"lpair = uint64(2 * g * {LDS} + 2 * t)")
+    if ldsm_dq:
         row = "16 * wp + (tid & 7) + 8 * ((tid >> 3) & 1)"  # this lane's ldmatrix row of dS
         w(f"ld = uint64(({row}) * {LDS} + 4 * ((tid >> 4) & 1))")
         row = "(tid & 7) + 8 * ((tid >> 4) & 1)"  # and of K^T (lm's, at dS's padding)
@@ -1099,7 +1108,7 @@ def _dkv_source(E: int) -> str:
             gen.product_nn("dv", "s", DOS, cols, bp, PIPELINE)
             gen.product_nn("dk", "p", QS, cols, bp, PIPELINE)
         if ATOMIC_DQ:
-            _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale", RED)
+            _atomic_dq(gen, KK, DS, "" if PIPELINE else " * scale")
 
     def pipelined_tile(waits: bool) -> None:
         """A pipelined iteration: this tile landed, the next one's copies issued (after its
@@ -1293,7 +1302,7 @@ def _next_flag(gen: _Gen, pad: str = "    ") -> None:
     gen.w(*(pad + x for x in ("fi = select(wr, j0 >> 6, fi)", "fv = flag_read(flags, fidx)")))
 
 
-def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
+def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
     """dQ += dS K for this query tile, added to dqkv with atomics (ATOMIC_DQ).
 
     Warp w takes queries 16w..16w+15: A = dS [query][key] read from the dS^T tile at
@@ -1302,12 +1311,18 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
     tile at sm[KK] through lp. HALF column blocks at a time keep the accumulators few. The
     loop's next barrier keeps the next tile's dS^T stores after these reads. With LDSM_DQ
     the tile at sm[DS] is dS [query][key] and the one at sm[KK] K^T [e][key], both read
-    by ldmatrix, the keys in their natural order.
+    by ldmatrix, the keys in their natural order. With _quads the tile at sm[KK] is K^T
+    too, and the column blocks 2m and 2m + 1 interleave: block 2m's column c is K's column
+    16m + 2c, block 2m + 1's 16m + 2c + 1. Lane (g, t) loads a block's b0, b1 (keys 2t,
+    2t + 1 of a K^T row) by one 8-byte load (a half warp's banks 8g + 4h + 2t, + 1: no
+    conflicts) and holds, of each of its rows, dQ's columns 16m + 4t .. 16m + 4t + 3: one
+    16-byte atomic request.
     """
     w, LD, NE = gen.w, gen.LD, gen.NE
+    quads = _quads(gen.E)
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
-    w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
-    flat = FLAT and ATOMIC_WIDTH == 2
+    w("rq = i0 + 16 * wp + g", f"qc = qo + {4 if quads else 2} * t")
+    flat = FLAT and (ATOMIC_WIDTH == 2 or quads)
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
@@ -1330,55 +1345,44 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str, red: int) -> None:
                 continue
             for i, off in enumerate((0, 8, LDS, LDS + 8)):
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
+            if quads:  # blocks n, n + 1 from K^T's rows 8n + 2g, 8n + 2g + 1
+                for n in cols[::2]:
+                    at = KK + 8 * n * LDS + 8 * kk
+                    w(f"b0, b1 = load2_shared(sm, lpair + {gen.u(at)})")
+                    w(f"b2, b3 = load2_shared(sm, lpair + {gen.u(at + LDS)})")
+                    gen._mma("dq", n, a)
+                    gen._mma("dq", n + 1, a, ("b2", "b3"))
+                continue
             for n in cols:
                 off = KK + 8 * kk * LD + 8 * n
                 gen._load_b([f"lp + {gen.u(off)}", f"lp + {gen.u(off + LD)}"], raw=False)
                 gen._mma("dq", n, a)
-        if ATOMIC_WIDTH == 4:
-            _atomic_dq_quads(gen, cols, scale, red)
-            continue
         rows = list(enumerate(((0, 1), (2, 3))))  # (row half r, C values (i, j) of its row)
         pair = lambda n, i, j: f"dq{n}_{i}{scale}, dq{n}_{j}{scale}"  # noqa: E731
+        quad = lambda n, i, j: (  # noqa: E731
+            f"dq{n}_{i}{scale}, dq{n + 1}_{i}{scale}, dq{n}_{j}{scale}, dq{n + 1}_{j}{scale}"
+        )
+        # (first column block, values) of each request: blocks n, n + 1 interleaved by quads
+        requests = [(n, quad) for n in cols[::2]] if quads else [(n, pair) for n in cols]
+        add = "atomic_add4" if quads else "atomic_add2"
         if flat:
             w("if whole:")
             for r, (i, j) in rows:
-                for n in cols:
-                    w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {pair(n, i, j)})")
+                for n, vals in requests:
+                    w(f"    {add}_flat(dqkv, dq{8 * r} + {8 * n}, {vals(n, i, j)})")
             w("else:")
             w.indent()
         for r, (i, j) in rows:
             w(f"if rq + {8 * r} < Tn:")
+            if ATOMIC_WIDTH > 1:
+                for n, vals in requests:
+                    w(f"    {add}(dqkv, b, rq + {8 * r}, qc + {8 * n}, {vals(n, i, j)})")
+                continue
             for n in cols:
-                if ATOMIC_WIDTH == 2:  # columns 8n + 2t and 8n + 2t + 1: one 8-byte request
-                    w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {pair(n, i, j)})")
-                    continue
                 for k, c in ((i, 8 * n), (j, 8 * n + 1)):
                     w(f"    cuda.atomic.add(dqkv, (b, rq + {8 * r}, qc + {c}), dq{n}_{k}{scale})")
         if flat:
             w.indent(-1)
-
-
-def _atomic_dq_quads(gen: _Gen, cols, scale: str, red: int) -> None:
-    """ATOMIC_WIDTH 4: lanes t and t ^ 1 swap a row's pair (t even keeps row g and takes its
-    partner's columns 2t + 2, 2t + 3; t odd keeps row g + 8), then each adds 4 columns with
-    one request. The simulator swaps through shared scratch at sm[red]."""
-    w = gen.w
-    w("ev = (t & 1) == 0", "rr = rq + select(ev, 0, 8)", "cq = qc - select(ev, 0, 2)")
-    for n in cols:
-        w(f"y0 = select(ev, dq{n}_2, dq{n}_0)", f"y1 = select(ev, dq{n}_3, dq{n}_1)")
-        if SIMULATOR:
-            w(f"sm[{red} + tid] = y0", f"sm[{red + THREADS} + tid] = y1", "cuda.syncthreads()")
-            w(f"x0 = sm[{red} + (tid ^ 1)]", f"x1 = sm[{red + THREADS} + (tid ^ 1)]")
-            w("cuda.syncthreads()")
-        else:
-            w(
-                "x0 = cuda.shfl_xor_sync(FULL_MASK, y0, 1)",
-                "x1 = cuda.shfl_xor_sync(FULL_MASK, y1, 1)",
-            )
-        vals = [f"select(ev, dq{n}_0, x0)", f"select(ev, dq{n}_1, x1)",
-                f"select(ev, x0, dq{n}_2)", f"select(ev, x1, dq{n}_3)"]  # fmt: skip
-        w("if rr < Tn:", f"    atomic_add4(dqkv, b, rr, cq + {8 * n}, "
-          + ", ".join(v + scale for v in vals) + ")")  # fmt: skip
 
 
 _BUILT: dict[tuple, tuple] = {}
@@ -1398,8 +1402,8 @@ ASYNC_IMPORT = (
 EXP_IMPORT = "\nfrom euler.gpu.approx import exp2_approx, exp_approx"
 ADD_ROUND_IMPORT = "\nfrom euler.gpu.mma import tf32_operand"
 VECTOR_IMPORT = (
-    "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, load4_3d,"
-    " load4_shared, store4_3d"
+    "\nfrom euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, atomic_add4_flat,"
+    " load2_shared, load4_3d, load4_shared, store4_3d"
 )
 PREP_IMPORT = (
     "\nfrom euler.gpu.flags import flag_raise, flag_read, flag_release"

@@ -17,6 +17,7 @@ with 16-byte alignment, which NVPTX lowers to the vector instructions:
     atomic_add4(ary, i0, i1, i2, a0, .., a3)
 
     atomic_add2_flat(ary, k, a0, a1)        the same at ary's element k in C order
+    atomic_add4_flat(ary, k, a0, .., a3)
 
 are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
 8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
@@ -24,7 +25,9 @@ are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned
     a0, a1, a2, a3 = load4_shared(sm, i)    sm[i : i + 4] of a 1-d float32 shared array
 
 is one ld.shared.v4.f32 (LDS.128): the register-tiled attention reads its operands four
-at a time with it, a quarter of the shared-memory instructions of scalar loads.
+at a time with it, a quarter of the shared-memory instructions of scalar loads;
+
+    a0, a1 = load2_shared(sm, i)            sm[i : i + 2], i even: one ld.shared.v2.f32
 
 The element pointer is computed without numba's negative-index wraparound; i must be a
 multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`, or
@@ -80,16 +83,21 @@ if not SIMULATOR:
             n = len(indices)
             raise TypingError(f"{name} takes a {n}-d float32 array and {n} integer indices")
 
-    def _load4_typing(name: str, ary, indices, space: int = 1):
+    def _load4_typing(name: str, ary, indices, space: int = 1, width: int = 4):
         _check(name, ary, *indices)
-        ret = types.UniTuple(types.float32, 4)
+        ret = types.UniTuple(types.float32, width)
         n = len(indices)
 
         def codegen(context, builder, sig, args):
             ptr = _vector_ptr(context, builder, sig.args[0], args[0], args[1 : 1 + n],
                               sig.args[1 : 1 + n], space)  # fmt: skip
-            vec = builder.load(ptr, align=16)
-            items = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            if width != 4:
+                vt = ir.VectorType(ir.FloatType(), width)
+                ptr = builder.bitcast(ptr, ir.PointerType(vt, space))
+            vec = builder.load(ptr, align=4 * width)
+            items = [
+                builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(width)
+            ]
             return context.make_tuple(builder, ret, items)
 
         return ret(ary, *indices), codegen
@@ -103,6 +111,11 @@ if not SIMULATOR:
     def load4_shared(typingctx, ary, i):
         """sm[i : i + 4] of a shared array as a 4-tuple of float32, one 16-byte load."""
         return _load4_typing("load4_shared", ary, (i,), 3)
+
+    @intrinsic
+    def load2_shared(typingctx, ary, i):
+        """sm[i : i + 2] of a shared array (i even) as a pair of float32, one 8-byte load."""
+        return _load4_typing("load2_shared", ary, (i,), 3, width=2)
 
     @intrinsic
     def load4_3d(typingctx, ary, i0, i1, i2):
@@ -201,6 +214,11 @@ if not SIMULATOR:
         """ary[i0, i1, i2 : i2 + 4] += (a0, .., a3), one vector reduction (sm_90)."""
         return _atomic_add_typing(ary, (i0, i1, i2), (a0, a1, a2, a3))
 
+    @intrinsic
+    def atomic_add4_flat(typingctx, ary, k, a0, a1, a2, a3):
+        """ary[i0, i1, i2 : i2 + 4] += (a0, .., a3) where k = (i0 n1 + i1) n2 + i2 (C order)."""
+        return _atomic_add_typing(ary, (k,), (a0, a1, a2, a3))
+
 else:
     from euler.gpu.async_copy import unravel3
 
@@ -210,6 +228,11 @@ else:
         return ary[i], ary[i + 1], ary[i + 2], ary[i + 3]
 
     load4_shared = load4
+
+    @cuda.jit(device=True)
+    def load2_shared(ary, i):
+        """The simulator's load2_shared: two element loads."""
+        return ary[i], ary[i + 1]
 
     @cuda.jit(device=True)
     def store4(ary, i, a0, a1, a2, a3):
@@ -255,3 +278,9 @@ else:
         """The simulator's atomic_add4: four atomic adds."""
         atomic_add2(ary, i0, i1, i2, a0, a1)
         atomic_add2(ary, i0, i1, i2 + 2, a2, a3)
+
+    @cuda.jit(device=True)
+    def atomic_add4_flat(ary, k, a0, a1, a2, a3):
+        """The simulator's atomic_add4_flat: atomic_add4 at the 3-d index of k."""
+        i0, i1, i2 = unravel3(ary, k)
+        atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3)
