@@ -74,14 +74,13 @@ VARIANTS = [
     ("prep-blocks-f1", {"PREP_FLAG_EVERY": 1}),  # a fence a unit
     ("prep-blocks-f4", {"PREP_FLAG_EVERY": 4}),  # a fence four units
     ("prep-blocks-unfused", {"PREP_MAX_T": 0}),  # its dkv, prep kernel
-    ("prep-blocks-ready", {"PREP_READY_LOOP": True}),  # prepared pairs' blocks: no flag code
+    ("one-loop", {"PREP_READY_LOOP": False}),  # prepared pairs' blocks in the flags' loop too
     ("row-order", {"ROW_ORDER": True}),  # dkv's rows in schedule.row_order's order
     ("row-order-ready", {"ROW_ORDER": True, "PREP_READY_LOOP": True}),  # both
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
-    ("atomics-4", {"ATOMIC_WIDTH": 4}),  # four, dQ's column blocks interleaved in pairs
-    ("atomics-4-ready", {"ATOMIC_WIDTH": 4, "PREP_READY_LOOP": True}),  # and the ready loop
+    ("atomics-2", {"ATOMIC_WIDTH": 2, "PREP_READY_LOOP": False}),  # the defaults until s17
     ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
     ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
     ("libdevice-exp", {"FAST_EXP": False}),

@@ -146,7 +146,7 @@ final)
 defaults)
     # the whole gpu suite, then the step (ours only): a change of defaults (session 16)
     log "gpu tests"
-    timeout 280 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
+    timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     log "euler bench (ours only)"
     timeout 150 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-peer \

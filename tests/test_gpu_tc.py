@@ -48,12 +48,13 @@ _OFF = {"PIPELINE": False, "ATOMIC_DQ": False, "SPLIT_TF32": False, "FAST_EXP": 
         "HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False, "ADD_ROUND": False,
         "ATOMIC_WIDTH": 1, "WIDE": False, "ASYNC_Q": False, "STAGED_OUT": False,
         "ASYNC_KV": False, "FLAT": False, "EXP2_DKV": False, "LDSM": False,
-        "LDSM_DQ": False, "PREP_BLOCKS": False}  # fmt: skip
+        "LDSM_DQ": False, "PREP_BLOCKS": False, "PREP_READY_LOOP": False}  # fmt: skip
 _SPLIT_HEADS_FIRST = {"SPLIT_TF32": True, "HEAVY_FIRST_FORWARD": True}
 _ON = ("PIPELINE", "ATOMIC_DQ", "FAST_EXP", "HEAVY_FIRST", "HEAVY_FIRST_FORWARD", "ADD_ROUND",
-       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM", "PREP_BLOCKS")  # fmt: skip
+       "ASYNC_Q", "STAGED_OUT", "ASYNC_KV", "FLAT", "EXP2_DKV", "LDSM", "PREP_BLOCKS",
+       "PREP_READY_LOOP")  # fmt: skip
 VARIANTS = {
-    "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 2},
+    "default": _OFF | dict.fromkeys(_ON, True) | {"ATOMIC_WIDTH": 4},
     "staged": _OFF,
     "pipeline": _OFF | {"PIPELINE": True},
     "atomic-dq": _OFF | {"ATOMIC_DQ": True},
@@ -65,7 +66,8 @@ VARIANTS["tile-fastest"] = VARIANTS["default"] | {
     "HEAVY_FIRST": False,
     "HEAVY_FIRST_FORWARD": False,
 }
-VARIANTS["atomics-4"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 4}
+# the defaults until session 17: dQ's atomics 2 columns a request, one dkv loop
+VARIANTS["atomics-2"] = VARIANTS["default"] | {"ATOMIC_WIDTH": 2, "PREP_READY_LOOP": False}
 VARIANTS["wide"] = VARIANTS["default"] | {"WIDE": True}
 # the defaults of 2026-11-30, session 12: clamped 3-d copies, e^x in dkv, 32-bit B loads
 VARIANTS["scalar-loads"] = VARIANTS["default"] | dict.fromkeys(("FLAT", "EXP2_DKV", "LDSM"), False)
@@ -84,7 +86,7 @@ QUICK_PTX = (
     "libdevice-exp",
     "cvt-round",
     "wide",
-    "atomics-4",
+    "atomics-2",
     "scalar-loads",
     "ldsm-dq",
     "prep-kernel",

@@ -163,7 +163,7 @@ ATOMIC_DQ = True
 # -r5-*). Four columns a request from a staging pass through shared memory instead of the
 # swap: 0.376 against 0.363 (255 registers; commit 9cb7083, results/staged-dq-s11-*); dQ's
 # product over 16 or 64 columns a pass instead of 32: 0.370 and 0.391 (dq-blocks-s11-*).
-ATOMIC_WIDTH = 2
+ATOMIC_WIDTH = 4
 # SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
 # are staged and P, dS kept unrounded for it; errors fall to fp32's level at 3x the mma.
@@ -320,7 +320,7 @@ ROW_ORDER = False
 # 2,177 (254 registers; 2,276 for PREP_BLOCKS's one loop, 2,199 without PREP_BLOCKS).
 # At T=512 the first wave's 200 blocks (a third of the iterations) start before the prep
 # ends. Off: not yet measured on a GPU (session 16 wrote it with no device time left).
-PREP_READY_LOOP = False
+PREP_READY_LOOP = True
 
 
 # dQ's tile added by bulk reductions of its rows instead (cp.reduce.async.bulk .add.f32 from
