@@ -75,8 +75,6 @@ VARIANTS = [
     ("prep-blocks-f4", {"PREP_FLAG_EVERY": 4}),  # a fence four units
     ("prep-blocks-unfused", {"PREP_MAX_T": 0}),  # its dkv, prep kernel
     ("one-loop", {"PREP_READY_LOOP": False}),  # prepared pairs' blocks in the flags' loop too
-    ("row-order", {"ROW_ORDER": True}),  # dkv's rows in schedule.row_order's order
-    ("row-order-ready", {"ROW_ORDER": True, "PREP_READY_LOOP": True}),  # both
     ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
     ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
     ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request

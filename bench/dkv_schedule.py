@@ -17,20 +17,24 @@ iterations a slot, heaviest first 54, and no split does better (session 11).
 --prep N,L puts PREP_BLOCKS's first row in front: N blocks of L iterations each (64 blocks
 of 53 us, 9.2 iterations of 5.8 us, in session 16). With half an iteration of overhead a
 block the makespan grows from 56 to 59 iterations, against 2.2 of the row's slot-time;
-rows of blocks no longer than 3 iterations would cost nothing. The last line is the order
-attention_tc.ROW_ORDER gives the dkv grid's rows for these counts (euler/gpu/schedule.py,
-whose makespan this uses).
+rows of blocks no longer than 3 iterations would cost nothing. Session 16 chose the rows'
+order by this count (of all orders of rows 2-7, the least makespan: 0, 1, 6, 2, 4, 3, 5, 7,
+half an iteration to one shorter); on the H200 that order gained nothing (session 17).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+import heapq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from euler.gpu.schedule import makespan, row_order  # noqa: E402
+def makespan(jobs: list[float], slots: int, first: tuple[float, ...] = ()) -> float:
+    """Finish time of jobs (iterations each) dispatched in order onto slots, each to the slot
+    that frees first (list scheduling, as the block scheduler does), after the jobs `first`."""
+    free = [0.0] * slots
+    for job in (*first, *jobs):
+        heapq.heappush(free, heapq.heappop(free) + job)
+    return max(free)
 
 
 def blocks(T: int, B: int, H: int, G: int, overhead: float, split: int) -> list[float]:
@@ -71,9 +75,6 @@ def main() -> None:
             f"{makespan(whole, args.slots, (x,) * int(n)):.0f}" for x in range(1, 11)
         )
         print(line)
-    nt, pairs = args.T // 64, args.batch * G
-    order = row_order(nt, H // G, pairs, args.slots, int(n), round(length / 0.19))
-    print(f"attention_tc.ROW_ORDER's rows (schedule.row_order): {order}")
 
 
 if __name__ == "__main__":

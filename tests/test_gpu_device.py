@@ -242,9 +242,9 @@ def test_tensor_core_attention_matches_float64(monkeypatch, B, T, knobs) -> None
     (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. With
     attention_tc.PREP_BLOCKS the dkv grid's first row prepares, behind flags zeroed each
     call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence);
-    with PREP_READY_LOOP the blocks that start after their pair's prep take a loop without
-    flags; with ROW_ORDER (at the batch whose order is not heaviest first) the grid's rows
-    hold their key tiles in schedule.row_order's order."""
+    the blocks that start after their pair's prep take a loop without flags
+    (PREP_READY_LOOP); atomics-2 is the default until session 17 (dQ's atomics two columns
+    a request, one dkv loop)."""
     from euler.gpu import attention_tc
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
@@ -255,9 +255,6 @@ def test_tensor_core_attention_matches_float64(monkeypatch, B, T, knobs) -> None
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)
-    if knobs.get("ROW_ORDER"):  # the order under test is not heaviest first
-        heaviest_first = sum(j << (4 * j) for j in range(T // 64))
-        assert attention_tc._packed_order(T // 64, H // G, B * G, True) != heaviest_first
     rng = np.random.default_rng(T)
     qkv, dout = _f32(rng, B, T, (H + 2 * G) * E), _f32(rng, B, T, H * E)
     ref = attention_with_grads(qkv, dout, H, G, E)

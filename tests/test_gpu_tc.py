@@ -157,8 +157,11 @@ if not IN_SIMULATOR:
             text = next(p for k, p in ptx.items() if f"{name}_tc_kernel" in k)
             assert ".target sm_90" in text
             rows = 2 if knobs["WIDE"] and name == "forward" else 1  # a warp's 16-row A tiles
+            # PREP_READY_LOOP: dkv's loop twice, with the flags' code and without
+            prep = knobs["PREP_BLOCKS"] and name == "dkv"
+            loops = 2 if prep and pipeline and knobs["PREP_READY_LOOP"] else 1
             mmas = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
-            assert len(mmas) == rows * n * per_product, (name, len(mmas))
+            assert len(mmas) == rows * n * per_product * loops, (name, len(mmas))
             assert "cvt.rna.tf32.f32" in text, name
             # libdevice's expf reduces its argument with fma.rm; exp_approx is ex2 alone
             assert ("fma.rm.f32" not in text) == fast_exp, name
@@ -177,8 +180,8 @@ if not IN_SIMULATOR:
             flat = pipeline and knobs["FLAT"] and not wide
             flats = (2 if name == "dkv" else 1) * 2 * E // 8 if flat else 0
             want_copies = 4 * E // 8 + extra + flats if pipeline else 0
+            want_copies += (loops - 1) * (2 if flat else 1) * 2 * E // 8  # the second loop's
             # PREP_BLOCKS: the prep blocks' dO and O, three issues (two ahead, the loop's)
-            prep = knobs["PREP_BLOCKS"] and name == "dkv"
             want_copies += 3 * 2 * E // 8 if prep else 0
             assert len(copies) == want_copies, (name, len(copies))
             flags = ("ld.relaxed.gpu.global.s32", "fence.acq_rel.gpu", "red.relaxed.gpu.global.add")
@@ -198,22 +201,20 @@ if not IN_SIMULATOR:
             loads = vectors + (E // 8 if ldsm_dq or (quads and name == "dkv") else 0) + 2 * zeros
             assert len(re.findall(r"ld\.shared\.v4\.f32", text)) == loads, name
             assert ("cp.async.wait_group 0;" in text) == pipeline, name
-            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request (4: from E = 16, its
-            # B values by 8-byte loads, 8 a key block and pair of column blocks)
+            # dQ: 4 E / 8 values a lane, ATOMIC_WIDTH of them a request (4: from E = 16)
             width = 4 if quads else min(width, 2)
             vec = "" if width == 1 else rf"\.v{width}"
             adds = re.findall(rf"(?:red|atom)\.global\.add{vec}\.f32", text)
             want_adds = 4 * E // 8 // width if atomic and name == "dkv" else 0
-            want_adds *= 2 if flat and width > 1 else 1  # FLAT's flat and clamped adds
+            want_adds *= (2 if flat and width > 1 else 1) * loops  # FLAT's flat and clamped
             assert len(adds) == want_adds, (name, len(adds))
-            pairs = len(re.findall(r"ld\.shared\.v2\.[fub]32", text))
-            assert pairs == (8 * E // 8 if quads and name == "dkv" else 0), name
             # LDSM: the S (forward) and S^T, dP^T (dkv) products' B fragments four at a time
             ldsm = knobs["LDSM"] and not split and name != "dq"
             want_ldsm = E // 8 * {"forward": 4, "dkv": 8}[name] if ldsm else 0
             if ldsm_dq:
                 # and dQ's: an A fragment a key block and pass, B pairs of column blocks
                 want_ldsm += 8 * -(-E // 8 // 4) + 8 * (E // 8 // 2)
+            want_ldsm *= loops
             ldsm_found = re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", text)
             assert len(ldsm_found) == want_ldsm, (name, len(ldsm_found))
             # tf32_finite: an add of 0x1000 and a mask per probability (forward: 16 x 64 of a
@@ -222,11 +223,11 @@ if not IN_SIMULATOR:
             # (forward: S and O; dkv: all but dQ's, whose K is staged)
             adds = len(re.findall(r"add\.s32\s+%r\d+, %r\d+, 4096;", text))
             masks = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, -8192;", text))
-            want_masks = 0 if split else rows * {"forward": 32, "dq": 32, "dkv": 64}[name]
+            want_masks = 0 if split else rows * {"forward": 32, "dq": 32, "dkv": 64}[name] * loops
             assert masks == want_masks, (name, masks)
             # (WIDE: each B value, rounded once, feeds both row tiles' mma)
             raw = {"forward": 2, "dkv": 4, "dq": 3}[name] if knobs["ADD_ROUND"] else 0
-            assert adds - masks == 2 * raw * per_product, (name, adds, masks)
+            assert adds - masks == 2 * raw * per_product * loops, (name, adds, masks)
 
     def test_default_variant_is_the_modules() -> None:
         """VARIANTS["default"] names the knobs the package trains with."""
@@ -298,6 +299,7 @@ if not IN_SIMULATOR:
         loop reads none."""
         from euler.gpu import attention_tc
 
+        monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", False)
         base = _ptx_of_launches(monkeypatch, 8)["backward_dkv_tc_kernel"]
         monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", True)
         ready = _ptx_of_launches(monkeypatch, 8)["backward_dkv_tc_kernel"]
@@ -488,8 +490,9 @@ else:
     def test_attention_tc_whole_tiles() -> None:
         """Two whole query tiles (T = 128), one head: the forward's second block copies key
         tile 1 by FLAT's flat indices, dkv's first block query tile 1 likewise, and dQ's adds
-        go flat (test_attention_tc's T = 70 takes the clamped copies of a partial tile)."""
-        _check_attention(1, 128, 1, 1, 8)
+        go flat, 4 columns a request at E = 16 (test_attention_tc's T = 70 takes the clamped
+        copies of a partial tile, T = 19 the clamped 4-column adds)."""
+        _check_attention(1, 128, 1, 1, 16)
 
     @pytest.mark.parametrize(
         "B,G,span,every,ready",
@@ -515,18 +518,6 @@ else:
         monkeypatch.setattr(attention_tc, "PREP_FLAG_EVERY", every)
         monkeypatch.setattr(attention_tc, "PREP_READY_LOOP", ready)
         _check_attention(B, 128, 2 * G, G, 8, forward=False)
-
-    @pytest.mark.slow
-    def test_attention_tc_row_order(monkeypatch) -> None:
-        """ROW_ORDER with the rows out of the heaviest-first order (key tiles 0, 1, 3, 2 at
-        T = 256, forced): each block still finds its tile, its dK, dV and dQ land."""
-        from euler.gpu import schedule
-
-        for knob, value in VARIANTS["default"].items():
-            monkeypatch.setattr(attention_tc, knob, value)
-        monkeypatch.setattr(attention_tc, "ROW_ORDER", True)
-        monkeypatch.setattr(schedule, "row_order", lambda nt, *rest: (0, 1, 3, 2)[:nt])
-        _check_attention(1, 256, 2, 1, 8, forward=False)
 
     def test_tf32_operand_rounds_as_cvt_rna() -> None:
         """tf32_operand's bits, truncated as the tensor core does, are tf32's: ties away from

@@ -54,8 +54,9 @@ ATOMIC_DQ: no dq kernel: attention.backward_prep writes dsum and zeroes dQ, and
   the dkv kernel, after dS^T of a tile pair, stores it to shared memory ([key][query],
   rows padded to 68) and each warp adds dQ = dS K (scaled) for 16 queries into dqkv
   with atomics: 5 tile products per tile pair instead of 7, nondeterministic sums.
-ATOMIC_WIDTH: those atomics 1, 2 (the default: a lane's two adjacent columns) or 4 columns
-  a request (vector.atomic_add2, atomic_add4).
+ATOMIC_WIDTH: those atomics 1, 2 or 4 (the default) columns a request (vector.atomic_add2,
+  atomic_add4); for 4 dQ's product reads K^T with its column blocks interleaved in pairs,
+  so each lane holds 4 adjacent columns of a row.
 SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), and each
   product three mma (lo hi, hi lo, hi hi): fp32-level errors (2e-7 of the values' scale in
   the simulator, against 4e-4 for TF32: bench/attention_tc_sim.py; 4e-6 in out and 9e-5
@@ -85,7 +86,6 @@ PREP_BLOCKS: no prep kernel: the dkv grid's first row writes dsum and dQ's zeros
   unit, while the dkv blocks run, each waiting for a tile's flag (flags.py) before its
   copies; PREP_SPAN, PREP_STAGES, PREP_FLAG_EVERY shape those blocks; PREP_READY_LOOP
   gives the blocks of prepared pairs a loop without the flags.
-ROW_ORDER: dkv's grid rows hold their key tiles in the order schedule.row_order counts best.
 Whatever the knobs, probabilities and score gradients round by mma.tf32_finite (an add
 and a mask) and row maxima are trees of branchless.fmax.
 
@@ -93,7 +93,9 @@ Measured on an H200 (bench/attention_tc_gpu.py --variant NAME, B=32, H=12, G=4, 
 errors against a float64 reference within 4e-4 of the values' scale), forward and
 backward ms at T=512 (T=2048). Since 2026-11-30 each figure is the device's time alone (10
 calls back to back behind a spinning kernel, bench/gpu_timing.py); the rows below the first
-five were one call between CUDA events, the host's launch (40-90 us) included:
+six were one call between CUDA events, the host's launch (40-90 us) included:
+  default (2026-11-30, session 17: PREP_BLOCKS, ATOMIC_WIDTH 4, PREP_READY_LOOP)
+                                     0.134 0.318 (1.63 4.08)  96 (125) TFLOP/s, bwd 2.38x
   default (2026-11-30, session 13: FLAT, EXP2_DKV, LDSM)
                                      0.134 0.351 (1.62 4.43)  96 (127) TFLOP/s forward
   default (2026-11-30, session 10: the prep kernel indexed by shifts, 0.040 ms from 0.059)
@@ -118,13 +120,12 @@ this module 0.144 and 0.365 (1.79 4.58), 3xTF32 0.381 1.143, the exact fp32 kern
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import numpy as np
 from numba import cuda, float32
 from numba.cuda.cudadrv.driver import device_memset
 
-from euler.gpu import attention, schedule
+from euler.gpu import attention
 from euler.gpu.approx import LOG2E
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.generated import Source, compile_generated
@@ -154,15 +155,21 @@ PIPELINE = True
 # prepared them on the critical path (commit 687c9ff, results/fused-prep-s11-*).
 ATOMIC_DQ = True
 # ATOMIC_WIDTH: ATOMIC_DQ's adds take 1, 2 or 4 adjacent columns a request (vector.py's
-# atomic_add2 and atomic_add4: red.global.add.v2.f32, .v4.f32). A lane holds columns 2t and
-# 2t + 1 of rows g and g + 8, so for 4 the lanes of a pair swap halves by one shuffle each
-# (t even: row g, columns 2t..2t+3; t odd: row g + 8). One float atomic a value makes 57
-# million requests a call at T=512, which the L2's atomic units serve one by one. On the
-# H200 at T=512 (T=2048) the backward took 0.538 (6.08) ms with 1, 0.479 (5.23) with 2,
-# 0.493 (5.33) with 4, whose swap spills a register (results/attention-tc-launchfree-r4-*,
-# -r5-*). Four columns a request from a staging pass through shared memory instead of the
-# swap: 0.376 against 0.363 (255 registers; commit 9cb7083, results/staged-dq-s11-*); dQ's
-# product over 16 or 64 columns a pass instead of 32: 0.370 and 0.391 (dq-blocks-s11-*).
+# atomic_add2 and atomic_add4: red.global.add.v2.f32, .v4.f32). A lane's C fragment holds
+# columns 2t and 2t + 1 of rows g and g + 8. For 4 (from E = 16; E = 8 takes 2) dQ's
+# product reads K^T (transposed in place once a block, as LDSM_DQ's) with its column
+# blocks interleaved in pairs (_atomic_dq), so a lane holds 4 adjacent columns of each row
+# and loads its B values 8 bytes at a time; no shuffle, no extra pass. One float atomic a
+# value makes 57 million requests a call at T=512, which the L2's atomic units serve one by
+# one. On the H200 at T=512 (T=2048): 0.538 (6.08) ms with 1, 0.479 (5.23) with 2 (results/
+# attention-tc-launchfree-r4-*, -r5-*); in session 17, 4 interleaved 0.3223, 0.3224 against
+# 2's 0.3404, 0.3403 (4.146-4.156 against 4.446-4.470), and with PREP_READY_LOOP 0.3184,
+# 0.3179 (4.069-4.086): 2.38x the forward (results/attention-tc-s17-call3-*). The loop: 254
+# registers, no spill, 2,256 SASS instructions a tile against 2,276 for 2's. Four columns
+# by other means lost: the lanes of a pair swapping halves by shuffles (0.493 against 0.479,
+# a register spilled), a staging pass through shared memory (0.376 against 0.363; commit
+# 9cb7083, results/staged-dq-s11-*). dQ's product over 16 or 64 columns a pass instead of
+# 32: 0.370 and 0.391 against 0.363 (dq-blocks-s11-*).
 ATOMIC_WIDTH = 4
 # SPLIT_TF32 (3xTF32): every operand x is split into hi = tf32(x) and lo = tf32(x - hi), and
 # a product takes three mma: lo hi + hi lo + hi hi (lo lo, 2^-22 of it, is dropped). Tiles
@@ -307,19 +314,15 @@ PREP_FLAG_EVERY = 2
 # PREP_MAX_T: longer sequences take the prep kernel (dkv's prep = 0), which lost more at
 # T=2048 (4.490-4.497 ms, session 16's call 2) than the prep blocks do
 PREP_MAX_T = 1 << 30
-# ROW_ORDER (with HEAVY_FIRST): which key tile each row of the dkv grid holds, chosen by the
-# launcher (schedule.row_order: of all orders of the rows after the first two, the least
-# makespan by list scheduling, up to 8 tiles). At T=512 (B=32, H=12, G=4, 264 slots, the
-# prep row first) it is 0, 1, 6, 2, 4, 3, 5, 7: 58.5 and 60.0 iterations against 59 and
-# 61 heaviest first (half an iteration of staging a block, or one). Off: not yet measured
-# on a GPU (session 16 wrote it with no device time left).
-ROW_ORDER = False
 # PREP_READY_LOOP: dkv's loop twice, with the flags' code and without: a block whose pair's
 # last unit is flagged when it starts (all its units prepared) runs the second. The loop's
 # flag code costs 77 SASS instructions a tile; ptxas 13 makes the two loops 2,272 and
 # 2,177 (254 registers; 2,276 for PREP_BLOCKS's one loop, 2,199 without PREP_BLOCKS).
 # At T=512 the first wave's 200 blocks (a third of the iterations) start before the prep
-# ends. Off: not yet measured on a GPU (session 16 wrote it with no device time left).
+# ends. On the H200 (session 17) with 2-column atomics: 0.3394, 0.3398 ms at T=512 against
+# 0.3422, 0.3412, and 0.3390, 0.3390 against 0.3404, 0.3403 in the next call; with 4-column
+# ones 0.3184, 0.3179 against 0.3222, 0.3224 (results/attention-tc-s17-call{1,3}-*). The
+# heavier compile (about 70 s of ptxas for dkv against 45) is paid once, on first use.
 PREP_READY_LOOP = True
 
 
@@ -969,9 +972,7 @@ def _dkv_source(E: int) -> str:
     ksc, qsc = (" * scale", "") if PIPELINE else ("", " * scale")
     gen.prologue(
         "backward_dkv_tc_kernel",
-        "dqkv, dsum, dout, qkv, lse, H, G, scale"
-        + (", out, flags, prep" if PREP_BLOCKS else "")
-        + (", order" if ROW_ORDER else ""),
+        "dqkv, dsum, dout, qkv, lse, H, G, scale" + (", out, flags, prep" if PREP_BLOCKS else ""),
         f"dK, dV{', dQ (atomic)' if ATOMIC_DQ else ''} parts of dqkv; grid _grid(T / 64, B G), "
         "128 threads; rows are keys.",
         RED,
@@ -987,10 +988,7 @@ def _dkv_source(E: int) -> str:
         w.indent(-1)
         tile = f"({tile} - prep)"
     w(f"ko = H * {E} + kvh * {E}", f"vo = ko + G * {E}")
-    if ROW_ORDER:  # the row's key tile from the launcher's order, 4 bits a row (-1: rows')
-        w(f"j0 = select(order < 0, {tile}, (order >> (4 * {tile})) & 15) * 64")
-    else:
-        w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
+    w(f"j0 = {tile} * 64  # the first key tiles see the most queries")
 
     def issue_rows(i: str, h: str, buf: str, flat: bool, parts: str) -> None:
         """issue's copies, flat (FLAT: the tile lies within the sequence) or clamped."""
@@ -1129,8 +1127,7 @@ def _dkv_source(E: int) -> str:
         w("cur = nxt", "i0 = i1", "h = h1")
 
     if PIPELINE:  # one loop over (head, query tile) pairs: the next tile may be the next head's
-        jt = "(j0 >> 6)" if ROW_ORDER else tile
-        w(f"nit = rep * ((Tn + 63) // 64 - {jt})  # query tiles of the group's heads")
+        w(f"nit = rep * ((Tn + 63) // 64 - {tile})  # query tiles of the group's heads")
         w("i0 = j0", "h = kvh * rep  # this iteration's query tile and head")
         w("cur = uint64(0)  # this tile's buffer")
         loops = [("range(nit)", PREP_BLOCKS)]
@@ -1322,7 +1319,7 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
     quads = _quads(gen.E)
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", f"qc = qo + {4 if quads else 2} * t")
-    flat = FLAT and (ATOMIC_WIDTH == 2 or quads)
+    flat = FLAT and ATOMIC_WIDTH > 1  # (4 at E = 8: 2, not interleaved)
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
@@ -1434,7 +1431,6 @@ def knobs() -> dict:
                 STAGED_OUT=STAGED_OUT, ASYNC_KV=ASYNC_KV, FLAT=FLAT, EXP2_DKV=EXP2_DKV, LDSM=LDSM,
                 LDSM_DQ=LDSM_DQ, PREP_BLOCKS=PREP_BLOCKS, PREP_SPAN=PREP_SPAN,
                 PREP_FLAG_EVERY=PREP_FLAG_EVERY, PREP_READY_LOOP=PREP_READY_LOOP,
-                ROW_ORDER=ROW_ORDER,
                 LOAD_CHUNK=LOAD_CHUNK, LOAD_CHUNK_DKV=LOAD_CHUNK_DKV)  # fmt: skip
 
 
@@ -1458,7 +1454,6 @@ def kernels(E: int):
     if key not in _BUILT:
         assert supports(E), f"tensor-core attention needs E in (8, 16, 32, 64), not {E}"
         assert not PREP_BLOCKS or (PIPELINE and ATOMIC_DQ and HEAVY_FIRST and ASYNC_KV)
-        assert not ROW_ORDER or HEAVY_FIRST
         _BUILT[key] = tuple(_compile(n, s) for n, s in sources(E).items())
     return _BUILT[key]
 
@@ -1520,24 +1515,9 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0) -> No
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
     if PREP_BLOCKS:  # unfused (prep = 0), the kernel reads no flag: none is zeroed
         args += (out, _flags(B * H * nt if fused else 1, stream if fused else None), int(fused))
-    if ROW_ORDER:
-        args += (_packed_order(nt, H // G, B * G, fused),)
     if fused:  # the prep blocks' row first (HEAVY_FIRST: tiles on the grid's slow axis)
         grid = (grid[0], grid[1] + 1)
     _launch(built[-1], grid, stream, nbytes["dkv"], *args)
-
-
-@cache
-def _packed_order(nt: int, rep: int, pairs: int, fused: bool) -> int:
-    """ROW_ORDER's key tile of each dkv grid row, 4 bits a row, for this GPU's slots (two
-    dkv blocks a multiprocessor), after the prep row if fused; -1 (each row its own tile)
-    up to 2 tiles, where there is nothing to order, and past 8."""
-    if not 2 < nt <= 8:
-        return -1
-    slots = 2 * (132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    prep = -(-pairs // PREP_SPAN) if fused else 0  # the prep blocks that work
-    order = schedule.row_order(nt, rep, pairs, slots, prep, PREP_SPAN * rep * nt)
-    return sum(j << (4 * r) for r, j in enumerate(order))
 
 
 _FLAGS: dict[int, object] = {}
