@@ -1344,9 +1344,11 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
                 w(f"a{i} = sm[lt + {gen.u(DS + 8 * kk * LDS + off)}]")
             if quads:  # blocks n, n + 1 from K^T's rows 8n + 2g, 8n + 2g + 1
                 for n in cols[::2]:
-                    at = KK + 8 * n * LDS + 8 * kk
-                    w(f"b0, b1 = load2_shared(sm, lpair + {gen.u(at)})")
-                    w(f"b2, b3 = load2_shared(sm, lpair + {gen.u(at + LDS)})")
+                    for pair, row in (("b0, b1", 8 * n), ("b2, b3", 8 * n + 1)):
+                        x = f"lpair + {gen.u(KK + row * LDS + 8 * kk)}"
+                        # (the simulator: two loads, not a device function's costly call)
+                        load = f"sm[{x}], sm[{x} + 1]" if SIMULATOR else f"load2_shared(sm, {x})"
+                        w(f"{pair} = {load}")
                     gen._mma("dq", n, a)
                     gen._mma("dq", n + 1, a, ("b2", "b3"))
                 continue

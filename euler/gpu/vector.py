@@ -276,8 +276,10 @@ else:
     @cuda.jit(device=True)
     def atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3):
         """The simulator's atomic_add4: four atomic adds."""
-        atomic_add2(ary, i0, i1, i2, a0, a1)
-        atomic_add2(ary, i0, i1, i2 + 2, a2, a3)
+        cuda.atomic.add(ary, (i0, i1, i2), a0)
+        cuda.atomic.add(ary, (i0, i1, i2 + 1), a1)
+        cuda.atomic.add(ary, (i0, i1, i2 + 2), a2)
+        cuda.atomic.add(ary, (i0, i1, i2 + 3), a3)
 
     @cuda.jit(device=True)
     def atomic_add4_flat(ary, k, a0, a1, a2, a3):
