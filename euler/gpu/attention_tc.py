@@ -1319,7 +1319,7 @@ def _atomic_dq(gen: _Gen, KK: int, DS: int, scale: str) -> None:
     quads = _quads(gen.E)
     w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
     w("rq = i0 + 16 * wp + g", f"qc = qo + {4 if quads else 2} * t")
-    flat = FLAT and ATOMIC_WIDTH > 1  # (4 at E = 8: 2, not interleaved)
+    flat = FLAT and ATOMIC_WIDTH > 1  # (width 4 at E = 8 adds 2 columns a request)
     if flat:  # rows rq and rq + 8 of the tile as flat indices of dqkv
         w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
         w("dq8 = dq0 + 8 * dqkv.shape[2]")
