@@ -58,8 +58,8 @@ RECORDS: list[dict] = []
 # (the grids' orders; the raw tiles' rounding; libdevice's expf; 3xTF32; the staged
 # kernels that were the default until 2026-11-29).
 VARIANTS = [
-    ("default", {}),  # PIPELINE, ATOMIC_DQ (2 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM, PREP_BLOCKS
+    ("default", {}),  # PIPELINE, ATOMIC_DQ (4 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
+    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM, PREP_BLOCKS, PREP_READY_LOOP
     ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
     ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
     ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async

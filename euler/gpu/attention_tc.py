@@ -352,9 +352,9 @@ def _ldsm_dq() -> bool:
 
 
 def _quads(E: int) -> bool:
-    """Whether dkv's dQ atomics take 4 columns a request (ATOMIC_WIDTH 4 and what it needs:
-    two column blocks to interleave; not with SPLIT_TF32 or LDSM_DQ, which take 2)."""
-    return ATOMIC_WIDTH == 4 and E >= 16 and not SPLIT_TF32 and not _ldsm_dq()
+    """Whether dkv's dQ atomics take 4 columns a request (ATOMIC_DQ, ATOMIC_WIDTH 4 and what
+    it needs: two column blocks to interleave; not with SPLIT_TF32 or LDSM_DQ, which take 2)."""
+    return ATOMIC_DQ and ATOMIC_WIDTH == 4 and E >= 16 and not SPLIT_TF32 and not _ldsm_dq()
 
 
 def _wide() -> bool:
@@ -1051,7 +1051,7 @@ def _dkv_source(E: int) -> str:
     exp2 = PIPELINE and FAST_EXP and EXP2_DKV
     gen.load_a("ka", ks, raw=f" * T({LOG2E!r})" if exp2 else None)
     gen.load_a("va", vs, raw="" if async_kv else None)
-    ldsm_dq, quads = _ldsm_dq(), ATOMIC_DQ and _quads(E)
+    ldsm_dq, quads = _ldsm_dq(), _quads(E)
     if ldsm_dq or quads:  # K^T [e][key] over K: a warp reads 32 keys' 16 bytes, writes rows
         per = E // 8  # 4-column chunks a thread: thread tid takes key tid % 64
         w(f"kr = uint64((tid & 63) * {LD} + (tid >> 6) * {4 * per})  # its first chunk")
