@@ -163,7 +163,7 @@ ATOMIC_DQ = True
 # value makes 57 million requests a call at T=512, which the L2's atomic units serve one by
 # one. On the H200 at T=512 (T=2048): 0.538 (6.08) ms with 1, 0.479 (5.23) with 2 (results/
 # attention-tc-launchfree-r4-*, -r5-*); in session 17, 4 interleaved 0.3223, 0.3224 against
-# 2's 0.3404, 0.3403 (4.146-4.156 against 4.446-4.470), and with PREP_READY_LOOP 0.3184,
+# 2's 0.3408, 0.3403 (4.146-4.155 against 4.446-4.472), and with PREP_READY_LOOP 0.3184,
 # 0.3179 (4.069-4.086): 2.38x the forward (results/attention-tc-s17-call3-*). The loop: 254
 # registers, no spill, 2,256 SASS instructions a tile against 2,276 for 2's. Four columns
 # by other means lost: the lanes of a pair swapping halves by shuffles (0.493 against 0.479,
@@ -320,9 +320,10 @@ PREP_MAX_T = 1 << 30
 # 2,177 (254 registers; 2,276 for PREP_BLOCKS's one loop, 2,199 without PREP_BLOCKS).
 # At T=512 the first wave's 200 blocks (a third of the iterations) start before the prep
 # ends. On the H200 (session 17) with 2-column atomics: 0.3394, 0.3398 ms at T=512 against
-# 0.3422, 0.3412, and 0.3390, 0.3390 against 0.3404, 0.3403 in the next call; with 4-column
-# ones 0.3184, 0.3179 against 0.3222, 0.3224 (results/attention-tc-s17-call{1,3}-*). The
-# heavier compile (about 70 s of ptxas for dkv against 45) is paid once, on first use.
+# 0.3422, 0.3412, and 0.3390, 0.3390 against 0.3408, 0.3403 in the next call; with 4-column
+# ones 0.3184, 0.3179 against 0.3223, 0.3224 (results/attention-tc-s17-call{1,3}-*). The
+# heavier compile (here, ptxas on dkv: 94 s against 32-36 with one loop, ptx_registers.py
+# --census) is paid once, on first use.
 PREP_READY_LOOP = True
 
 
