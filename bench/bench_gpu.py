@@ -39,11 +39,11 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gpu_timing  # noqa: E402
-from euler.config import PRESETS  # noqa: E402
 from euler.gpu import attention  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
-from euler.model import Model, make_targets  # noqa: E402
+from euler.model.config import PRESETS  # noqa: E402
+from euler.model.transformer import Model, make_targets  # noqa: E402
 
 
 class Hyper:
@@ -192,14 +192,14 @@ def bench_step(args) -> dict:
 
 
 def overlap_steps(args) -> dict[str, dict]:
-    """The trainer's step (euler.bench.time_engine) at the defaults, then with one default off
+    """The trainer's step (euler.bench.steps.time_engine) at the defaults, then with one default off
     each: the weight gradients in line (no side stream), without token-contiguous copies
     (backend.TRANSPOSE_WEIGHT_GRADS), without the output projections' residual adds fused
     into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); with token-contiguous copies only
     where the other side is 2048 or more wide (TRANSPOSE_MIN_WIDTH 2048, the default until
     session 12); each replayed as CUDA graphs and launched: time_steps' statistics plus
     tokens/s."""
-    from euler.bench import synthetic_batch, time_engine
+    from euler.bench.steps import synthetic_batch, time_engine
     from euler.gpu import backend
 
     cfg = PRESETS[args.preset]

@@ -17,9 +17,9 @@ import tempfile
 STEP = """
 import time, numpy as np
 t0 = time.perf_counter()
-from euler.config import get_preset
-from euler.model import Model, make_targets
-from euler.optim import AdamW
+from euler.model.config import get_preset
+from euler.model.transformer import Model, make_targets
+from euler.training.optim import AdamW
 cfg = get_preset("small")
 m = Model(cfg)
 w = np.random.default_rng(0).integers(0, cfg.vocab_size, (16, 128 + cfg.n_mtp))

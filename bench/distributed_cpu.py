@@ -80,8 +80,8 @@ def main() -> None:
         allreduce(args.allreduce, repeats=50)
         return
 
-    from euler.config import get_preset
-    from euler.distributed import mpiexec_path
+    from euler.model.config import get_preset
+    from euler.training.distributed import mpiexec_path
 
     cfg = get_preset(args.preset)
     runs = {"1 process x 2 threads": [], "2 ranks x 1 thread": []}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-from euler.bench_kernels import GPU_CALLS
+from euler.bench.kernels import GPU_CALLS
 
 WARM_S = 0.5  # seconds of calls before timing: after NVVM's compile the GPU has idled
 CALLS = GPU_CALLS  # calls timed back to back in a round, as `euler bench` times a GPU layer

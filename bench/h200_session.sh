@@ -51,7 +51,7 @@ variants)
     ;;
 exact)
     log "exact attention lab: attention_tiles knobs, launch-free, T=512 and 2048"
-    timeout 400 python3 bench/attention_lab_gpu.py --out "$OUT/attention-lab.json" 2>&1 \
+    timeout 400 python3 bench/labs/attention_lab_gpu.py --out "$OUT/attention-lab.json" 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
     if [ -f scratch/time_old.py ]; then  # an uncommitted A/B against older kernels
         log "older kernels (scratch)"
@@ -62,18 +62,18 @@ exact)
 ablation)
     log "tc forward ablations (attention_tc_ablation.py), T=512 and 2048"
     for T in 512 2048; do
-        timeout 200 python3 bench/attention_tc_ablation.py --T $T --out "$OUT/ablation-$T.json" \
+        timeout 200 python3 bench/labs/attention_tc_ablation.py --T $T --out "$OUT/ablation-$T.json" \
             2>&1 | grep ablation | tee -a "$OUT/log.txt"
     done
     ;;
 prep)
     log "prep variants (prep_variants.py), T=512 and 2048"
-    timeout 200 python3 bench/prep_variants.py --out "$OUT/prep.json" 2>&1 \
+    timeout 200 python3 bench/labs/prep_variants.py --out "$OUT/prep.json" 2>&1 \
         | grep '"variant"' | tee -a "$OUT/log.txt"
     ;&
 parts)
     log "tc backward parts (attention_backward_parts.py), T=512 and 2048"
-    timeout 200 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
+    timeout 200 python3 bench/labs/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
         | grep '"part"' | tee -a "$OUT/log.txt"
     ;;
 ab)
@@ -92,7 +92,7 @@ ab)
         done
     done
     log "tc backward parts (attention_backward_parts.py)"
-    timeout 120 python3 bench/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
+    timeout 120 python3 bench/labs/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
         | grep '"part"' | tee -a "$OUT/log.txt"
     ;;
 attention)
@@ -130,9 +130,9 @@ overlap)
     ;;
 labs)
     log "gemm lab and cuBLASLt lab"
-    timeout 60 python3 bench/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 \
+    timeout 60 python3 bench/labs/gemm_lab_gpu.py --out "$OUT/gemm-lab.json" 2>&1 \
         | grep one_sided | tee -a "$OUT/log.txt"
-    timeout 100 python3 bench/cublaslt_lab_gpu.py --out "$OUT/cublaslt-lab.json" 2>&1 \
+    timeout 100 python3 bench/labs/cublaslt_lab_gpu.py --out "$OUT/cublaslt-lab.json" 2>&1 \
         | grep -v Warning | tail -30 | tee -a "$OUT/log.txt"
     ;;
 final)

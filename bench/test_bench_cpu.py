@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler.bench_kernels import layer_cases
-from euler.config import get_preset
+from euler.bench.kernels import layer_cases
 from euler.cpu.backend import CpuBackend
-from euler.model import Model, make_targets
-from euler.optim import AdamW
+from euler.model.config import get_preset
+from euler.model.transformer import Model, make_targets
+from euler.training.optim import AdamW
 
 CFG = get_preset("small")
 B, T = 16, 128

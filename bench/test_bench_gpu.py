@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler.bench_kernels import GPU_CALLS, layer_cases
-from euler.config import get_preset
-from euler.model import Model, make_targets
-from euler.optim import AdamW
+from euler.bench.kernels import GPU_CALLS, layer_cases
+from euler.model.config import get_preset
+from euler.model.transformer import Model, make_targets
+from euler.training.optim import AdamW
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""`euler bench`: our engine against the PyTorch peer; the measuring lives in euler.bench."""
+"""`euler bench`: our engine against the PyTorch peer; the measuring lives in euler.bench.steps."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def register(app: typer.Typer) -> None:
         """Time training steps, layers, attention and the tokenizer against PyTorch."""
         from rich.console import Console
 
-        from euler.bench import BenchOptions, run_bench
-        from euler.bench_report import print_report
+        from euler.bench.report import print_report
+        from euler.bench.steps import BenchOptions, run_bench
 
         opts = BenchOptions(
             device=device,

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         samples: int = typer.Option(12, help="Entries sampled per tensor."),
     ) -> None:
         """Check every analytic gradient against float64 central finite differences."""
-        from euler.gradcheck import run_gradcheck
+        from euler.model.gradcheck import run_gradcheck
 
         ok = run_gradcheck(seed=seed, samples=samples)
         raise typer.Exit(0 if ok else 1)

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
 
         lm_head is MTP head 0; heads 1..K-1 go to mtp_heads.safetensors, so nothing is lost.
         """
-        from euler.hf_export import export_hf
+        from euler.interop.hf_export import export_hf
 
         _check_format(fmt)
         path = export_hf(checkpoint, out, overwrite)
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         overwrite: OverwriteOpt = False,
     ) -> None:
         """Make a checkpoint from a Hugging Face Llama folder our config can express."""
-        from euler.hf_import import import_hf
+        from euler.interop.hf_import import import_hf
 
         _check_format(fmt)
         if n_mtp is not None and n_mtp < 1:

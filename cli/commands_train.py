@@ -63,8 +63,8 @@ def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
     nproc > 1 outside mpiexec starts this same command line as nproc MPI ranks and exits
     with their exit code; under mpiexec it must match the ranks mpiexec started.
     """
-    from euler import distributed
-    from euler.train import read_run, train
+    from euler.training import distributed
+    from euler.training.loop import read_run, train
 
     if resume is not None:
         tc, _ = read_run(resume)
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
         nproc: Nproc = 1,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
-        from euler.train import TrainConfig
+        from euler.training.loop import TrainConfig
 
         tc = TrainConfig(
             out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
         nproc: Nproc = 1,
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
-        from euler.train import TrainConfig
+        from euler.training.loop import TrainConfig
 
         if resume is None and (from_ is None or data is None):
             raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
@@ -218,9 +218,9 @@ def register(app: typer.Typer) -> None:
         """
         import numpy as np
 
-        from euler import checkpoint as ckpt
-        from euler.generate import ChatSession
-        from euler.sampling import SamplingConfig
+        from euler.inference.generate import ChatSession
+        from euler.inference.sampling import SamplingConfig
+        from euler.training import checkpoint as ckpt
 
         if max_tokens < 1:
             raise EulerError("--max-tokens must be at least 1")
@@ -297,14 +297,14 @@ def _check_text(text: str, what: str) -> str:
 
 def _decoder_factory(ck, device: str):
     """A function making fresh decoders of checkpoint ck on device (cpu: KV cache)."""
-    from euler.generate import Decoder
+    from euler.inference.generate import Decoder
 
     if device == "cpu":
         return lambda: Decoder(ck.cfg, ck.params)
     if device != "cuda":
         raise EulerError(f"--device must be cpu or cuda, got {device!r}")
-    from euler.decode_device import RecomputeDecoder
-    from euler.train import make_backend
+    from euler.inference.decode_device import RecomputeDecoder
+    from euler.training.loop import make_backend
 
     backend = make_backend(device)
     return lambda: RecomputeDecoder(ck.cfg, ck.params, backend)
@@ -312,7 +312,7 @@ def _decoder_factory(ck, device: str):
 
 def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:
     """Stream one answer to stdout, then a line of statistics; decoder() makes a decoder."""
-    from euler.generate import TextStream, generate, generate_speculative
+    from euler.inference.generate import TextStream, generate, generate_speculative
 
     stream = TextStream(session.tok)
     sys.stdout.write("euler> ")

@@ -22,8 +22,8 @@ def info(preset: str = typer.Option("small", help="Preset name: tiny, small or g
     from rich.console import Console
     from rich.table import Table
 
-    from euler.config import get_preset
-    from euler.params import param_table
+    from euler.model.config import get_preset
+    from euler.model.params import param_table
 
     cfg = get_preset(preset)
     table = Table(title=f"preset {preset}")

@@ -5,7 +5,7 @@ engine except the config and the parameter names, so that a mistake in a kernel 
 copied into the reference. Every function works in the dtype of its inputs (tests use
 float64, where agreement to 1e-10 is meaningful).
 
-The math (shape letters from euler/config.py; linear weights are stored (out, in), so a
+The math (shape letters from euler/model/config.py; linear weights are stored (out, in), so a
 projection is y = x @ W.T; no biases anywhere):
 
     x = tok_emb[tokens]                                            (B, T, D)
@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from euler.config import ModelConfig
+from euler.model.config import ModelConfig
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -158,7 +158,7 @@ def reference_forward(
 ) -> tuple[float | None, np.ndarray]:
     """(B, T) tokens, (K, B, T) targets or None -> (loss or None, logits (K, B, T, V)).
 
-    `params` maps the names of euler.params.param_table to arrays of those shapes (e.g.
+    `params` maps the names of euler.model.params.param_table to arrays of those shapes (e.g.
     ParamLayout(cfg).views(flat)); the computation runs in their dtype.
     """
     B, T = tokens.shape

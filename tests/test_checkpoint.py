@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from euler import checkpoint
-from euler.config import get_preset
 from euler.errors import EulerError
-from euler.model import Model
-from euler.params import ParamLayout
+from euler.model.config import get_preset
+from euler.model.params import ParamLayout
+from euler.model.transformer import Model
+from euler.training import checkpoint
 
 CFG = get_preset("tiny")
 TOKENIZER_JSON = json.dumps({"stand-in": "tokenizer"})

@@ -25,13 +25,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from euler import checkpoint, distributed
-from euler import train as train_mod
-from euler.config import get_preset
 from euler.errors import EulerError
 from euler.gpu import nccl
-from euler.model import Model, make_targets
-from euler.train import train
+from euler.model.config import get_preset
+from euler.model.transformer import Model, make_targets
+from euler.training import checkpoint, distributed
+from euler.training import loop as train_mod
+from euler.training.loop import train
 from tests.train_helpers import build_data, read_metrics, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
-"""bench/dkv_schedule.py's list scheduling of the dkv grid."""
+"""bench/labs/dkv_schedule.py's list scheduling of the dkv grid."""
 
-from bench.dkv_schedule import blocks, makespan
+from bench.labs.dkv_schedule import blocks, makespan
 
 
 def test_makespan_gives_each_job_the_slot_that_frees_first() -> None:

@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from euler.config import PRESETS, ModelConfig, get_preset
 from euler.cpu.backend import CpuBackend
 from euler.errors import EulerError
-from euler.gradcheck import ODD_CONFIG, gradcheck_rows
-from euler.model import Model, head_scales, make_targets
-from euler.optim import AdamW, AdamWConfig
-from euler.params import ParamLayout, param_table
+from euler.model.config import PRESETS, ModelConfig, get_preset
+from euler.model.gradcheck import ODD_CONFIG, gradcheck_rows
+from euler.model.params import ParamLayout, param_table
+from euler.model.transformer import Model, head_scales, make_targets
+from euler.training.optim import AdamW, AdamWConfig
 from tests import numpy_reference as ref
 
 CONFIGS = {"tiny": PRESETS["tiny"], "odd": ODD_CONFIG}
@@ -287,10 +287,10 @@ def test_gradcheck_cli_prints_table_and_exits_zero():
 def test_failing_gradcheck_exits_non_zero(monkeypatch):
     from euler.cli import main as cli_main
 
-    from euler.gradcheck import Row
+    from euler.model.gradcheck import Row
 
     monkeypatch.setattr(
-        "euler.gradcheck.gradcheck_rows", lambda seed, samples: [Row("x", "y", 1, 1.0, 1.0)]
+        "euler.model.gradcheck.gradcheck_rows", lambda seed, samples: [Row("x", "y", 1, 1.0, 1.0)]
     )
     monkeypatch.setattr(sys, "argv", ["euler", "gradcheck"])
     with pytest.raises(SystemExit) as exit_info:

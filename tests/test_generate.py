@@ -7,13 +7,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from euler.config import get_preset
 from euler.cpu.backend import CpuBackend
-from euler.decode_device import RecomputeDecoder
 from euler.errors import EulerError
-from euler.generate import ChatSession, Decoder, TextStream, generate, generate_speculative
-from euler.model import Model
-from euler.sampling import SamplingConfig, sample
+from euler.inference.decode_device import RecomputeDecoder
+from euler.inference.generate import (
+    ChatSession,
+    Decoder,
+    TextStream,
+    generate,
+    generate_speculative,
+)
+from euler.inference.sampling import SamplingConfig, sample
+from euler.model.config import get_preset
+from euler.model.transformer import Model
 
 # a larger init spreads the logits, so greedy choices are far from ties and not all alike
 CFG = dataclasses.replace(get_preset("tiny"), init_std=0.5)

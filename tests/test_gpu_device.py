@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from euler.config import PRESETS
 from euler.cpu.backend import CpuBackend
-from euler.model import Model, make_targets
+from euler.model.config import PRESETS
+from euler.model.transformer import Model, make_targets
 
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
 
@@ -355,7 +355,7 @@ def markov_batches(V: int, B: int, T: int, K: int, steps: int, seed: int = 0):
 
 def train_losses(backend, preset: str, B: int, T: int, steps: int, lr: float) -> np.ndarray:
     """Losses of `steps` AdamW steps of `preset` on the Markov stream, float32."""
-    from euler.optim import AdamW
+    from euler.training.optim import AdamW
 
     cfg = PRESETS[preset]
     model = Model(cfg, backend=backend, dtype=np.float32)
@@ -391,9 +391,9 @@ def test_chat_decoder_on_gpu_gives_the_cpu_tokens() -> None:
     """`euler chat --device cuda`'s decoder: the CPU KV-cache decoder's greedy tokens."""
     import dataclasses
 
-    from euler.decode_device import RecomputeDecoder
-    from euler.generate import Decoder, generate, generate_speculative
-    from euler.sampling import SamplingConfig
+    from euler.inference.decode_device import RecomputeDecoder
+    from euler.inference.generate import Decoder, generate, generate_speculative
+    from euler.inference.sampling import SamplingConfig
 
     cfg = dataclasses.replace(PRESETS["small"], init_std=0.5)  # spread logits: no near ties
     params = Model(cfg, seed=3).params
@@ -504,8 +504,8 @@ def test_cuda_graph_steps_train_as_launched_steps(tmp_path_factory, monkeypatch)
     """`euler train --device cuda --cuda-graph` (steps replayed as CUDA graphs) gives the
     losses and gradient norms of the same run launching every kernel itself."""
     _gpu_backend()  # skips at once without a GPU
-    from euler import train as train_mod
     from euler.gpu.backend import GpuBackend
+    from euler.training import loop as train_mod
     from tests.train_helpers import build_data, read_metrics, tiny_config
 
     data = build_data(tmp_path_factory) / "pre"

@@ -69,8 +69,8 @@ else:
         pieces (vector.py), as at the presets. The weight gradients 32 or more wide (qkv,
         gate/up, the heads) go through a transposed operand (TRANSPOSE_WEIGHT_GRADS), the
         others (wo, w_down) straight."""
-        from euler.config import ModelConfig
         from euler.gpu import backend
+        from euler.model.config import ModelConfig
 
         monkeypatch.setattr(backend, "TRANSPOSE_MIN_WIDTH", 32)
         cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
@@ -130,8 +130,8 @@ else:
         stand-in of test_cublaslt.py, in a layer check and a whole training step."""
         from fake_cublaslt import FakeLt
 
-        from euler.config import ModelConfig
         from euler.gpu import backend, cublaslt
+        from euler.model.config import ModelConfig
 
         fake = FakeLt()
         monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)

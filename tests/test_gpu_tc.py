@@ -264,12 +264,12 @@ if not IN_SIMULATOR:
         _check_ptx(_ptx_of_launches(monkeypatch, 64), 64, VARIANTS[name])
 
     def test_ablation_sources(monkeypatch) -> None:
-        """bench/attention_tc_ablation.py's edits of the default forward (head size 8): each
+        """bench/labs/attention_tc_ablation.py's edits of the default forward (head size 8): each
         removes or guards what it names and nothing else, and each compiles to PTX."""
         import numba
         import numba.cuda.dispatcher as dispatcher
 
-        from bench.attention_tc_ablation import ablations
+        from bench.labs.attention_tc_ablation import ablations
         from euler.gpu import attention_tc
 
         monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(
@@ -307,12 +307,12 @@ if not IN_SIMULATOR:
         assert ready.count(read) == base.count(read) + 1
 
     def test_parts_no_atomics_source(monkeypatch) -> None:
-        """bench/attention_backward_parts.py's dkv without dQ's adds (head size 8): only the
+        """bench/labs/attention_backward_parts.py's dkv without dQ's adds (head size 8): only the
         tests in front of the atomics change, and the adds stay in the PTX, behind them."""
         import numba
         import numba.cuda.dispatcher as dispatcher
 
-        from bench.attention_backward_parts import no_atomics
+        from bench.labs.attention_backward_parts import no_atomics
         from euler.gpu import attention_tc
 
         monkeypatch.setattr(dispatcher, "get_current_device", lambda: SimpleNamespace(

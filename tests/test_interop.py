@@ -17,13 +17,13 @@ import pytest
 from euler.tokenizer import Tokenizer
 from safetensors.numpy import load_file, save_file
 
-from euler import checkpoint as ckpt
-from euler.config import get_preset
 from euler.errors import EulerError
-from euler.hf_export import SIDE_FILE, WEIGHTS, export_hf
-from euler.hf_import import import_hf
-from euler.model import Model
-from euler.params import ParamLayout, init_params
+from euler.interop.hf_export import SIDE_FILE, WEIGHTS, export_hf
+from euler.interop.hf_import import import_hf
+from euler.model.config import get_preset
+from euler.model.params import ParamLayout, init_params
+from euler.model.transformer import Model
+from euler.training import checkpoint as ckpt
 
 TEXT = "The cat sat on the mat. The dog sat on the log; café 東京 42.\n"
 SAMPLES = [
@@ -216,7 +216,7 @@ def test_failed_export_keeps_the_previous_folder(model, exported, tmp_path, monk
     out = tmp_path / "hf"
     shutil.copytree(exported, out)
     (out / "marker").write_text("old")
-    import euler.hf_export as hf_export
+    import euler.interop.hf_export as hf_export
 
     real = hf_export.os.replace
 

@@ -19,8 +19,8 @@ from numpy_reference import (
     rope,
 )
 
-from euler.config import PRESETS, ModelConfig
-from euler.params import ParamLayout, init_params
+from euler.model.config import PRESETS, ModelConfig
+from euler.model.params import ParamLayout, init_params
 
 TINY = PRESETS["tiny"]
 ODD = ModelConfig(vocab_size=50, d_model=36, n_head=6, n_kv_head=2, n_layer=2, context=19)

@@ -8,22 +8,17 @@ Skipped where torch is not installed (the `bench` extra).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from euler.config import PRESETS, ModelConfig  # noqa: E402
-from euler.cpu.backend import CpuBackend  # noqa: E402
-from euler.model import Model, make_targets  # noqa: E402
-from euler.params import ParamLayout, init_params, param_table  # noqa: E402
-
 # bench/ is a folder of scripts, not a package
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import torch_peer  # noqa: E402
+from euler.bench import torch_peer  # noqa: E402
+from euler.cpu.backend import CpuBackend  # noqa: E402
+from euler.model.config import PRESETS, ModelConfig  # noqa: E402
+from euler.model.params import ParamLayout, init_params, param_table  # noqa: E402
+from euler.model.transformer import Model, make_targets  # noqa: E402
 
 CONFIGS = {
     "tiny": PRESETS["tiny"],

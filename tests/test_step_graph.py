@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from euler import train as train_mod
 from euler.cpu.backend import CpuBackend
-from euler.step_graph import StepGraphs
+from euler.training import loop as train_mod
+from euler.training.step_graph import StepGraphs
 from tests.train_helpers import build_data, read_metrics, tiny_config
 
 

@@ -1,4 +1,4 @@
-"""The PyTorch peer (bench/torch_peer.py) against the plain-NumPy reference, in float64.
+"""The PyTorch peer (euler/bench/torch_peer.py) against the plain-NumPy reference, in float64.
 
 The peer is the gradient oracle for the engine, so its loss and logits must equal the
 independent reference to 1e-10, and its autograd gradients must equal central finite
@@ -7,9 +7,6 @@ differences of that reference. Skipped where torch is not installed (the `bench`
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -17,12 +14,10 @@ torch = pytest.importorskip("torch")
 
 from numpy_reference import make_targets, reference_forward  # noqa: E402
 
-from euler.config import PRESETS, ModelConfig  # noqa: E402
-from euler.params import ParamLayout, init_params, param_table  # noqa: E402
-
 # bench/ is a folder of scripts, not a package
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import torch_peer  # noqa: E402
+from euler.bench import torch_peer  # noqa: E402
+from euler.model.config import PRESETS, ModelConfig  # noqa: E402
+from euler.model.params import ParamLayout, init_params, param_table  # noqa: E402
 
 CONFIGS = {
     "tiny": PRESETS["tiny"],

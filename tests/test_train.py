@@ -9,11 +9,11 @@ import signal
 import numpy as np
 import pytest
 
-from euler import checkpoint
-from euler import train as train_mod
 from euler.errors import EulerError
-from euler.model import Model, head_scales
-from euler.train import Batches, TrainConfig, lr_at, train
+from euler.model.transformer import Model, head_scales
+from euler.training import checkpoint
+from euler.training import loop as train_mod
+from euler.training.loop import Batches, TrainConfig, lr_at, train
 from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
 
 
@@ -130,7 +130,7 @@ def test_grad_accumulation_matches_one_big_batch(data_root, tmp_path):
 def _cfg(_root):
     import dataclasses
 
-    from euler.config import get_preset
+    from euler.model.config import get_preset
 
     return dataclasses.replace(get_preset("tiny"), vocab_size=300)
 
@@ -199,7 +199,7 @@ def test_bad_settings_are_refused(data_root, tmp_path):
 
 def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
     import euler.gpu.backend as gpu_backend
-    from euler.train import TrainConfig
+    from euler.training.loop import TrainConfig
 
     seen = []
 
@@ -219,23 +219,23 @@ def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
 def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_root, monkeypatch):
     """A backend with room for 4 sequences' activations: 64 is refused in one line, before
     the run folder is made; 2 trains."""
-    import euler.train
+    import euler.training.loop
     from euler.cpu.backend import CpuBackend
-    from euler.model import arena_bytes
+    from euler.model.transformer import arena_bytes
 
     room = {}
 
     class SmallDevice(CpuBackend):
         def free_memory(self) -> int:
-            return euler.train.MEMORY_SLACK + 4 * room["one"]
+            return euler.training.loop.MEMORY_SLACK + 4 * room["one"]
 
-    monkeypatch.setattr(euler.train, "make_backend", lambda *args: SmallDevice())
+    monkeypatch.setattr(euler.training.loop, "make_backend", lambda *args: SmallDevice())
     tc = tiny_config(tmp_path / "r", data_root / "pre", batch_size=64, steps=1)
-    cfg = euler.train.get_preset("tiny")  # with the vocabulary of the data's tokenizer
+    cfg = euler.training.loop.get_preset("tiny")  # with the vocabulary of the data's tokenizer
     cfg = dataclasses.replace(cfg, vocab_size=Batches(tc, cfg).tokenizer.vocab_size)
     room["one"] = arena_bytes(cfg, np.float32, 1, 24)
-    need = arena_bytes(cfg, np.float32, 64, 24) + euler.train.MEMORY_SLACK
-    free = euler.train.MEMORY_SLACK + 4 * room["one"]
+    need = arena_bytes(cfg, np.float32, 64, 24) + euler.training.loop.MEMORY_SLACK
+    free = euler.training.loop.MEMORY_SLACK + 4 * room["one"]
     msg = (
         rf"--batch-size 64 x --seq-len 24 needs {need / 2**20:.1f} MiB .*, "
         rf"{free / 2**20:.1f} MiB is free"

@@ -10,9 +10,9 @@ import signal
 import numpy as np
 import pytest
 
-from euler import checkpoint
-from euler.config import get_preset
-from euler.params import ParamLayout
+from euler.model.config import get_preset
+from euler.model.params import ParamLayout
+from euler.training import checkpoint
 from tests.train_helpers import build_data, read_metrics, run_cli
 
 TINY = ["--preset", "tiny", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1",
@@ -59,7 +59,7 @@ def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(
 
 
 def test_ctrl_c_saves_and_exits_130(data_root, tmp_path, monkeypatch, capsys):
-    from euler import train as train_mod
+    from euler.training import loop as train_mod
 
     real_lr_at = train_mod.lr_at
 

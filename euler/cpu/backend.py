@@ -1,7 +1,7 @@
 """The CPU backend: NumPy arrays, BLAS matrix products, prange kernels.
 
 Every backend offers the same methods with the same argument order (outputs, saved
-statistics, inputs, weights, sizes), so euler.model runs unchanged on either device.
+statistics, inputs, weights, sizes), so euler.model.transformer runs unchanged on either device.
 """
 
 from __future__ import annotations

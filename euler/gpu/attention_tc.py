@@ -59,7 +59,7 @@ ATOMIC_WIDTH: those atomics 1, 2 or 4 (the default) columns a request (vector.at
   so each lane holds 4 adjacent columns of a row.
 SPLIT_TF32 (3xTF32): each operand x becomes hi = tf32(x) and lo = tf32(x - hi), and each
   product three mma (lo hi, hi lo, hi hi): fp32-level errors (2e-7 of the values' scale in
-  the simulator, against 4e-4 for TF32: bench/attention_tc_sim.py; 4e-6 in out and 9e-5
+  the simulator, against 4e-4 for TF32: bench/labs/attention_tc_sim.py; 4e-6 in out and 9e-5
   in dqkv on the H200). Its forward beats the exact kernels' (below), its backward does
   not; ptxas 13 at E = 64: forward 211 registers, no spills; the backward kernels spill
   (264-492 bytes) in every arrangement tried.
@@ -211,7 +211,7 @@ MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register
 # ASYNC_Q (with PIPELINE): the forward copies Q raw by cp.async (with K, V tile 0) and scales
 # and rounds it as its A fragments load, instead of staging it through registers (64 x 64
 # loads, then stores and a barrier). Removing that staging outright took the forward from
-# 0.167 ms to 0.149 at T=512 on the H200 (bench/attention_tc_ablation.py, no-q-stage); the
+# 0.167 ms to 0.149 at T=512 on the H200 (bench/labs/attention_tc_ablation.py, no-q-stage); the
 # knob took it to 0.143 with STAGED_OUT, against 0.157 without (variant q-staged).
 ASYNC_Q = True
 # STAGED_OUT (with PIPELINE): the forward's output and dkv's dK, dV go through the free

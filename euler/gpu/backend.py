@@ -71,7 +71,7 @@ TRANSPOSE_MIN_WIDTH = 0
 # matmul_residual (the output projections attn.wo and mlp.w_down and their residual adds) as
 # one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
 # legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
-# (bench/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
+# (bench/labs/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
 # ~0.039 ms add; K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about
 # 0.5 ms a step in all; the add's time is the device-only profile's). In the training step:
 # 68.1 ms against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). Read at

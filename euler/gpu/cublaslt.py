@@ -4,7 +4,7 @@ Legacy cuBLAS (cublas.py) computes C = alpha op(A) op(B) + beta C: the matrix ad
 one written. cublasLtMatmul reads C and writes D through separate pointers, so
 out = res + a @ w^T, a residual add after an output projection, is one call that leaves res
 as it was: no product into a temporary, no add kernel reading it back
-(bench/cublaslt_lab_gpu.py measured it on an H200; GpuBackend.matmul_residual uses it).
+(bench/labs/cublaslt_lab_gpu.py measured it on an H200; GpuBackend.matmul_residual uses it).
 
 The row-major to column-major mapping is cublas.py's: row-major out (M, N) = op(a) @ op(b)
 is the column-major out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b, its B our a, m = N,
@@ -13,7 +13,7 @@ n = M; a row-major (r, c) array is the column-major (c, r) one with leading dime
 Each distinct product (shape, transposes, with or without C) gets its descriptor, layouts
 and the heuristic's first usable algorithm once, on its first call; later calls reuse them.
 So a call captured into a CUDA graph queries nothing (the trainer runs a step eagerly
-before capturing it: euler/step_graph.py), and the workspace is the caller's device buffer,
+before capturing it: euler/training/step_graph.py), and the workspace is the caller's device buffer,
 so cuBLASLt allocates nothing either.
 """
 

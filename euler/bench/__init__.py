@@ -1,0 +1,1 @@
+"""`euler bench`: our training step, layers and attention against the PyTorch peer."""

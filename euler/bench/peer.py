@@ -1,0 +1,152 @@
+"""The PyTorch peer's training step as `euler bench` times it: eager or torch.compile'd.
+
+The peer model (euler.bench.torch_peer) imports torch at module level, so it is imported
+only inside these functions: the rest of the package never imports torch. The step matches
+ours: float32, the same initial weights and batch, clipping and AdamW with
+euler.training.optim's hyper-parameters (decay on the weight matrices only), torch's fused
+AdamW.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from euler.bench.timing import peak_rss_mib, reset_peak_rss, time_steps
+from euler.model.config import ModelConfig
+from euler.model.params import ParamLayout, init_params, param_table
+from euler.training.optim import AdamWConfig
+
+LR = 3e-4
+
+
+def load_torch_peer():
+    """(euler.bench.torch_peer, None) or (None, why it is skipped). Imports torch."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed (pip install -e .[bench])"
+    from euler.bench import torch_peer
+
+    return torch_peer, None
+
+
+def time_peer(
+    peer,
+    cfg: ModelConfig,
+    device: str,
+    tokens: np.ndarray,
+    targets: np.ndarray,
+    steps: int,
+    warmup: int,
+    threads: int,
+    compiled: bool,
+) -> dict:
+    """Time the peer's step on tokens (B, T) and targets (K, B, T); stats as time_steps,
+    plus memory, or {"skipped": why} where torch.compile or CUDA is not to be had."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": f"torch {torch.__version__} sees no CUDA device"}
+    torch.set_num_threads(threads)
+    rss0 = reset_peak_rss() if device == "cpu" else None
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
+    layout = ParamLayout(cfg)
+    model = peer.build_peer(cfg, layout.views(init_params(layout, 0)), torch.float32).to(device)
+    named = peer.peer_param_names(model)
+    decay = {name for name, _, d in param_table(cfg) if d}
+    hp = AdamWConfig()
+    groups = [
+        {"params": [p for n, p in named.items() if n in decay], "weight_decay": hp.weight_decay},
+        {"params": [p for n, p in named.items() if n not in decay], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=(hp.beta1, hp.beta2), eps=hp.eps, fused=True)
+    forward = torch.compile(model) if compiled else model
+    tok = torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(device)
+    tgt = torch.from_numpy(np.asarray(targets, dtype=np.int64)).to(device)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss, _ = forward(tok, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
+        opt.step()
+        return loss.item()  # waits for the device, so a step's time is all its work
+
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+    try:
+        stats = time_steps(step, sync, steps, warmup)
+    except Exception as e:  # torch.compile fails in many ways (no compiler, backend errors)
+        if not compiled:
+            raise
+        return {"skipped": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"}
+    stats["threads"] = threads
+    if device == "cpu":
+        stats["peak_memory_mib"] = peak_rss_mib()
+        stats["rss_at_start_mib"] = rss0
+        stats["memory_kind"] = "peak RSS of the process during this engine's run"
+    else:
+        stats["peak_memory_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        stats["memory_kind"] = "torch.cuda.max_memory_reserved"
+    return stats
+
+
+def time_peer_in_own_process(
+    cfg: ModelConfig,
+    device: str,
+    tokens: np.ndarray,
+    targets: np.ndarray,
+    steps: int,
+    warmup: int,
+    threads: int,
+    compiled: bool,
+) -> dict:
+    """time_peer in a fresh Python process, as a user would run PyTorch alone.
+
+    In our process the peer would share its cores with our sleeping thread pools and run
+    under the OpenMP and BLAS settings our CPU backend makes for itself (measured: torch
+    eager at 2,117 tokens/s there against about 11,600 alone on the same 2 cores).
+    """
+    env = dict(os.environ)
+    import euler.cpu
+
+    if euler.cpu.OMP_WAIT_POLICY_SET_HERE:
+        env.pop("OMP_WAIT_POLICY", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(Path(tmp) / "tokens.npy", np.asarray(tokens), allow_pickle=False)
+        np.save(Path(tmp) / "targets.npy", np.asarray(targets), allow_pickle=False)
+        job = {"cfg": cfg.to_dict(), "device": device, "steps": steps, "warmup": warmup,
+               "threads": threads, "compiled": compiled, "dir": tmp}  # fmt: skip
+        code = "import sys; from euler.bench.peer import _peer_child; _peer_child(sys.argv[1])"
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(job)], env=env, capture_output=True, text=True
+        )
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"peer process failed: {last}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _peer_child(job_json: str) -> None:
+    """Entry point of the peer's process: time it and print the stats as one JSON line."""
+    job = json.loads(job_json)
+    peer, why = load_torch_peer()
+    if peer is None:
+        print(json.dumps({"skipped": why}))
+        return
+    folder = Path(job["dir"])
+    tokens = np.load(folder / "tokens.npy", allow_pickle=False)
+    targets = np.load(folder / "targets.npy", allow_pickle=False)
+    stats = time_peer(
+        peer, ModelConfig.from_dict(job["cfg"]), job["device"], tokens, targets,
+        job["steps"], job["warmup"], job["threads"], job["compiled"],
+    )  # fmt: skip
+    stats["process"] = "its own (a fresh Python process)"
+    print(json.dumps(stats))

@@ -1,0 +1,1 @@
+"""Inference: decoding with a KV cache, sampling, generation and chat sessions."""

@@ -1,0 +1,51 @@
+"""Decoding on any backend, the GPU's included, by recomputing the whole context per call.
+
+The GPU engine has no KV-cache kernels. A forward of the full context of the `gpu` preset
+costs milliseconds on an H200, so `euler chat --device cuda` feeds tokens by running the
+training forward over positions 0..context-1 each time. Positions after the fed ones hold
+padding (token 0), which causal attention keeps from reaching the earlier rows, and the
+shapes are the same on every call, so a position's hidden row does not depend on how the
+tokens were split into calls: speculative decoding stays exactly greedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from euler.inference.generate import check_feed
+from euler.model.config import ModelConfig
+from euler.model.params import ParamLayout
+from euler.model.transformer import Model
+
+
+class RecomputeDecoder:
+    """The Decoder interface (feed, logits, truncate, length) over a Model on any backend."""
+
+    def __init__(self, cfg: ModelConfig, params: np.ndarray, backend):
+        self.cfg = cfg
+        params = np.asarray(params, np.float32)
+        self.model = Model(cfg, backend, flat_params=params)
+        self.heads = ParamLayout(cfg).views(params)["mtp_heads"]
+        self.tokens = np.zeros((1, cfg.context), np.int32)
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length."""
+        self.length = min(self.length, length)
+
+    def feed(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append n tokens at positions length..length+n-1; return their final hidden (n, D)."""
+        tokens = check_feed(self.cfg, tokens, self.length)
+        pos0, n = self.length, len(tokens)
+        self.tokens[0, pos0 : pos0 + n] = tokens
+        self.tokens[0, pos0 + n :] = 0
+        self.model.forward(self.tokens)
+        xf = self.model.be.to_host(self.model.acts.xf)
+        self.length = pos0 + n
+        return np.ascontiguousarray(xf[0, pos0 : pos0 + n])
+
+    def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
+        """Head k's logits (n, V) for hidden rows xf (n, D), on the host."""
+        return np.atleast_2d(xf) @ self.heads[k].T

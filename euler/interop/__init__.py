@@ -1,0 +1,1 @@
+"""Interop: Hugging Face Llama folders out (export) and in (import)."""

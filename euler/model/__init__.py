@@ -1,0 +1,1 @@
+"""The model: its configuration, parameter layout, forward and backward, gradient check."""

@@ -1,0 +1,336 @@
+"""The transformer's forward and backward passes, written against a backend.
+
+The model does not know its device: it holds flat parameter and gradient buffers from the
+backend, an activation arena sized for (B, T), and calls the backend's layer methods in the
+order below. Each block is  x = x + attn(rmsnorm(x));  x = x + mlp(rmsnorm(x)),  then a
+final RMSNorm feeds K multi-token-prediction heads (head k predicts token t+1+k).
+
+The heads' backward is fused into the forward: as soon as head k's logits are turned into
+dlogits by the fused cross-entropy, its weight gradient and its share of dxf are computed,
+so only one head's logits ever exist.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from euler.errors import EulerError
+from euler.model.config import ModelConfig
+from euler.model.params import ParamLayout, init_params
+
+
+def rope_tables(cfg: ModelConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (context, E/2) for positions 0..context-1, computed in float64, then cast."""
+    E = cfg.head_size
+    inv_freq = cfg.rope_base ** (-np.arange(0, E, 2, dtype=np.float64) / E)
+    angles = np.arange(cfg.context, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def make_targets(window: np.ndarray, T: int, K: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """Targets (K, B, T) int32 for inputs window[:, :T]: head k at t predicts window[:, t+1+k].
+
+    A position whose target lies past the window's end, or whose target token has mask 0,
+    gets -1 (no target). window (B, N) with N >= T; mask (B, N) or None.
+    """
+    B, N = window.shape
+    targets = np.full((K, B, T), -1, dtype=np.int32)
+    for k in range(K):
+        n = min(T, N - 1 - k)
+        if n <= 0:
+            continue
+        targets[k, :, :n] = window[:, 1 + k : 1 + k + n]
+        if mask is not None:
+            targets[k, :, :n][mask[:, 1 + k : 1 + k + n] == 0] = -1
+    return targets
+
+
+def head_scales(targets: np.ndarray) -> np.ndarray:
+    """Per-head loss weights (K,): 1 / (targets of head k * heads that have any), else 0.
+
+    The loss is the mean over heads (that have a target) of each head's mean cross-entropy.
+    """
+    counts = (targets >= 0).reshape(targets.shape[0], -1).sum(axis=1).astype(np.float64)
+    active = int((counts > 0).sum())
+    scales = np.zeros(len(counts), dtype=np.float64)
+    if active:
+        scales[counts > 0] = 1.0 / (counts[counts > 0] * active)
+    return scales
+
+
+class Activations:
+    """Every buffer one forward/backward at (B, T) needs, allocated once by the backend."""
+
+    def __init__(self, cfg: ModelConfig, backend, dtype, B: int, T: int):
+        D, F, V, K = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size, cfg.n_mtp
+        H, QKV = cfg.n_head, cfg.qkv_dim
+        L = cfg.n_layer
+        z = lambda *shape: backend.zeros(shape, dtype)  # noqa: E731
+        self.B, self.T = B, T
+        self.x = [z(B, T, D) for _ in range(L + 1)]  # residual stream at each layer input
+        self.xn1 = [z(B, T, D) for _ in range(L)]  # attention norm output
+        self.rstd1 = [z(B, T) for _ in range(L)]
+        self.qkv = [z(B, T, QKV) for _ in range(L)]  # q, k after RoPE
+        self.att = [z(B, T, cfg.q_dim) for _ in range(L)]
+        self.lse = [z(B, H, T) for _ in range(L)]
+        self.xmid = [z(B, T, D) for _ in range(L)]  # after the attention residual
+        self.xn2 = [z(B, T, D) for _ in range(L)]
+        self.rstd2 = [z(B, T) for _ in range(L)]
+        self.gu = [z(B, T, 2 * F) for _ in range(L)]  # gate | up
+        self.h = [z(B, T, F) for _ in range(L)]  # silu(gate) * up
+        self.xf = z(B, T, D)
+        self.rstdf = z(B, T)
+        self.logits = z(B * T, V)  # one head at a time
+        self.losses = z(K, B * T)
+        # inputs staged into fixed buffers, so a step uploads without allocating
+        self.tokens = backend.zeros((B * T,), np.int32)
+        self.targets = backend.zeros((K, B * T), np.int32)
+        # backward scratch
+        self.dx = z(B, T, D)
+        self.dxn = z(B, T, D)
+        self.dxf = z(B, T, D)
+        self.zero_bt_d = z(B, T, D)
+        self.dqkv = z(B, T, QKV)
+        self.datt = z(B, T, cfg.q_dim)
+        self.dgu = z(B, T, 2 * F)
+        self.dh = z(B, T, F)
+
+
+class _ByteCounter:
+    """A backend stand-in whose zeros() only adds up the bytes asked for."""
+
+    def __init__(self):
+        self.total = 0
+
+    def zeros(self, shape, dtype) -> None:
+        self.total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def arena_bytes(cfg: ModelConfig, dtype, B: int, T: int) -> int:
+    """Bytes of the activation arena for micro-batches (B, T), counted without allocating."""
+    counter = _ByteCounter()
+    Activations(cfg, counter, dtype, B, T)
+    return counter.total
+
+
+def _2d(a):
+    """(B, T, C) -> (B T, C) view."""
+    return a.reshape(a.shape[0] * a.shape[1], a.shape[2])
+
+
+class Model:
+    """Parameters, gradients and the forward/backward schedule of one model on one backend."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend=None,
+        dtype=np.float32,
+        seed: int = 0,
+        flat_params: np.ndarray | None = None,
+    ):
+        if backend is None:
+            from euler.cpu.backend import CpuBackend
+
+            backend = CpuBackend()
+        self.cfg = cfg
+        self.be = backend
+        self.dtype = np.dtype(dtype)
+        self.layout = ParamLayout(cfg)
+        host = init_params(self.layout, seed, self.dtype) if flat_params is None else flat_params
+        if host.shape != (self.layout.size,):
+            raise EulerError(
+                f"parameters: expected {self.layout.size} values for this config, got {host.size}"
+            )
+        self.params = backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
+        self.grads = backend.zeros((self.layout.size,), self.dtype)
+        self.p = self.layout.views(self.params)
+        self.g = self.layout.views(self.grads)
+        cos, sin = rope_tables(cfg, self.dtype)
+        self.cos, self.sin = backend.to_device(cos), backend.to_device(sin)
+        self.acts: Activations | None = None
+        self._tokens = None
+        self._accumulate = False
+        self._scales = None  # staged head weights (K,); None when no targets are staged
+        self.arena_version = 0  # counts arena allocations: a captured step holds its addresses
+
+    # ------------------------------------------------------------------ helpers
+    def _arena(self, B: int, T: int) -> Activations:
+        if self.acts is None or (self.acts.B, self.acts.T) != (B, T):
+            self.acts = None  # free the old arena before the new one is allocated
+            self.acts = Activations(self.cfg, self.be, self.dtype, B, T)
+            self.arena_version += 1
+        return self.acts
+
+    def _check_inputs(self, tokens: np.ndarray, targets: np.ndarray | None) -> None:
+        if tokens.ndim != 2:
+            raise EulerError(f"tokens: expected shape (B, T), got {tokens.shape}")
+        self.cfg.check_sequence(tokens.shape[1])
+        V = self.cfg.vocab_size
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+            bad = tokens[(tokens < 0) | (tokens >= V)][0]
+            raise EulerError(f"tokens: id {bad} is outside the vocabulary [0, {V})")
+        if targets is not None:
+            want = (self.cfg.n_mtp, *tokens.shape)
+            if targets.shape != want:
+                raise EulerError(f"targets: expected shape {want}, got {targets.shape}")
+            if targets.size and (targets.min() < -1 or targets.max() >= V):
+                raise EulerError(f"targets: ids must be -1 (none) or in [0, {V})")
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        tokens: np.ndarray,
+        targets: np.ndarray | None = None,
+        need_grad: bool = False,
+        accumulate: bool = False,
+        head_scale: np.ndarray | None = None,
+    ) -> float | None:
+        """Run the model on tokens (B, T); with targets (K, B, T) (-1 = none) return the loss.
+
+        need_grad also computes the heads' gradients (fused) so that backward() can follow;
+        accumulate adds this micro-batch's gradients to the ones already in the buffer.
+        head_scale (K,) weighs each head's summed cross-entropy; default head_scales(targets).
+        A data-parallel rank passes weights from the whole batch's target counts (see
+        euler.training.distributed.shard_batch), so the mean over ranks is the whole batch's loss.
+        """
+        self.stage(tokens, targets, head_scale)
+        return self.run(need_grad, accumulate)
+
+    def stage(
+        self,
+        tokens: np.ndarray,
+        targets: np.ndarray | None = None,
+        head_scale: np.ndarray | None = None,
+    ) -> None:
+        """Check a batch and upload it (tokens, targets, head weights) into the arena.
+
+        The first half of forward(): run() then computes on what is staged, with device work
+        only, so that a CUDA graph can capture it (euler/training/step_graph.py).
+        """
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        self._check_inputs(tokens, targets)
+        B, T = tokens.shape
+        a = self._arena(B, T)
+        self.be.copy_(a.tokens, tokens.reshape(-1))
+        self._scales = None
+        if targets is not None:
+            scales = head_scales(targets) if head_scale is None else head_scale
+            K = self.cfg.n_mtp
+            self.be.copy_(a.targets, np.ascontiguousarray(targets, dtype=np.int32).reshape(K, -1))
+            self._scales = self.be.stage_scalars("head_scale", scales)
+
+    def run(self, need_grad: bool = False, accumulate: bool = False):
+        """The forward on the staged batch; the loss (with targets staged), else None.
+
+        On the GPU the loss is a DeviceScalar: float() waits for it.
+        """
+        cfg, be, a, p = self.cfg, self.be, self.acts, self.p
+        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
+        self._tokens = a.tokens
+        be.embedding_forward(_2d(a.x[0]), self._tokens, p["tok_emb"])
+        for layer in range(cfg.n_layer):
+            w = f"layers.{layer}."
+            # attention block: (B, T, D) -> qkv (B, T, (H + 2G) E) -> att (B, T, H E)
+            be.rmsnorm_forward(
+                _2d(a.xn1[layer]), a.rstd1[layer].reshape(-1), _2d(a.x[layer]),
+                p[w + "attn_norm"], cfg.norm_eps,
+            )  # fmt: skip
+            be.matmul(_2d(a.qkv[layer]), _2d(a.xn1[layer]), p[w + "attn.wqkv"], trans_b=True)
+            be.rope_forward(a.qkv[layer], self.cos, self.sin, H, G, E)
+            be.attention_forward(a.att[layer], a.lse[layer], a.qkv[layer], H, G, E)
+            # xmid = x + att Wo^T (one cuBLASLt call where the GPU fuses it)
+            be.matmul_residual(_2d(a.xmid[layer]), _2d(a.x[layer]), _2d(a.att[layer]),
+                               p[w + "attn.wo"])  # fmt: skip
+            # MLP block: (B, T, D) -> gate|up (B, T, 2F) -> h (B, T, F) -> (B, T, D)
+            be.rmsnorm_forward(
+                _2d(a.xn2[layer]), a.rstd2[layer].reshape(-1), _2d(a.xmid[layer]),
+                p[w + "mlp_norm"], cfg.norm_eps,
+            )  # fmt: skip
+            be.matmul(_2d(a.gu[layer]), _2d(a.xn2[layer]), p[w + "mlp.w_gateup"], trans_b=True)
+            be.swiglu_forward(_2d(a.h[layer]), _2d(a.gu[layer]))
+            be.matmul_residual(_2d(a.x[layer + 1]), _2d(a.xmid[layer]), _2d(a.h[layer]),
+                               p[w + "mlp.w_down"])  # fmt: skip
+        be.rmsnorm_forward(
+            _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
+        )
+        if self._scales is None:
+            return None
+        return self._heads(need_grad, accumulate)
+
+    def _heads(self, need_grad: bool, accumulate: bool):
+        """Loss over the K heads; with need_grad, also dW_heads and dxf (fused backward)."""
+        be, a = self.be, self.acts
+        xf = _2d(a.xf)
+        for k in range(self.cfg.n_mtp):
+            tk = a.targets[k]
+            w = self.p["mtp_heads"][k]  # (V, D)
+            be.matmul(a.logits, xf, w, trans_b=True)  # (B T, V)
+            if not need_grad:
+                be.cross_entropy_forward(a.losses[k], a.logits, tk)
+                continue
+            be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, self._scales, k)
+            be.matmul_pair(
+                (_2d(a.dxf), a.logits, w, False, False, k > 0),
+                (self.g["mtp_heads"][k], a.logits, xf, True, False, accumulate),
+            )
+            be.wait_deferred()  # the next head's logits overwrite these
+        self._accumulate = accumulate
+        return be.loss_value(a.losses, self._scales)
+
+    def head_logits(self, k: int = 0) -> np.ndarray:
+        """Logits (B, T, V) of head k for the last forward's input, as a host array."""
+        a = self.acts
+        self.be.matmul(a.logits, _2d(a.xf), self.p["mtp_heads"][k], trans_b=True)
+        return self.be.to_host(a.logits).reshape(a.B, a.T, -1).copy()
+
+    # ------------------------------------------------------------------ backward
+    def backward(self) -> None:
+        """Gradients of the last forward(need_grad=True)'s loss, into self.grads (= or +=)."""
+        cfg, be, a, p, g = self.cfg, self.be, self.acts, self.p, self.g
+        acc = self._accumulate
+        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
+        dx, dxn = _2d(a.dx), _2d(a.dxn)
+        be.rmsnorm_backward(
+            dx, g["final_norm"], _2d(a.dxf), _2d(a.zero_bt_d), _2d(a.x[cfg.n_layer]),
+            p["final_norm"], a.rstdf.reshape(-1), acc,
+        )  # fmt: skip
+        # A pair's second product, a weight gradient, may run beside what follows (the GPU's
+        # side stream) until a wait_deferred; keep=1 lets the newest go on. Each norm's
+        # backward overwrites dx after a wait for the products that read it, and the next
+        # layer's dgu and dqkv are overwritten only after waits that cover their readers.
+        for layer in reversed(range(cfg.n_layer)):
+            w = f"layers.{layer}."
+            # MLP block, dx is d(loss)/d(x[layer + 1])
+            be.matmul_pair(
+                (_2d(a.dh), dx, p[w + "mlp.w_down"], False, False, False),
+                (g[w + "mlp.w_down"], dx, _2d(a.h[layer]), True, False, acc),
+            )
+            be.swiglu_backward(_2d(a.dgu), _2d(a.dh), _2d(a.gu[layer]))
+            be.matmul_pair(
+                (dxn, _2d(a.dgu), p[w + "mlp.w_gateup"], False, False, False),
+                (g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), True, False, acc),
+            )
+            be.wait_deferred(keep=1)  # dW_down has read dx, which the norm overwrites next
+            be.rmsnorm_backward(
+                dx, g[w + "mlp_norm"], dxn, dx, _2d(a.xmid[layer]), p[w + "mlp_norm"],
+                a.rstd2[layer].reshape(-1), acc,
+            )  # fmt: skip
+            # attention block, dx is now d(loss)/d(xmid[layer])
+            be.matmul_pair(
+                (_2d(a.datt), dx, p[w + "attn.wo"], False, False, False),
+                (g[w + "attn.wo"], dx, _2d(a.att[layer]), True, False, acc),
+            )
+            be.attention_backward(a.dqkv, a.datt, a.qkv[layer], a.att[layer], a.lse[layer], H, G, E)
+            be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E)
+            be.matmul_pair(
+                (dxn, _2d(a.dqkv), p[w + "attn.wqkv"], False, False, False),
+                (g[w + "attn.wqkv"], _2d(a.dqkv), _2d(a.xn1[layer]), True, False, acc),
+            )
+            be.wait_deferred(keep=1)  # dW_o has read dx (and dW_gateup dgu), as above
+            be.rmsnorm_backward(
+                dx, g[w + "attn_norm"], dxn, dx, _2d(a.x[layer]), p[w + "attn_norm"],
+                a.rstd1[layer].reshape(-1), acc,
+            )  # fmt: skip
+        be.embedding_backward(g["tok_emb"], dx, self._tokens, acc)
+        be.wait_deferred()

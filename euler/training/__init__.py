@@ -1,0 +1,1 @@
+"""Training: the loop, AdamW, CUDA-graph steps, data parallelism, run folders, checkpoints."""

@@ -1,0 +1,239 @@
+"""Checkpoints: one self-describing safetensors file per run, written atomically.
+
+A checkpoint holds the parameters under their param_table names (`tok_emb`,
+`layers.0.attn.wq`, ...), the AdamW moments as `adamw.m.<name>` and `adamw.v.<name>`
+(absent in a weights-only export), and string metadata: the model config JSON, the train
+config JSON, the training state JSON (step, AdamW step count, loader and RNG state), the
+tokenizer's canonical JSON and a SHA-256 over every tensor's bytes.
+
+Rules it keeps:
+- Atomic: bytes go to a temporary file in the same folder, are fsynced, then renamed over
+  the old file, so a crash or a full disk during a save leaves the previous checkpoint.
+- Refuse, in one line, a file that is truncated, altered (checksum), from another format
+  version, or whose tensors do not match the config it claims.
+- Tensors are stored in the training dtype (float32); loading casts to the dtype asked for,
+  so a float32 checkpoint loads on any backend.
+- No pickle: tensors are raw little-endian arrays and everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from euler.errors import EulerError
+from euler.model.config import ModelConfig
+from euler.model.params import ParamLayout
+
+FORMAT = "nanoeuler-checkpoint"
+FORMAT_VERSION = 1
+CHECKPOINT_NAME = "checkpoint.safetensors"
+MOMENTS = ("m", "v")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: config, flat host parameters (and moments), state, tokenizer."""
+
+    cfg: ModelConfig
+    params: np.ndarray  # (P,) flat, in ParamLayout order
+    moments: dict[str, np.ndarray] | None  # {"m": (P,), "v": (P,)} or None (weights only)
+    state: dict = field(default_factory=dict)  # step, adam_step, loader/RNG state
+    train_config: dict = field(default_factory=dict)
+    tokenizer_json: str = ""
+    path: Path | None = None
+
+    @property
+    def step(self) -> int:
+        return int(self.state.get("step", 0))
+
+    def tokenizer(self):
+        """The embedded tokenizer, validated by Tokenizer.load."""
+        from euler.tokenizer import Tokenizer
+
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "tokenizer.json"
+            p.write_text(self.tokenizer_json, encoding="ascii")
+            return Tokenizer.load(p)
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        return hashlib.sha256(self.tokenizer_json.encode()).hexdigest()
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or the checkpoint inside a run folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    if not path.is_file():
+        raise EulerError(f"checkpoint not found: {path}")
+    return path
+
+
+def _checksum(tensors: dict[str, np.ndarray]) -> str:
+    """SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def to_bytes(
+    cfg: ModelConfig,
+    params: np.ndarray,
+    moments: dict[str, np.ndarray] | None,
+    state: dict,
+    train_config: dict,
+    tokenizer_json: str,
+) -> bytes:
+    """The safetensors file for host arrays params (P,) and moments {"m", "v"} (P,)."""
+    layout = ParamLayout(cfg)
+    tensors: dict[str, np.ndarray] = {}
+    for name, (off, shape) in layout.offsets.items():
+        n = int(np.prod(shape))
+        tensors[name] = np.ascontiguousarray(params[off : off + n].reshape(shape))
+        for key, flat in (moments or {}).items():
+            tensors[f"adamw.{key}.{name}"] = np.ascontiguousarray(
+                flat[off : off + n].reshape(shape)
+            )
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "model_config": cfg.to_json(),
+        "train_config": json.dumps(train_config, sort_keys=True),
+        "state": json.dumps(state, sort_keys=True),
+        "tokenizer": tokenizer_json,
+        "sha256": _checksum(tensors),
+    }
+    return st_save(tensors, metadata=metadata)
+
+
+def _write_bytes(f, data: bytes) -> None:
+    """Write everything to an open file; a separate function so tests can make the disk fill."""
+    f.write(data)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` via a fsynced temporary file and a rename.
+
+    On any failure (a full disk, an interrupt) the temporary file is removed and the old
+    file is untouched; the error names what happened.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_bytes(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            kept = "the previous checkpoint is kept" if path.exists() else "nothing was written"
+            raise EulerError(f"could not write {path}: {e.strerror or e}; {kept}") from None
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def save(
+    path: str | Path,
+    cfg: ModelConfig,
+    params: np.ndarray,
+    moments: dict[str, np.ndarray] | None,
+    state: dict,
+    train_config: dict,
+    tokenizer_json: str,
+) -> None:
+    """Write a checkpoint atomically; refuses parameters that are not all finite."""
+    if not np.isfinite(params).all():
+        raise EulerError(f"refusing to save non-finite parameters to {path}")
+    write_atomic(Path(path), to_bytes(cfg, params, moments, state, train_config, tokenizer_json))
+
+
+def _metadata(data: bytes, where: Path) -> dict:
+    """The __metadata__ of a safetensors byte string (8-byte length, then a JSON header)."""
+    if len(data) < 8:
+        raise EulerError(f"{where}: not a checkpoint (file too short)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise EulerError(f"{where}: truncated checkpoint (header runs past the end)")
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise EulerError(f"{where}: not a checkpoint (unreadable header)") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise EulerError(f"{where}: not a NanoEuler checkpoint")
+    if meta.get("format_version") != str(FORMAT_VERSION):
+        raise EulerError(
+            f"{where}: checkpoint format version {meta.get('format_version')}, "
+            f"this build reads {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def load(path: str | Path, dtype=np.float32) -> Checkpoint:
+    """Read and verify a checkpoint file (or a run folder's); EulerError in one line if bad."""
+    path = resolve(path)
+    data = path.read_bytes()
+    meta = _metadata(data, path)
+    try:
+        tensors = st_load(data)
+    except Exception as e:  # safetensors raises its own error type for any malformed file
+        raise EulerError(f"{path}: corrupt checkpoint ({str(e).splitlines()[0]})") from None
+    if _checksum(tensors) != meta.get("sha256"):
+        raise EulerError(f"{path}: corrupt checkpoint (tensor checksum mismatch)")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(meta["model_config"]), source=f"{path} config")
+        state = json.loads(meta["state"])
+        train_config = json.loads(meta["train_config"])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise EulerError(f"{path}: corrupt checkpoint metadata ({e})") from None
+    layout = ParamLayout(cfg)
+    keys = [k for k in MOMENTS if any(n.startswith(f"adamw.{k}.") for n in tensors)]
+    flats = {k: np.empty(layout.size, dtype=dtype) for k in ["params", *keys]}
+    expected = set()
+    for name, (off, shape) in layout.offsets.items():
+        n = int(np.prod(shape))
+        for k, flat in flats.items():
+            full = name if k == "params" else f"adamw.{k}.{name}"
+            expected.add(full)
+            t = tensors.get(full)
+            if t is None or t.shape != shape:
+                got = "missing" if t is None else f"shape {t.shape}"
+                raise EulerError(f"{path}: tensor {full} is {got}, the config needs {shape}")
+            flat[off : off + n] = t.reshape(-1)
+    extra = sorted(set(tensors) - expected)
+    if extra:
+        raise EulerError(f"{path}: unexpected tensor {extra[0]} for this config")
+    moments = {k: flats[k] for k in keys} if keys else None
+    return Checkpoint(
+        cfg, flats["params"], moments, state, train_config, meta.get("tokenizer", ""), path
+    )
+
+
+def check_compatible(ck: Checkpoint, cfg: ModelConfig, what: str = "the run") -> None:
+    """Refuse a checkpoint whose architecture differs from cfg, naming the first field."""
+    a, b = ck.cfg.to_dict(), cfg.to_dict()
+    for key in a:
+        if a[key] != b.get(key):
+            raise EulerError(
+                f"{ck.path}: checkpoint has {key}={a[key]}, but {what} needs {key}={b.get(key)}"
+            )
