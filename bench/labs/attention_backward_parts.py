@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.labs.attention_tc_ablation import NEVER  # noqa: E402
 from bench.gpu_timing import lengths_parser, timed  # noqa: E402
+from bench.labs.attention_tc_ablation import NEVER  # noqa: E402
 from euler.gpu import attention, attention_tc  # noqa: E402
 
 
