@@ -233,3 +233,12 @@ def adamw_scalar(p, g, m, v, lr, beta1, beta2, eps, wd, bc1, bc2, T):
     vhat = v / bc2
     p = p - lr * (mhat / (math.sqrt(vhat) + eps) + wd * p)
     return p, m, v
+
+
+@register_jitable
+def clip_scale(norm: float, max_norm: float) -> float:
+    """Factor that brings a gradient of L2 `norm` down to `max_norm`; 1 if already within,
+    if max_norm <= 0 (no clipping) or if the norm is not finite. Host and device code."""
+    if max_norm <= 0.0 or norm <= max_norm or not math.isfinite(norm):
+        return 1.0
+    return max_norm / (norm + 1e-6)

@@ -13,6 +13,7 @@ import numpy as np
 from euler.cpu import adamw, attention, cross_entropy, embedding, residual, rmsnorm, rope, swiglu
 from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
 from euler.cpu.blas import SplitMatmul
+from euler.layer_math import clip_scale
 
 
 class CpuBackend:
@@ -183,7 +184,7 @@ class CpuBackend:
         hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step).
         """
         norm = self.grad_norm(grads)
-        scale = adamw.clip_scale(norm, hp.grad_clip)
+        scale = clip_scale(norm, hp.grad_clip)
         lr, bc1, bc2 = (float(h) for h in hyper)
         adamw.adamw_update(
             params, grads, m, v, lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,

@@ -1,7 +1,7 @@
 """AdamW, the global gradient norm and clipping on the GPU, with no host synchronisation.
 
 The norm is reduced on the device into a float64 scalar, the clip factor is computed from
-it on the device (with the CPU engine's own `clip_scale`, compiled for the GPU), and the
+it on the device (with layer_math's `clip_scale`, which the CPU engine uses too), and the
 update kernel reads that factor from device memory: the host never waits for the norm.
 """
 
@@ -11,16 +11,14 @@ import math
 
 import numpy as np
 from numba import cuda, float64
-from numba.extending import register_jitable
 
-from euler.cpu.adamw import clip_scale
+from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.reduce import MAX_THREADS, block_sum
 from euler.gpu.vector import aligned4, load4, store4
-from euler.layer_math import adamw_scalar
+from euler.layer_math import adamw_scalar, clip_scale
 
 NORM_BLOCKS = 528  # at most this many partial sums of squares: 4 blocks per H200 SM
-_clip_scale = register_jitable(clip_scale)
 
 
 @cuda.jit
@@ -49,7 +47,7 @@ def norm_and_scale_kernel(stats, partial, max_norm):
     if cuda.threadIdx.x == 0:
         norm = math.sqrt(s)
         stats[0] = norm
-        stats[1] = _clip_scale(norm, max_norm)
+        stats[1] = clip_scale(norm, max_norm)
 
 
 def norm_blocks(P: int, threads: int) -> int:
@@ -59,7 +57,7 @@ def norm_blocks(P: int, threads: int) -> int:
 
 def grad_norm(stats, partial, grads, max_norm, stream=0, threads: int = THREADS) -> None:
     """stats (2,) float64 = (L2 norm of grads (P,), its clip factor); partial (C,) scratch."""
-    assert stats.shape == (2,) and partial.ndim == 1
+    check_shapes("grad_norm", stats=(stats, (2,)), partial=(partial, partial.shape[:1]))
     grad_sumsq_kernel[partial.shape[0], threads, stream](partial, grads)
     norm_and_scale_kernel[1, threads, stream](stats, partial, float(max_norm))
 
@@ -122,7 +120,7 @@ def adamw_update(
     from 1; weight decay only on the prefix [0, n_decay).
     """
     P = params.shape[0]
-    assert grads.shape == m.shape == v.shape == (P,) and hyper.shape == (3,)
+    check_shapes("adamw_update", grads=(grads, (P,)), m=(m, (P,)), v=(v, (P,)), hyper=(hyper, (3,)))
     T = params.dtype.type
     args = (params, grads, m, v, stats, hyper, T(beta1), T(beta2), T(eps), T(wd), np.int64(n_decay))
     if aligned4(params, grads, m, v):

@@ -24,6 +24,7 @@ import math
 import numba
 from numba import cuda, float32
 
+from euler.backend import check_shapes
 from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
@@ -298,7 +299,8 @@ def prep_launch(B: int, Tn: int, H: int, E: int) -> tuple[tuple, int, int, int]:
 def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     """dsum (B, H, T) = rowsum(dO O) per head, dQ's part of dqkv (B, T, (H + 2G) E) zeroed:
     what the backwards that add dQ with atomics start from (16-byte aligned arrays)."""
-    assert E in (8, 16, 32, 64, 128), f"no prep kernel for head size {E}"
+    if E not in (8, 16, 32, 64, 128):
+        raise ValueError(f"attention backward_prep: no prep kernel for head size {E}")
     check_aligned(dqkv, dout, out)
     B, Tn, _ = out.shape
     grid, threads, shift, per = prep_launch(B, Tn, H, E)
@@ -307,14 +309,16 @@ def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
 
 def _check(qkv, H, G, E) -> tuple[int, int]:
     B, Tn, C = qkv.shape
-    assert C == (H + 2 * G) * E and H % G == 0 and E % 2 == 0
+    check_shapes("attention", qkv=(qkv, (B, Tn, (H + 2 * G) * E)))
+    if G < 1 or H % G or E % 2:
+        raise ValueError(f"attention: H={H} query heads need G={G} dividing them, even E={E}")
     return B, Tn
 
 
 def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
     """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E)."""
     B, Tn = _check(qkv, H, G, E)
-    assert out.shape == (B, Tn, H * E) and lse.shape == (B, H, Tn)
+    check_shapes("attention_forward", out=(out, (B, Tn, H * E)), lse=(lse, (B, H, Tn)))
     scale = qkv.dtype.type(1.0 / math.sqrt(E))
     if not tile and attention_tiles.supports(E):
         check_aligned(qkv)
@@ -336,8 +340,9 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = dS K / sqrt(E), dK = dS^T Q / sqrt(E).
     """
     B, Tn = _check(qkv, H, G, E)
-    assert dqkv.shape == qkv.shape and dout.shape == out.shape == (B, Tn, H * E)
-    assert lse.shape == dsum.shape == (B, H, Tn)
+    rows, stats = (B, Tn, H * E), (B, H, Tn)
+    check_shapes("attention_backward", dqkv=(dqkv, qkv.shape), out=(out, rows),
+                 dout=(dout, rows), lse=(lse, stats), dsum=(dsum, stats))  # fmt: skip
     scale = qkv.dtype.type(1.0 / math.sqrt(E))
     if not tile and attention_tiles.supports(E):
         check_aligned(qkv, dout)

@@ -369,7 +369,8 @@ def kernels(E: int):
     """(forward, dkv) dispatchers for head size E and the current knobs, built once."""
     key = (E, *knobs().values())
     if key not in _BUILT:
-        assert supports(E)
+        if not supports(E):
+            raise ValueError(f"attention_tiles: no tiled kernels for head size {E}")
         options = {"launch_bounds": (THREADS, MIN_BLOCKS)} if MIN_BLOCKS else {}
         built = (compile_generated(n, s, HEADER, **options) for n, s in sources(E).items())
         _BUILT[key] = tuple(built)

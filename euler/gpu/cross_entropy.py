@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
+from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, block_max, block_sum
 
 THREADS = 256
@@ -72,7 +73,7 @@ def cross_entropy_forward_backward(
     (K,) float64 device array on the device (a captured step's heads follow the batch).
     """
     N = logits.shape[0]
-    assert losses.shape == (N,) and targets.shape == (N,)
+    check_shapes("cross_entropy_forward_backward", losses=(losses, (N,)), targets=(targets, (N,)))
     grid = max(1, min(N, 65535))
     cross_entropy_forward_backward_kernel[grid, threads, stream](
         losses, logits, targets, scales, np.int64(k)
@@ -101,7 +102,7 @@ def cross_entropy_forward_kernel(losses, logits, targets):
 def cross_entropy_forward(losses, logits, targets, stream=0, threads: int = THREADS) -> None:
     """losses (N,) = -log softmax(logits (N, V))[target], 0 where target < 0; logits unchanged."""
     N = logits.shape[0]
-    assert losses.shape == (N,) and targets.shape == (N,)
+    check_shapes("cross_entropy_forward", losses=(losses, (N,)), targets=(targets, (N,)))
     grid = max(1, min(N, 65535))
     cross_entropy_forward_kernel[grid, threads, stream](losses, logits, targets)
 
@@ -125,5 +126,5 @@ def loss_sum_kernel(out, losses, head_scale):
 def loss_sum(out, losses, head_scale, stream=0, threads: int = 1024) -> None:
     """out (1,) float64 = sum_k head_scale[k] * sum(losses[k]); head_scale (K,) float64 on
     the device."""
-    assert out.shape == (1,) and head_scale.shape == (losses.shape[0],)
+    check_shapes("loss_sum", out=(out, (1,)), head_scale=(head_scale, losses.shape[:1]))
     loss_sum_kernel[1, threads, stream](out, losses, head_scale)

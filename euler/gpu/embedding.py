@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from numba import cuda
 
+from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, fill, grid_for
 
 
@@ -27,7 +28,7 @@ def embedding_forward_kernel(x, tokens, wte):
 def embedding_forward(x, tokens, wte, stream=0, threads: int = THREADS) -> None:
     """x (N, D) = wte (V, D)[tokens (N,)], assigned. Token ids are checked by the caller."""
     N, D = x.shape
-    assert tokens.shape == (N,) and wte.shape[1] == D
+    check_shapes("embedding_forward", tokens=(tokens, (N,)), wte=(wte, (wte.shape[0], D)))
     embedding_forward_kernel[grid_for(N * D, threads), threads, stream](x, tokens, wte)
 
 
@@ -46,7 +47,7 @@ def embedding_backward_kernel(dwte, dx, tokens):
 def embedding_backward(dwte, dx, tokens, accumulate, stream=0, threads: int = THREADS) -> None:
     """dwte (V, D) (+)= scatter of dx (N, D) by tokens (N,); assigned unless accumulate."""
     N, D = dx.shape
-    assert tokens.shape == (N,) and dwte.shape[1] == D
+    check_shapes("embedding_backward", tokens=(tokens, (N,)), dwte=(dwte, (dwte.shape[0], D)))
     if not accumulate:
         fill(dwte, 0, stream, threads)
     embedding_backward_kernel[grid_for(N * D, threads), threads, stream](dwte, dx, tokens)

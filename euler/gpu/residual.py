@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from numba import cuda
 
+from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import aligned4, load4, store4
 
@@ -30,7 +31,7 @@ def residual_forward_vec_kernel(out, a, b):
 
 def residual_forward(out, a, b, stream=0, threads: int = THREADS) -> None:
     """out (N, D) = a + b, assigned; out may alias a."""
-    assert out.shape == a.shape == b.shape
+    check_shapes("residual_forward", a=(a, out.shape), b=(b, out.shape))
     n = out.size
     flat = out.reshape(n), a.reshape(n), b.reshape(n)
     if aligned4(*flat):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
+from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
 from euler.gpu.vector import aligned4, load4, store4
 from euler.layer_math import rms_rstd
@@ -90,7 +91,7 @@ def rmsnorm_forward_vec_kernel(y, rstd, x, w, eps, D):
 def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
     """y (N, D) = x (N, D) / rms(x) * w (D,), assigned; rstd (N,) saved for the backward."""
     N, D = x.shape
-    assert y.shape == (N, D) and rstd.shape == (N,) and w.shape == (D,)
+    check_shapes("rmsnorm_forward", y=(y, (N, D)), rstd=(rstd, (N,)), w=(w, (D,)))
     warps = block_warps(threads)
     grid = max(1, min((N + warps - 1) // warps, 65535))
     eps = x.dtype.type(eps)
@@ -238,11 +239,13 @@ def rmsnorm_backward(
     dx may alias dres. partial is (C, D) scratch with C = partial_rows(N) (or fewer rows).
     """
     N, D = x.shape
-    assert dx.shape == dy.shape == dres.shape == (N, D) and rstd.shape == (N,)
-    assert w.shape == (D,) and dw.shape == (D,) and partial.shape[1] == D
+    check_shapes("rmsnorm_backward", dx=(dx, (N, D)), dy=(dy, (N, D)), dres=(dres, (N, D)),
+                 rstd=(rstd, (N,)), w=(w, (D,)), dw=(dw, (D,)),
+                 partial=(partial, (partial.shape[0], D)))  # fmt: skip
     warps = block_warps(threads)
     nbytes = warps * D * 4
-    assert nbytes <= 48 * 1024, f"RMSNorm backward: hidden size {D} too large for {warps} warps"
+    if nbytes > 48 * 1024:
+        raise ValueError(f"rmsnorm_backward: hidden size {D} too large for {warps} warps")
     C = partial.shape[0]
     if D % 4 == 0 and aligned4(dx, dy, dres, x, w):
         flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from numba import cuda
 
+from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import aligned4, load4, store4
 from euler.layer_math import rope_rotate
@@ -89,8 +90,9 @@ def rope_rows_kernel(qkv, cos, sin, C, Tn, half, pos0, sign):
 
 def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
     B, Tn, C = qkv.shape
-    assert C == (H + 2 * G) * E and cos.shape[1] == E // 2 and sin.shape == cos.shape
-    assert pos0 + Tn <= cos.shape[0]
+    check_shapes("rope", qkv=(qkv, (B, Tn, (H + 2 * G) * E)), sin=(sin, cos.shape))
+    if cos.shape[1] != E // 2 or pos0 < 0 or pos0 + Tn > cos.shape[0]:
+        raise ValueError(f"rope: tables {cos.shape} do not cover positions {pos0}..{pos0 + Tn - 1}")
     half, heads = E // 2, H + G
     if half % 4 == 0 and aligned4(qkv, cos, sin):
         flat = qkv.reshape(qkv.size), cos.reshape(cos.size), sin.reshape(sin.size)

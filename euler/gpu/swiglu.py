@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from numba import cuda
 
+from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import aligned4, load4, store4
 from euler.layer_math import swiglu_backward_scalar, swiglu_forward_scalar
@@ -49,7 +50,7 @@ def swiglu_forward_vec_kernel(h, gu, F):
 def swiglu_forward(h, gu, stream=0, threads: int = THREADS) -> None:
     """h (N, F) = silu(gu[:, :F]) * gu[:, F:], assigned; gu (N, 2F)."""
     N, F = h.shape
-    assert gu.shape == (N, 2 * F)
+    check_shapes("swiglu_forward", gu=(gu, (N, 2 * F)))
     if F % 4 == 0 and aligned4(h, gu):
         flat = h.reshape(h.size), gu.reshape(gu.size)
         swiglu_forward_vec_kernel[grid_for(N, 1), threads, stream](*flat, F)
@@ -95,7 +96,7 @@ def swiglu_backward_vec_kernel(dgu, dh, gu, F):
 def swiglu_backward(dgu, dh, gu, stream=0, threads: int = THREADS) -> None:
     """dgu (N, 2F) from dh (N, F) and the saved gu (N, 2F), assigned."""
     N, F = dh.shape
-    assert gu.shape == (N, 2 * F) and dgu.shape == (N, 2 * F)
+    check_shapes("swiglu_backward", gu=(gu, (N, 2 * F)), dgu=(dgu, (N, 2 * F)))
     if F % 4 == 0 and aligned4(dgu, dh, gu):
         flat = dgu.reshape(dgu.size), dh.reshape(dh.size), gu.reshape(gu.size)
         swiglu_backward_vec_kernel[grid_for(N, 1), threads, stream](*flat, F)

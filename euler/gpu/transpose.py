@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from numba import cuda, float32
 
+from euler.backend import check_shapes
 from euler.gpu.vector import aligned4, load4, store4
 
 TILE, SIDE = 64, 16  # a block moves one TILE x TILE tile with SIDE x SIDE threads
@@ -61,7 +62,7 @@ def transpose_kernel(dst, src, R, C, vec):
 def transpose(dst, src, stream=0) -> None:
     """dst (C, R) = src (R, C)^T, float32, C-contiguous, on stream."""
     R, C = src.shape
-    assert dst.shape == (C, R), (dst.shape, src.shape)
+    check_shapes("transpose", dst=(dst, (C, R)))
     vec = aligned4(dst, src) and R % 4 == 0 and C % 4 == 0
     grid = ((C + TILE - 1) // TILE, (R + TILE - 1) // TILE)
     flat_dst, flat_src = dst.reshape(dst.size), src.reshape(src.size)
