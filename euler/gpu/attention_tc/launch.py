@@ -1,0 +1,170 @@
+"""Generate, compile and launch the tensor-core kernels: once per TcOptions, cached by it.
+
+The sources go through generated.compile_generated (written to a file named by their
+digest, so Numba's disk cache serves the next process). Both kernels take their shared
+memory at launch (shared_bytes: two buffers are over the 48 KB of a static array at E = 64;
+attention.launch_dynamic raises the limit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32
+from numba.cuda.cudadrv.driver import device_memset
+
+from euler.gpu import attention
+from euler.gpu.approx import LOG2E
+from euler.gpu.async_copy import check_aligned
+from euler.gpu.attention_tc.backward import dkv_source
+from euler.gpu.attention_tc.forward import forward_source
+from euler.gpu.attention_tc.fragments import SIM_RED, THREADS, TILE, layout
+from euler.gpu.attention_tc.options import HEAD_SIZES, TcOptions
+from euler.gpu.generated import compile_generated
+from euler.gpu.mma import SIMULATOR
+
+HEADER = """import math
+
+from numba import cuda, float32, uint64
+
+from euler.gpu.branchless import fmax, select
+from euler.gpu.mma import ldmatrix_x4, mma_tf32, tf32, tf32_finite
+from euler.gpu.reduce import FULL_MASK
+from euler.gpu.async_copy import cp_async4, cp_async4_flat, cp_async16, cp_async16_flat, \
+cp_async_commit, cp_async_wait
+from euler.gpu.approx import exp2_approx, exp_approx
+from euler.gpu.mma import tf32_operand
+from euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, atomic_add4_flat, \
+load2_shared, load4_3d, load4_shared, store4_3d
+from euler.gpu.flags import flag_raise, flag_read, flag_release
+from euler.gpu.reduce import group_sum
+from euler.gpu.vector import store4_flat"""
+
+
+class TcKernels(NamedTuple):
+    """The compiled kernels of one TcOptions."""
+
+    forward: object  # forward_tc_kernel's dispatcher
+    dkv: object  # backward_dkv_tc_kernel's
+
+
+_BUILT: dict[TcOptions, TcKernels] = {}
+_FLAGS: dict[int, object] = {}
+
+
+def supports(E: int) -> bool:
+    """Head sizes these kernels are generated for (E divides the 128 threads' copies)."""
+    return E in HEAD_SIZES
+
+
+def shared_bytes(options: TcOptions) -> dict[str, int]:
+    """Dynamic shared memory of each kernel ("forward", "dkv") in bytes."""
+    extra = SIM_RED if options.simulator else 0
+    return {k: 4 * (v + extra) for k, v in layout(options.head_size).items()}
+
+
+def sources(options: TcOptions) -> dict[str, str]:
+    """The generated source of each kernel, by kernel name (forward_tc_kernel,
+    backward_dkv_tc_kernel); HEADER holds their imports."""
+    return {
+        "forward_tc_kernel": forward_source(options),
+        "backward_dkv_tc_kernel": dkv_source(options),
+    }
+
+
+def compile_kernel(name: str, src: str):
+    """The dispatcher of kernel `name` of generated source src (sources' or an edit of it),
+    after HEADER."""
+    return compile_generated(name, src, HEADER)
+
+
+def kernels(options: TcOptions) -> TcKernels:
+    """The kernels of options, generated and compiled on first use."""
+    if options.simulator != SIMULATOR:
+        raise ValueError(f"TcOptions.simulator: {options.simulator}, but numba.cuda's is not")
+    if options not in _BUILT:
+        _BUILT[options] = TcKernels(*(compile_kernel(n, s) for n, s in sources(options).items()))
+    return _BUILT[options]
+
+
+def _options(E: int, options: TcOptions | None) -> TcOptions:
+    if options is None:
+        return TcOptions(E)
+    if options.head_size != E:
+        raise ValueError(f"TcOptions.head_size: {options.head_size}, but E is {E}")
+    return options
+
+
+def _check(qkv, H: int, G: int, E: int) -> tuple[int, int]:
+    B, Tn, C = qkv.shape
+    if C != (H + 2 * G) * E or H % G:
+        raise ValueError(f"qkv: (B, T, (H + 2G) E) with G | H, not {qkv.shape} at {H=} {G=} {E=}")
+    return B, Tn
+
+
+def attention_forward(
+    out, lse, qkv, H: int, G: int, E: int, stream=0, options: TcOptions | None = None
+) -> None:
+    """out (B, T, H E), lse (B, H, T) natural-log logsumexp of the scaled scores, assigned,
+    from qkv (B, T, (H + 2G) E); float32, 16-byte aligned rows."""
+    options = _options(E, options)
+    B, Tn = _check(qkv, H, G, E)
+    if out.shape != (B, Tn, H * E) or lse.shape != (B, H, Tn):
+        raise ValueError(f"out, lse: {(B, Tn, H * E)}, {(B, H, Tn)}, not {out.shape}, {lse.shape}")
+    check_aligned(qkv)
+    # the forward's exponentials are 2^x: log2(e) rides on Q's scale
+    scale = float32(LOG2E / math.sqrt(E))
+    grid = (B * H, (Tn + TILE - 1) // TILE)  # heads on the fast axis, heaviest tiles first
+    nbytes = shared_bytes(options)["forward"]
+    attention.launch_dynamic(kernels(options).forward, grid, THREADS, stream, nbytes,
+                             out, lse, qkv, H, G, scale)  # fmt: skip
+
+
+def attention_backward(
+    dqkv, dout, qkv, out, lse, H: int, G: int, E: int, dsum, stream=0,
+    options: TcOptions | None = None,
+) -> None:  # fmt: skip
+    """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
+
+    dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
+    the query heads of their group. Same math as attention.attention_backward. T a multiple
+    of 64: the dkv grid's first row prepares dsum and dQ's zeros (prep.py); else
+    attention.backward_prep does, before it.
+    """
+    options = _options(E, options)
+    B, Tn = _check(qkv, H, G, E)
+    if dqkv.shape != qkv.shape:
+        raise ValueError(f"dqkv: {qkv.shape} (qkv's), not {dqkv.shape}")
+    if dout.shape != (B, Tn, H * E) or out.shape != (B, Tn, H * E):
+        raise ValueError(f"dout, out: {(B, Tn, H * E)}, not {dout.shape}, {out.shape}")
+    if lse.shape != (B, H, Tn) or dsum.shape != (B, H, Tn):
+        raise ValueError(f"lse, dsum: {(B, H, Tn)}, not {lse.shape}, {dsum.shape}")
+    check_aligned(qkv, dout)
+    scale = float32(1.0 / math.sqrt(E))
+    nt = (Tn + TILE - 1) // TILE
+    fused = Tn % TILE == 0  # whole units: no two share a cache line of dsum
+    if fused:
+        check_aligned(out)
+        flags = _flags(B * H * nt, stream)
+    else:  # the kernel reads no flag: none is zeroed
+        attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
+        flags = _flags(1, None)
+    grid = (B * G, nt + int(fused))  # the prep blocks' row first, then the heaviest tiles
+    args = (dqkv, dsum, dout, qkv, lse, H, G, scale, out, flags, int(fused))
+    nbytes = shared_bytes(options)["dkv"]
+    attention.launch_dynamic(kernels(options).dkv, grid, THREADS, stream, nbytes, *args)
+
+
+def _flags(n: int, stream) -> object:
+    """The prep blocks' flags, one a (b, h, query tile) unit, zeroed on stream (not at all
+    if stream is None): an int32 device array kept per size (allocated on first use, before
+    any graph capture of the step)."""
+    if SIMULATOR:
+        return cuda.to_device(np.zeros(n, np.int32))
+    if n not in _FLAGS:
+        _FLAGS[n] = cuda.device_array(n, np.int32)
+    if stream is not None:
+        device_memset(_FLAGS[n], 0, 4 * n, stream)
+    return _FLAGS[n]
