@@ -192,13 +192,13 @@ def bench_step(args) -> dict:
 
 
 def overlap_steps(args) -> dict[str, dict]:
-    """The trainer's step (euler.bench.steps.time_engine) at the defaults, then with one default off
-    each: the weight gradients in line (no side stream), without token-contiguous copies
-    (backend.TRANSPOSE_WEIGHT_GRADS), without the output projections' residual adds fused
-    into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt); with token-contiguous copies only
-    where the other side is 2048 or more wide (TRANSPOSE_MIN_WIDTH 2048, the default until
-    session 12); each replayed as CUDA graphs and launched: time_steps' statistics plus
-    tokens/s."""
+    """The trainer's step (euler.bench.steps.time_engine) at the defaults, then with one
+    default off each: the weight gradients in line (no side stream), without
+    token-contiguous copies (backend.TRANSPOSE_WEIGHT_GRADS), without the output
+    projections' residual adds fused into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt);
+    with token-contiguous copies only where the other side is 2048 or more wide
+    (TRANSPOSE_MIN_WIDTH 2048); each replayed as CUDA graphs and launched: time_steps'
+    statistics plus tokens/s."""
     from euler.bench.steps import synthetic_batch, time_engine
     from euler.gpu import backend
 

@@ -8,6 +8,7 @@ folder: the first run compiles every kernel and writes the cache, the second loa
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -41,6 +42,7 @@ def first_step_seconds(cache_dir: str) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     with tempfile.TemporaryDirectory() as cache:
         cold = first_step_seconds(cache)
         warm = first_step_seconds(cache)

@@ -1,4 +1,4 @@
-"""JSON records of a GPU lab run (bench/*_lab_gpu.py): each printed as one line when made,
+"""JSON records of a GPU lab run (bench/labs/*_lab_gpu.py): each printed as one line when made,
 and the whole list rewritten to the output file after each, so a run cut short (a device
 call's time limit) still leaves what it measured."""
 

@@ -3,7 +3,8 @@
     python bench/labs/attention_lengths_fit.py \
         bench/results/attention-tc-lengths-launchfree-2026-11-30-h200.json
 
-reads the "time" records of `attention_tc_gpu.py --variant default --T 128,256,...` and fits
+reads the tensor-core "time" records of `python bench/attention_tc_gpu.py --T
+128,256,512,1024,2048 --out FILE` and fits
 - forward time = a x key tiles + f x blocks: the forward's blocks are (64 query rows, b, h),
   n = T / 64 of them a head and N = n (n + 1) / 2 tiles;
 - backward time = a x (key tile, query tile, head) pairs + c x T: the dkv blocks (B G n)
@@ -38,7 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
     args = ap.parse_args()
-    recs = [r for r in json.loads(args.results.read_text()) if r.get("kind") == "time"]
+    records = json.loads(args.results.read_text())
+    recs = [r for r in records if r.get("kind") == "time" and r.get("impl", "tc") == "tc"]
     recs.sort(key=lambda r: r["T"])
     T = np.array([r["T"] for r in recs])
     B, H, G = recs[0]["B"], recs[0]["H"], recs[0]["G"]

@@ -19,7 +19,7 @@ TFLOP/s = 2 M N K / time); --out is rewritten with every record so far:
 - device: the GPU, the cuBLASLt library (path, version), ctypes struct sizes against the
   header's (a mismatch skips cuBLASLt rather than corrupt memory);
 - gemm (one per shape): `legacy_ms`/`legacy_tflops` (be.matmul) and `ref_tflops` (legacy
-  as measured in an earlier H200 session); `algos`: each heuristic result (index,
+  as this lab first measured it on an H200); `algos`: each heuristic result (index,
   workspace, waves, algo id, tile, split-K, stages, ...) with its ms and TFLOP/s, or its
   error; `lt0_*`: heuristic #0 (cuBLASLt without autotuning); `best_*`: the fastest;
   `speedup` = legacy_ms / best_ms; `rel_err` = max |best - legacy| / max |legacy| and

@@ -12,8 +12,8 @@ outputs also under-fill the GPU (768 x 768 is 36 tiles of 128 x 128 for 132 SMs)
 For each dW shape (M, N, K), one JSON line per record (median ms of --reps runs, from CUDA
 events after a warm-up; TFLOP/s = 2 M N K / time):
 - baseline: the call as training makes it;
-- transpose: our 32 x 32 shared-tile transpose of dY into dYT (M, K) and of X into XT
-  (N, K): ms, GB/s (read + write), and whether the result is exact;
+- transpose: the package's transpose (euler/gpu/transpose.py) of dY into dYT (M, K) and of
+  X into XT (N, K): ms, GB/s (read + write), and whether the result is exact;
 - pretransposed: the token-contiguous "TN" product be.matmul(dW, dYT, XT, trans_b=True),
   checked against baseline (TF32: relative error < 1e-2);
 - one_sided: only XT (cuBLAS's TT) or only dYT (its NN) token-contiguous, checked;

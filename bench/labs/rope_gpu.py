@@ -1,18 +1,17 @@
-"""RoPE (rope.rope_vec_kernel) on the `gpu` preset's qkv in several block shapes, timed.
+"""RoPE (euler/gpu/rope.py) on the `gpu` preset's qkv in several block shapes, timed.
 
     python bench/labs/rope_gpu.py [--T 512,2048] [--out rope.json]
 
 A call rotates the q and k heads of qkv (B, T, (H + 2G) E) in place: B=32, H=12, G=4, E=64
-reads and writes 67 MB each at T=512. The session 5 profile had RoPE at 2.0 ms a step
-(24 calls); session 11's (bench_gpu.py) at 1.05 ms forward and 1.03 backward, 0.088 ms a
-call, 1.5 TB/s. Blocks are (E / 8, Y) threads, x over a head's 16-byte chunks of pairs and
-y over heads, one (b, t) row a block:
-- "threads 256": Y = 256 / (E / 8) = 32, the package's launch until session 11, where 16
-  heads leave half the warps idle;
+reads and writes 67 MB each at T=512. Blocks of rope.rope_vec_kernel are (E / 8, Y)
+threads, x over a head's 16-byte chunks of pairs and y over heads, one (b, t) row a block:
+- "threads 256": Y = 256 / (E / 8) = 32, where the 16 rotated heads leave half the warps
+  idle;
 - "heads": Y = H + G, every thread busy;
 - "heads x2": two rows a block, Y = 2 (H + G), the second half of y on the second row, no
-  loops (the package's rope_rows_kernel since session 11 does this with blocks (E / 8,
-  H + G, 2), the row on z).
+  loops;
+- "package": rope.rope_forward as the backend calls it (rope_rows_kernel, the winner:
+  blocks (E / 8, H + G, 2), the row on z, no loops).
 Each shape's result is checked against the package's before it is timed.
 """
 
