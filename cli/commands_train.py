@@ -296,18 +296,15 @@ def _check_text(text: str, what: str) -> str:
 
 
 def _decoder_factory(ck, device: str):
-    """A function making fresh decoders of checkpoint ck on device (cpu: KV cache)."""
-    from euler.inference.generate import Decoder
-
-    if device == "cpu":
-        return lambda: Decoder(ck.cfg, ck.params)
-    if device != "cuda":
+    """A function making fresh decoders of checkpoint ck on device: with a KV cache where
+    the backend has one (the CPU's), else recomputing the context (the GPU's)."""
+    if device not in ("cpu", "cuda"):
         raise EulerError(f"--device must be cpu or cuda, got {device!r}")
-    from euler.inference.decode_device import RecomputeDecoder
+    from euler.inference.decode_device import make_decoder
     from euler.training.loop import make_backend
 
     backend = make_backend(device)
-    return lambda: RecomputeDecoder(ck.cfg, ck.params, backend)
+    return lambda: make_decoder(ck.cfg, ck.params, backend)
 
 
 def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:

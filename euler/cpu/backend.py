@@ -1,7 +1,8 @@
 """The CPU backend: NumPy arrays, BLAS matrix products, prange kernels.
 
-Every backend offers the same methods with the same argument order (outputs, saved
-statistics, inputs, weights, sizes), so euler.model.transformer runs unchanged on either device.
+It implements euler.backend.Backend, as the GPU's does, so euler.model.transformer runs
+unchanged on either device. Its capabilities: a KV cache for generation (the decode_*
+methods, euler/cpu/decode.py), no CUDA graphs, no device-memory figures (None).
 """
 
 from __future__ import annotations
@@ -10,9 +11,21 @@ import math
 
 import numpy as np
 
-from euler.cpu import adamw, attention, cross_entropy, embedding, residual, rmsnorm, rope, swiglu
+from euler.backend import check_shapes
+from euler.cpu import (
+    adamw,
+    attention,
+    cross_entropy,
+    decode,
+    embedding,
+    residual,
+    rmsnorm,
+    rope,
+    swiglu,
+)
 from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
 from euler.cpu.blas import SplitMatmul
+from euler.errors import EulerError
 from euler.layer_math import clip_scale
 
 
@@ -20,6 +33,8 @@ class CpuBackend:
     """Schedules the shared layer math on the CPU; the reference the GPU is tested against."""
 
     name = "cpu"
+    can_capture = False  # no CUDA graphs: every step runs as it is
+    kv_cache = True  # decode_linear and decode_attention exist
 
     def __init__(self, attention_tile: int | None = None):
         # Sequences up to DENSE_MAX_T run dense (whole score blocks through BLAS), longer ones
@@ -49,6 +64,17 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         """Nothing to wait for: CPU kernels return when done."""
+
+    def release_unused(self) -> None:
+        """Nothing to release: NumPy frees an array when the last reference goes."""
+
+    def free_memory(self) -> None:
+        """None: host memory is not the device's to report (the trainer checks nothing)."""
+        return None
+
+    def peak_memory(self) -> None:
+        """None: no device-memory figures on the CPU (bench reports the peak RSS instead)."""
+        return None
 
     # ------------------------------------------------------------ matrix products
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
@@ -82,23 +108,26 @@ class CpuBackend:
     # Numba does not check bounds, so each launcher checks the shapes its kernel trusts.
     def embedding_forward(self, x, tokens, wte) -> None:
         """x (N, D) = wte (V, D)[tokens (N,)]."""
-        _shapes(x=(x, (len(tokens), wte.shape[1])))
+        check_shapes("embedding_forward", tokens=(tokens, x.shape[:1]),
+                     x=(x, (x.shape[0], wte.shape[1])))  # fmt: skip
         embedding.embedding_forward(x, tokens, wte)
 
     def embedding_backward(self, dwte, dx, tokens, accumulate) -> None:
         """dwte (V, D) (+)= scatter of dx (N, D) by tokens (N,)."""
-        _shapes(dx=(dx, (len(tokens), dwte.shape[1])))
+        check_shapes("embedding_backward", tokens=(tokens, dx.shape[:1]),
+                     dx=(dx, (dx.shape[0], dwte.shape[1])))  # fmt: skip
         embedding.embedding_backward(dwte, dx, tokens, accumulate)
 
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
         """y (N, D), rstd (N,) from x (N, D), w (D,)."""
-        _shapes(y=(y, x.shape), rstd=(rstd, x.shape[:1]), w=(w, x.shape[1:]))
+        check_shapes("rmsnorm_forward", y=(y, x.shape), rstd=(rstd, x.shape[:1]),
+                     w=(w, x.shape[1:]))  # fmt: skip
         rmsnorm.rmsnorm_forward(y, rstd, x, w, eps)
 
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
         """dx (N, D) = dres + J^T dy; dw (D,) (+)=."""
-        _shapes(dx=(dx, x.shape), dy=(dy, x.shape), dres=(dres, x.shape), dw=(dw, w.shape),
-                w=(w, x.shape[1:]), rstd=(rstd, x.shape[:1]))  # fmt: skip
+        check_shapes("rmsnorm_backward", dx=(dx, x.shape), dy=(dy, x.shape), dres=(dres, x.shape),
+                     dw=(dw, w.shape), w=(w, x.shape[1:]), rstd=(rstd, x.shape[:1]))  # fmt: skip
         inplace = np.may_share_memory(dx, dres)
         rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate, inplace)
 
@@ -115,7 +144,8 @@ class CpuBackend:
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
         """out (B, T, H E), lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
         B, T = qkv.shape[:2]
-        _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), out=(out, (B, T, H * E)), lse=(lse, (B, H, T)))
+        check_shapes("attention_forward", qkv=(qkv, (B, T, (H + 2 * G) * E)),
+                     out=(out, (B, T, H * E)), lse=(lse, (B, H, T)))  # fmt: skip
         if T <= self.dense_max_t:
             self._dense.forward(out, lse, qkv, H, G, E)
         else:
@@ -124,8 +154,9 @@ class CpuBackend:
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         """dqkv (B, T, (H + 2G) E) from dout (B, T, H E) and the saved qkv, out, lse."""
         B, T = qkv.shape[:2]
-        _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), dqkv=(dqkv, qkv.shape), lse=(lse, (B, H, T)),
-                out=(out, (B, T, H * E)), dout=(dout, (B, T, H * E)))  # fmt: skip
+        check_shapes("attention_backward", qkv=(qkv, (B, T, (H + 2 * G) * E)),
+                     dqkv=(dqkv, qkv.shape), lse=(lse, (B, H, T)), out=(out, (B, T, H * E)),
+                     dout=(dout, (B, T, H * E)))  # fmt: skip
         if T <= self.dense_max_t:
             self._dense.backward(dqkv, dout, qkv, out, lse, H, G, E)
         else:
@@ -133,27 +164,28 @@ class CpuBackend:
 
     def swiglu_forward(self, h, gu) -> None:
         """h (N, F) = silu(gate) * up from gu (N, 2F)."""
-        _shapes(gu=(gu, (h.shape[0], 2 * h.shape[1])))
+        check_shapes("swiglu_forward", gu=(gu, (h.shape[0], 2 * h.shape[1])))
         swiglu.swiglu_forward(h, gu)
 
     def swiglu_backward(self, dgu, dh, gu) -> None:
         """dgu (N, 2F) from dh (N, F) and gu (N, 2F)."""
-        _shapes(gu=(gu, (dh.shape[0], 2 * dh.shape[1])), dgu=(dgu, gu.shape))
+        check_shapes("swiglu_backward", gu=(gu, (dh.shape[0], 2 * dh.shape[1])),
+                     dgu=(dgu, gu.shape))  # fmt: skip
         swiglu.swiglu_backward(dgu, dh, gu)
 
     def residual_forward(self, out, a, b) -> None:
         """out (N, D) = a + b."""
-        _shapes(a=(a, out.shape), b=(b, out.shape))
+        check_shapes("residual_forward", a=(a, out.shape), b=(b, out.shape))
         residual.residual_forward(out, a, b)
 
     def cross_entropy_forward(self, losses, logits, targets) -> None:
         """losses (N,) from logits (N, V) and targets (N,) (-1 = none)."""
-        _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
+        _cross_entropy_shapes("cross_entropy_forward", losses, logits, targets)
         cross_entropy.cross_entropy_forward(losses, logits, targets)
 
     def cross_entropy_forward_backward(self, losses, logits, targets, scales, k) -> None:
         """losses (N,); logits (N, V) becomes scales[k] * dloss/dlogits (scales staged, (K,))."""
-        _shapes(losses=(losses, logits.shape[:1]), targets=(targets, logits.shape[:1]))
+        _cross_entropy_shapes("cross_entropy_forward_backward", losses, logits, targets)
         cross_entropy.cross_entropy_forward_backward(losses, logits, targets, float(scales[k]))
 
     def stage_scalars(self, name: str, values) -> np.ndarray:
@@ -183,6 +215,8 @@ class CpuBackend:
 
         hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step).
         """
+        check_shapes("adamw_step", grads=(grads, params.shape), m=(m, params.shape),
+                     v=(v, params.shape))  # fmt: skip
         norm = self.grad_norm(grads)
         scale = clip_scale(norm, hp.grad_clip)
         lr, bc1, bc2 = (float(h) for h in hyper)
@@ -192,16 +226,48 @@ class CpuBackend:
         )  # fmt: skip
         return norm
 
+    # ------------------------------------------------------------ CUDA graphs
+    def capture(self, fn):
+        """Refused: the CPU records no CUDA graphs (can_capture is False)."""
+        raise EulerError("CPU backend: no CUDA graphs to capture (can_capture is False)")
 
-def _shapes(**checks) -> None:
-    """Each name=(array, expected shape): raise naming the first array whose shape differs."""
-    for name, (a, want) in checks.items():
-        if tuple(a.shape) != tuple(want):
-            raise ValueError(f"{name}: shape {tuple(a.shape)}, expected {tuple(want)}")
+    # ------------------------------------------------------------ decoding with a KV cache
+    def decode_linear(self, out, x, w) -> None:
+        """out (n, M) = x (n, D) @ w (M, D)^T, one matrix-vector product per row, so that a
+        row's result is bit-identical whatever n (speculative decoding's exactness)."""
+        check_shapes("decode_linear", x=(x, (out.shape[0], w.shape[1])),
+                     out=(out, (x.shape[0], w.shape[0])))  # fmt: skip
+        for i in range(x.shape[0]):
+            np.matmul(w, x[i], out=out[i])
+
+    def decode_attention(self, out, qkv, k_cache, v_cache, pos0, H, G, E) -> None:
+        """Append qkv (n, (H + 2G) E)'s keys and values to k_cache, v_cache (G, C, E) at
+        pos0..pos0+n-1, then out (n, H E): row i attends to cached positions 0..pos0+i."""
+        n = qkv.shape[0]
+        C = k_cache.shape[1] if k_cache.ndim == 3 else -1
+        check_shapes("decode_attention", qkv=(qkv, (n, (H + 2 * G) * E)), out=(out, (n, H * E)),
+                     k_cache=(k_cache, (G, C, E)), v_cache=(v_cache, (G, C, E)))  # fmt: skip
+        if pos0 < 0 or pos0 + n > C:
+            raise ValueError(f"decode_attention: positions {pos0}..{pos0 + n - 1} outside the "
+                             f"cache's {C}")  # fmt: skip
+        if H % G:
+            raise ValueError(f"decode_attention: {G} key/value heads do not divide {H} heads")
+        k_cache[:, pos0 : pos0 + n] = (
+            qkv[:, H * E : (H + G) * E].reshape(n, G, E).transpose(1, 0, 2)
+        )
+        v_cache[:, pos0 : pos0 + n] = qkv[:, (H + G) * E :].reshape(n, G, E).transpose(1, 0, 2)
+        q = np.ascontiguousarray(qkv[:, : H * E])
+        decode.attention_decode(out, q, k_cache, v_cache, pos0, H, G, E)
+
+
+def _cross_entropy_shapes(where: str, losses, logits, targets) -> None:
+    N = logits.shape[0]
+    check_shapes(where, logits=(logits, (N, logits.shape[-1])), losses=(losses, (N,)),
+                 targets=(targets, (N,)))  # fmt: skip
 
 
 def _rope_shapes(qkv, cos, sin, H, G, E, pos0) -> None:
     B, T = qkv.shape[:2]
-    _shapes(qkv=(qkv, (B, T, (H + 2 * G) * E)), sin=(sin, cos.shape))
+    check_shapes("rope", qkv=(qkv, (B, T, (H + 2 * G) * E)), sin=(sin, cos.shape))
     if cos.shape[1] != E // 2 or pos0 < 0 or pos0 + T > cos.shape[0]:
-        raise ValueError(f"rope tables {cos.shape} do not cover positions {pos0}..{pos0 + T - 1}")
+        raise ValueError(f"rope: tables {cos.shape} do not cover positions {pos0}..{pos0 + T - 1}")

@@ -45,12 +45,15 @@ from euler.gpu.reduce import SIMULATOR
 
 def check_aligned(*arrays) -> None:
     """cp.async copies 16 bytes from addresses 16-byte aligned: C-contiguous 3-d arrays whose
-    rows are a whole number of 16 bytes starting on 16 bytes (asserted)."""
+    rows are a whole number of 16 bytes starting on 16 bytes (ValueError otherwise)."""
     for a in arrays:
-        assert a.flags["C_CONTIGUOUS"] and a.shape[2] % 4 == 0  # (B, T, C)
+        if not (a.flags["C_CONTIGUOUS"] and a.ndim == 3 and a.shape[2] % 4 == 0):
+            raise ValueError(f"cp.async: an array of shape {a.shape} is not C-contiguous "
+                             "(B, T, C) with C a multiple of 4")  # fmt: skip
         if not SIMULATOR:  # whose arrays have no device address
             face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-            assert face["data"][0] % 16 == 0
+            if face["data"][0] % 16:
+                raise ValueError(f"cp.async: an array of shape {a.shape} starts off 16 bytes")
 
 
 if not SIMULATOR:

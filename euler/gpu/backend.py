@@ -1,6 +1,6 @@
 """The GPU backend: numba device arrays, cuBLAS matrix products, numba.cuda kernels.
 
-Same methods and argument order as euler.cpu.backend.CpuBackend. Everything runs on one
+It implements euler.backend.Backend, as the CPU's does. Everything runs on one
 CUDA stream (cuBLAS is bound to it too), so launches are ordered without host waits;
 only to_host, synchronize and float() of a returned DeviceScalar wait for the device.
 The exception is matmul_pair's second product (a weight gradient): it goes to a side
@@ -8,6 +8,9 @@ stream with its own cuBLAS handle, forked from the stream and joined back by eve
 (wait_deferred), so it runs beside the backward's next kernels.
 Scratch buffers (norm partials, attention's D_i) are allocated on first use at a given
 size and reused, so steps after the first allocate nothing.
+Capabilities: CUDA graphs (capture) on a real GPU with the real cuBLAS; no KV-cache kernels
+yet (kv_cache is False, the decode_* methods refuse), so generation recomputes the whole
+context through the training forward (euler/inference/decode_device.py).
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ def _on_stream(library, stream, tf32: bool):
     return library(handle, tf32=tf32, workspace=workspace)
 
 
+NO_KV_CACHE = (
+    "GPU backend: no KV-cache kernels (kv_cache is False); "
+    "decode with euler.inference.decode_device.RecomputeDecoder"
+)
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 # Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
 # copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
@@ -95,6 +102,7 @@ class GpuBackend:
     """
 
     name = "cuda"
+    kv_cache = False  # no KV-cache kernels yet: decode_linear and decode_attention refuse
 
     def __init__(
         self,
@@ -141,20 +149,27 @@ class GpuBackend:
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
         self._lt = None  # the cuBLASLt handle of matmul_residual (FUSED_RESIDUAL), made on use
-        # CUDA graphs (step_graph.py) need the driver: not the simulator, not a cuBLAS stand-in
-        self.can_capture = not numba.config.ENABLE_CUDASIM and self._cublas
+
+    @property
+    def can_capture(self) -> bool:
+        """Whether capture() records CUDA graphs (step_graph.py): that needs the driver, so
+        not under the simulator, and the real cuBLAS, not a stand-in."""
+        return not numba.config.ENABLE_CUDASIM and self._cublas
 
     # ------------------------------------------------------------ memory
     def zeros(self, shape, dtype):
+        """A zero-filled device array, filled in stream order."""
         return self.memory.device_zeros(shape, dtype, self.stream, self.threads)
 
     def to_device(self, a: np.ndarray):
+        """A device copy of host array a, uploaded in stream order."""
         a = np.ascontiguousarray(a)
         out = self.zeros(a.shape, a.dtype)
         out.copy_to_device(a, stream=self.stream)
         return out
 
     def to_host(self, a) -> np.ndarray:
+        """Host copy of device array a; waits for the stream."""
         host = a.copy_to_host(stream=self.stream)
         self.stream.synchronize()
         return host
@@ -185,6 +200,7 @@ class GpuBackend:
         return self._scratch[key]
 
     def synchronize(self) -> None:
+        """Wait for everything enqueued on the stream."""
         self.stream.synchronize()
 
     def stage_scalars(self, name: str, values):
@@ -419,3 +435,12 @@ class GpuBackend:
         from euler.gpu import graph
 
         return graph.capture(self.stream, fn)
+
+    # ------------------------------------------------------------ decoding with a KV cache
+    def decode_linear(self, out, x, w) -> None:
+        """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
+        raise EulerError(NO_KV_CACHE)
+
+    def decode_attention(self, out, qkv, k_cache, v_cache, pos0, H, G, E) -> None:
+        """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
+        raise EulerError(NO_KV_CACHE)

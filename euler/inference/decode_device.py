@@ -1,11 +1,12 @@
 """Decoding on any backend, the GPU's included, by recomputing the whole context per call.
 
-The GPU engine has no KV-cache kernels. A forward of the full context of the `gpu` preset
-costs milliseconds on an H200, so `euler chat --device cuda` feeds tokens by running the
-training forward over positions 0..context-1 each time. Positions after the fed ones hold
-padding (token 0), which causal attention keeps from reaching the earlier rows, and the
-shapes are the same on every call, so a position's hidden row does not depend on how the
-tokens were split into calls: speculative decoding stays exactly greedy.
+The GPU backend has no KV-cache kernels (kv_cache is False). A forward of the full context
+of the `gpu` preset costs milliseconds on an H200, so `euler chat --device cuda` feeds
+tokens by running the training forward over positions 0..context-1 each time. Positions
+after the fed ones hold padding (token 0), which causal attention keeps from reaching the
+earlier rows, and the shapes are the same on every call, so a position's hidden row does
+not depend on how the tokens were split into calls: speculative decoding stays exactly
+greedy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from euler.inference.generate import check_feed
+from euler.backend import Backend
+from euler.inference.generate import Decoder, check_feed
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import Model
@@ -23,7 +25,7 @@ from euler.model.transformer import Model
 class RecomputeDecoder:
     """The Decoder interface (feed, logits, truncate, length) over a Model on any backend."""
 
-    def __init__(self, cfg: ModelConfig, params: np.ndarray, backend):
+    def __init__(self, cfg: ModelConfig, params: np.ndarray, backend: Backend):
         self.cfg = cfg
         params = np.asarray(params, np.float32)
         self.model = Model(cfg, backend, flat_params=params)
@@ -49,3 +51,13 @@ class RecomputeDecoder:
     def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
         """Head k's logits (n, V) for hidden rows xf (n, D), on the host."""
         return np.atleast_2d(xf) @ self.heads[k].T
+
+
+def make_decoder(
+    cfg: ModelConfig, params: np.ndarray, backend: Backend
+) -> Decoder | RecomputeDecoder:
+    """A decoder of flat params (P,) on backend: the KV-cache Decoder where the backend has
+    one (kv_cache), else a RecomputeDecoder."""
+    if backend.kv_cache:
+        return Decoder(cfg, params, backend=backend)
+    return RecomputeDecoder(cfg, params, backend)

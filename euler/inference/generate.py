@@ -1,13 +1,14 @@
 """Generation with a KV cache: plain (greedy or sampled) and self-speculative decoding.
 
-The Decoder is an inference-only forward pass on the CPU over host parameters. It keeps,
-per layer, the keys (after RoPE) and values of every position fed so far, so feeding n
-new tokens costs O(n * context) attention and O(n) everything else, instead of a full
-recompute of the sequence.
+The Decoder is an inference-only forward pass on a backend with a KV cache (kv_cache: the
+CPU's): it keeps, per layer, the keys (after RoPE) and values of every position fed so
+far, so feeding n new tokens costs O(n * context) attention and O(n) everything else,
+instead of a full recompute of the sequence. A backend without one decodes through
+euler.inference.decode_device.RecomputeDecoder (make_decoder picks).
 
 Every per-row step (embedding, RMSNorm, RoPE, attention, SwiGLU) treats rows alone, and
-the matrix products run one row at a time (matrix-vector products), so the hidden state of
-a position is bit-identical whether it was fed alone or with others. That is what makes
+the matrix products run one row at a time (decode_linear), so the hidden state of a
+position is bit-identical whether it was fed alone or with others. That is what makes
 speculative decoding produce exactly the greedy tokens.
 
 Self-speculative decoding (blockwise parallel decoding, Stern et al. 2018): from the hidden
@@ -25,19 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from euler.cpu import decode, embedding, residual, rmsnorm, rope, swiglu
+from euler.backend import Backend
 from euler.errors import EulerError
 from euler.inference.sampling import SamplingConfig, sample
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import rope_tables
-
-
-def _linear(out: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """out (n, N) = x (n, D) @ w (N, D)^T, one matrix-vector product per row (see above)."""
-    for i in range(x.shape[0]):
-        np.matmul(w, x[i], out=out[i])
-    return out
 
 
 def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
@@ -54,20 +48,31 @@ def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
 
 
 class Decoder:
-    """Inference forward with a KV cache of `cfg.context` positions (host arrays, CPU kernels)."""
+    """Inference forward with a KV cache of `cfg.context` positions on a backend that has
+    one (kv_cache; default the CPU's). feed and logits take and return host arrays."""
 
-    def __init__(self, cfg: ModelConfig, params: np.ndarray, dtype=np.float32):
+    def __init__(
+        self, cfg: ModelConfig, params: np.ndarray, dtype=np.float32, backend: Backend | None = None
+    ):
+        if backend is None:
+            from euler.cpu.backend import CpuBackend
+
+            backend = CpuBackend()
+        if not backend.kv_cache:
+            raise EulerError(
+                f"the {backend.name} backend has no KV-cache kernels: decode with RecomputeDecoder"
+            )
         layout = ParamLayout(cfg)
         if params.shape != (layout.size,):
             raise EulerError(f"parameters: expected {layout.size} values, got {params.size}")
-        self.cfg = cfg
+        self.cfg, self.be = cfg, backend
         self.dtype = np.dtype(dtype)
-        self.params = np.ascontiguousarray(params, dtype=self.dtype)
+        self.params = backend.to_device(np.ascontiguousarray(params, dtype=self.dtype))
         self.p = layout.views(self.params)
-        self.cos, self.sin = rope_tables(cfg, self.dtype)
+        self.cos, self.sin = (backend.to_device(a) for a in rope_tables(cfg, self.dtype))
         L, G, C, E = cfg.n_layer, cfg.n_kv_head, cfg.context, cfg.head_size
-        self.k_cache = np.zeros((L, G, C, E), self.dtype)  # keys after RoPE
-        self.v_cache = np.zeros((L, G, C, E), self.dtype)
+        self.k_cache = backend.zeros((L, G, C, E), self.dtype)  # keys after RoPE
+        self.v_cache = backend.zeros((L, G, C, E), self.dtype)
         self.length = 0  # positions 0..length-1 are cached
 
     def truncate(self, length: int) -> None:
@@ -76,42 +81,38 @@ class Decoder:
 
     def feed(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Append n tokens at positions length..length+n-1; return their final hidden (n, D)."""
-        cfg, p = self.cfg, self.p
+        cfg, be, p = self.cfg, self.be, self.p
         tokens = check_feed(cfg, tokens, self.length)
         n, pos0 = len(tokens), self.length
         H, G, E, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.d_model, cfg.ffn_hidden
-        z = lambda *shape: np.empty(shape, self.dtype)  # noqa: E731
+        z = lambda *shape: be.zeros(shape, self.dtype)  # noqa: E731
         x, xn, tmp, rstd = z(n, D), z(n, D), z(n, D), z(n)
         qkv, att, gu, h = z(n, cfg.qkv_dim), z(n, cfg.q_dim), z(n, 2 * F), z(n, F)
-        embedding.embedding_forward(x, tokens, p["tok_emb"])
+        be.embedding_forward(x, be.to_device(tokens), p["tok_emb"])
         for layer in range(cfg.n_layer):
             w = f"layers.{layer}."
-            rmsnorm.rmsnorm_forward(xn, rstd, x, p[w + "attn_norm"], cfg.norm_eps)
-            _linear(qkv, xn, p[w + "attn.wqkv"])
-            rope.rope_forward(qkv[None], self.cos, self.sin, H, G, E, pos0)
-            k_new = qkv[:, H * E : (H + G) * E].reshape(n, G, E)
-            v_new = qkv[:, (H + G) * E :].reshape(n, G, E)
-            self.k_cache[layer, :, pos0 : pos0 + n] = k_new.transpose(1, 0, 2)
-            self.v_cache[layer, :, pos0 : pos0 + n] = v_new.transpose(1, 0, 2)
-            q = np.ascontiguousarray(qkv[:, : H * E])
-            decode.attention_decode(att, q, self.k_cache[layer], self.v_cache[layer], pos0, H, G, E)
-            _linear(tmp, att, p[w + "attn.wo"])
-            residual.residual_forward(x, x, tmp)
-            rmsnorm.rmsnorm_forward(xn, rstd, x, p[w + "mlp_norm"], cfg.norm_eps)
-            _linear(gu, xn, p[w + "mlp.w_gateup"])
-            swiglu.swiglu_forward(h, gu)
-            _linear(tmp, h, p[w + "mlp.w_down"])
-            residual.residual_forward(x, x, tmp)
+            be.rmsnorm_forward(xn, rstd, x, p[w + "attn_norm"], cfg.norm_eps)
+            be.decode_linear(qkv, xn, p[w + "attn.wqkv"])
+            be.rope_forward(qkv.reshape(1, n, cfg.qkv_dim), self.cos, self.sin, H, G, E, pos0)
+            be.decode_attention(att, qkv, self.k_cache[layer], self.v_cache[layer], pos0, H, G, E)
+            be.decode_linear(tmp, att, p[w + "attn.wo"])
+            be.residual_forward(x, x, tmp)
+            be.rmsnorm_forward(xn, rstd, x, p[w + "mlp_norm"], cfg.norm_eps)
+            be.decode_linear(gu, xn, p[w + "mlp.w_gateup"])
+            be.swiglu_forward(h, gu)
+            be.decode_linear(tmp, h, p[w + "mlp.w_down"])
+            be.residual_forward(x, x, tmp)
         xf = z(n, D)
-        rmsnorm.rmsnorm_forward(xf, rstd, x, p["final_norm"], cfg.norm_eps)
+        be.rmsnorm_forward(xf, rstd, x, p["final_norm"], cfg.norm_eps)
         self.length = pos0 + n
-        return xf
+        return be.to_host(xf)
 
     def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
         """Head k's logits (n, V) for hidden rows xf (n, D); head k predicts token t+1+k."""
-        xf = np.atleast_2d(xf)
-        return _linear(np.empty((xf.shape[0], self.cfg.vocab_size), self.dtype), xf,
-                       self.p["mtp_heads"][k])  # fmt: skip
+        xf = self.be.to_device(np.atleast_2d(xf))
+        out = self.be.zeros((xf.shape[0], self.cfg.vocab_size), self.dtype)
+        self.be.decode_linear(out, xf, self.p["mtp_heads"][k])
+        return self.be.to_host(out)
 
 
 @dataclass

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from euler.backend import Backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, arena_bytes, make_targets
@@ -198,16 +199,16 @@ class Batches:
 # ---------------------------------------------------------------------------- run folder
 
 
-def check_device_memory(backend, cfg: ModelConfig, B: int, T: int) -> None:
+def check_device_memory(backend: Backend, cfg: ModelConfig, B: int, T: int) -> None:
     """Refuse, before the first step, a micro-batch whose activations do not fit on the device.
 
     Runs after the parameters and optimizer state are allocated, so the free memory the
     backend reports is what the activations can have (a CPU backend reports none: no check).
     """
-    free_memory = getattr(backend, "free_memory", None)
-    if free_memory is None:
+    free = backend.free_memory()
+    if free is None:
         return
-    need, free = arena_bytes(cfg, np.float32, B, T) + MEMORY_SLACK, free_memory()
+    need = arena_bytes(cfg, np.float32, B, T) + MEMORY_SLACK
     if need > free:
         raise EulerError(
             f"--batch-size {B} x --seq-len {T} needs {need / 2**20:.1f} MiB of device memory "
@@ -216,7 +217,7 @@ def check_device_memory(backend, cfg: ModelConfig, B: int, T: int) -> None:
         )
 
 
-def make_backend(device: str, tf32: bool = True, exact_attention: bool = False):
+def make_backend(device: str, tf32: bool = True, exact_attention: bool = False) -> Backend:
     """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
     if device == "cpu":
         from euler.cpu.backend import CpuBackend

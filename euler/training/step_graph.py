@@ -17,14 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from functools import partial
 
+from euler.backend import Backend
+
 _WARM = object()  # a key that ran once eagerly and is captured on its next call
 
 
 class StepGraphs:
     """Per-key capture and replay of device work on one backend (see the module doc)."""
 
-    def __init__(self, backend, enabled: bool = True, log: Callable[[str], None] = print):
-        self.capture = backend.capture if enabled and backend_can_capture(backend) else None
+    def __init__(self, backend: Backend, enabled: bool = True, log: Callable[[str], None] = print):
+        self.capture = backend.capture if enabled and backend.can_capture else None
         self._graphs: dict[Hashable, object] = {}
         self.log = log
 
@@ -89,8 +91,3 @@ def update(graphs: StepGraphs, opt, lr: float):
     """One clipped AdamW step at learning rate lr (staged, then device work); the norm."""
     opt.prepare(lr)
     return graphs.run("update", opt.apply)
-
-
-def backend_can_capture(backend) -> bool:
-    """Whether the backend records CUDA graphs (a real GPU; not the CPU or the simulator)."""
-    return bool(getattr(backend, "can_capture", False))
