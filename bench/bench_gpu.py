@@ -322,16 +322,7 @@ def main() -> None:
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--steps-only", action="store_true", help="just the overlap_steps table")
-    ap.add_argument(
-        "--tiles",
-        default="",
-        help="attention_tiles KSTEP,MIN_BLOCKS (the lab's winner)",
-    )
     args = ap.parse_args()
-    if args.tiles:
-        from euler.gpu import attention_tiles
-
-        attention_tiles.KSTEP, attention_tiles.MIN_BLOCKS = (int(x) for x in args.tiles.split(","))
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device_name().strip(),
