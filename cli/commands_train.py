@@ -2,52 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from euler.errors import EulerError
+from euler.training.config import TrainConfig, flag_default, flag_of
 
-# options shared by train and sft (their defaults differ, so each command sets its own)
-Out = Annotated[Path, typer.Option("--out", "-o", help="Run folder (checkpoint, metrics).")]
 Device = Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU).")]
-BatchSize = Annotated[int, typer.Option(help="B: sequences per micro-batch.")]
-SeqLen = Annotated[int, typer.Option(help="T: tokens per sequence (0: the model's context).")]
-GradAccum = Annotated[int, typer.Option(help="Micro-batches per optimizer step.")]
-Steps = Annotated[int, typer.Option(help="Optimizer steps (unless --tokens is given).")]
-Tokens = Annotated[int, typer.Option(help="Token budget; sets the steps (0: use --steps).")]
-Lr = Annotated[float, typer.Option(help="Peak learning rate (after warmup).")]
-MinLr = Annotated[float, typer.Option(help="Learning rate at the end of the cosine decay.")]
-Warmup = Annotated[int, typer.Option(help="Linear warmup steps.")]
-WeightDecay = Annotated[float, typer.Option(help="AdamW decoupled weight decay (matrices only).")]
-GradClip = Annotated[float, typer.Option(help="Clip the global gradient norm (0: off).")]
-EvalEvery = Annotated[int, typer.Option(help="Steps between validation losses and samples.")]
-EvalBatches = Annotated[int, typer.Option(help="Validation micro-batches per evaluation.")]
-SampleTokens = Annotated[int, typer.Option(help="Tokens of the sample shown at evaluations.")]
-CkptEvery = Annotated[int, typer.Option(help="Steps between checkpoints.")]
-LogEvery = Annotated[int, typer.Option(help="Steps between log lines (non-terminal output).")]
-Seed = Annotated[int, typer.Option(help="Seed of the weights, batches and samples.")]
 Resume = Annotated[
     Path | None,
     typer.Option(help="Continue this run folder from its checkpoint (its saved settings)."),
 ]
 Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already holds.")]
-Tf32 = Annotated[
-    bool, typer.Option(help="cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32).")
-]
-CudaGraph = Annotated[
-    bool,
-    typer.Option(
-        help="cuda: capture each step's kernels once as CUDA graphs and replay them; "
-        "--no-cuda-graph launches them one by one."
-    ),
-]
-ExactAttention = Annotated[
-    bool,
-    typer.Option(help="cuda with TF32: attention in exact fp32 instead of on tensor cores."),
-]
 Nproc = Annotated[
     int,
     typer.Option(
@@ -57,6 +29,52 @@ Nproc = Annotated[
 ]
 
 
+def train_config_parameters(kind: str, config: type = TrainConfig) -> list[inspect.Parameter]:
+    """The typer parameters of the config fields that the command running `kind` sets by
+    flag, in field order: each named as its field, with the field's flag, help and default."""
+    hints = typing.get_type_hints(config)
+    params = []
+    for f in dataclasses.fields(config):
+        flag = flag_of(f)
+        if flag is None or kind not in flag.kinds:
+            continue
+        annotation, default = hints[f.name], flag_default(f, kind)
+        if flag.path:
+            annotation = Path if default is not None else Path | None
+            default = Path(default) if default is not None else None
+        helptext = flag.sft_help if kind == "sft" and flag.sft_help else flag.help
+        option = typer.Option(*flag.decls, help=helptext)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[annotation, option]))  # fmt: skip
+    return params
+
+
+def _train_config_options(kind: str):
+    """Decorator: the command (settings, **its own options) gets TrainConfig's flags for
+    `kind` ahead of its own options, and receives their values as the dict `settings`."""
+
+    def decorate(command):
+        _, *own = inspect.signature(command, eval_str=True).parameters.values()
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        fields = train_config_parameters(kind)
+        names = [p.name for p in fields]
+
+        def typer_command(**options):
+            return command({name: options.pop(name) for name in names}, **options)
+
+        typer_command.__signature__ = inspect.Signature(fields + own)
+        typer_command.__name__, typer_command.__doc__ = command.__name__, command.__doc__
+        return typer_command
+
+    return decorate
+
+
+def _train_config(kind: str, settings: dict) -> TrainConfig:
+    """The TrainConfig of a command's flags (paths stored as strings)."""
+    values = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    return TrainConfig(kind=kind, **values)
+
+
 def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
     """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved).
 
@@ -64,7 +82,8 @@ def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
     with their exit code; under mpiexec it must match the ranks mpiexec started.
     """
     from euler.training import distributed
-    from euler.training.loop import read_run, train
+    from euler.training.loop import train
+    from euler.training.run_folder import read_run
 
     if resume is not None:
         tc, _ = read_run(resume)
@@ -89,100 +108,28 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
 
     @app.command("train")
+    @_train_config_options("pretrain")
     def train_command(
-        preset: Annotated[str, typer.Option(help="Model preset: tiny, small or gpu.")] = "small",
-        data: Annotated[
-            Path | None,
-            typer.Option(help="Folder from `euler data prepare` (default: the embedded corpus)."),
-        ] = None,
-        out: Out = Path("runs/pretrain"),
-        device: Device = "cpu",
-        tf32: Tf32 = True,
-        exact_attention: ExactAttention = False,
-        cuda_graph: CudaGraph = True,
-        batch_size: BatchSize = 8,
-        seq_len: SeqLen = 0,
-        grad_accum: GradAccum = 1,
-        steps: Steps = 1000,
-        tokens: Tokens = 0,
-        lr: Lr = 3e-3,
-        min_lr: MinLr = 3e-4,
-        warmup: Warmup = 50,
-        weight_decay: WeightDecay = 0.1,
-        grad_clip: GradClip = 1.0,
-        eval_every: EvalEvery = 100,
-        eval_batches: EvalBatches = 8,
-        sample_tokens: SampleTokens = 40,
-        ckpt_every: CkptEvery = 100,
-        log_every: LogEvery = 10,
-        seed: Seed = 0,
+        settings: dict,
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
-        from euler.training.loop import TrainConfig
-
-        tc = TrainConfig(
-            out_dir=str(out), kind="pretrain", preset=preset, data=str(data) if data else None,
-            device=device, tf32=tf32, exact_attention=exact_attention, cuda_graph=cuda_graph,
-            batch_size=batch_size,
-            seq_len=seq_len, grad_accum=grad_accum, steps=steps, tokens=tokens, lr=lr,
-            min_lr=min_lr, warmup_steps=warmup,
-            weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
-            eval_batches=eval_batches, sample_tokens=sample_tokens, ckpt_every=ckpt_every,
-            log_every=log_every, seed=seed,
-        )  # fmt: skip
-        _run(tc, resume, overwrite, nproc)
+        _run(_train_config("pretrain", settings), resume, overwrite, nproc)
 
     @app.command("sft")
+    @_train_config_options("sft")
     def sft_command(
-        from_: Annotated[
-            Path | None,
-            typer.Option("--from", help="Pretrained checkpoint (or run folder) to start from."),
-        ] = None,
-        data: Annotated[
-            Path | None, typer.Option(help="Folder from `euler data prepare-sft`.")
-        ] = None,
-        out: Out = Path("runs/sft"),
-        device: Device = "cpu",
-        tf32: Tf32 = True,
-        exact_attention: ExactAttention = False,
-        cuda_graph: CudaGraph = True,
-        batch_size: BatchSize = 8,
-        grad_accum: GradAccum = 1,
-        steps: Steps = 300,
-        tokens: Tokens = 0,
-        lr: Lr = 1e-3,
-        min_lr: MinLr = 1e-4,
-        warmup: Warmup = 20,
-        weight_decay: WeightDecay = 0.1,
-        grad_clip: GradClip = 1.0,
-        eval_every: EvalEvery = 50,
-        eval_batches: EvalBatches = 8,
-        sample_tokens: SampleTokens = 40,
-        ckpt_every: CkptEvery = 50,
-        log_every: LogEvery = 10,
-        seed: Seed = 0,
+        settings: dict,
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
-        from euler.training.loop import TrainConfig
-
-        if resume is None and (from_ is None or data is None):
+        if resume is None and (settings["init_from"] is None or settings["data"] is None):
             raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
-        tc = TrainConfig(
-            out_dir=str(out), kind="sft", data=str(data) if data else None,
-            init_from=str(from_) if from_ else None, device=device, tf32=tf32,
-            exact_attention=exact_attention, cuda_graph=cuda_graph, batch_size=batch_size,
-            grad_accum=grad_accum,
-            steps=steps, tokens=tokens, lr=lr, min_lr=min_lr,
-            warmup_steps=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-            eval_every=eval_every, eval_batches=eval_batches, sample_tokens=sample_tokens,
-            ckpt_every=ckpt_every, log_every=log_every, seed=seed,
-        ) if resume is None else None  # fmt: skip
+        tc = _train_config("sft", settings) if resume is None else None
         _run(tc, resume, overwrite, nproc)
 
     @app.command("chat")

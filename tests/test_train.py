@@ -13,7 +13,10 @@ from euler.errors import EulerError
 from euler.model.transformer import Model, head_scales
 from euler.training import checkpoint
 from euler.training import loop as train_mod
-from euler.training.loop import Batches, TrainConfig, lr_at, train
+from euler.training.batches import Batches
+from euler.training.config import TrainConfig, lr_at
+from euler.training.loop import train
+from euler.training.run_folder import read_run
 from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
 
 
@@ -53,7 +56,7 @@ def test_interrupt_and_resume_repeat_the_losses_bit_for_bit(
     assert checkpoint.load(cut).step == 6
     monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
 
-    tc, _ = train_mod.read_run(cut)
+    tc, _ = read_run(cut)
     second = train(tc, resume=True)
     assert second["steps"] == 10
     assert _losses(cut) == _losses(tmp_path / "whole")  # exact float equality, every step
@@ -82,7 +85,7 @@ def test_resume_after_a_crash_drops_the_unsaved_steps(data_root, tmp_path, monke
         train(tiny_config(run, data_root / "pre"))
     assert max(s for s, _ in _losses(run)) == 6
     monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
-    train(train_mod.read_run(run)[0], resume=True)
+    train(read_run(run)[0], resume=True)
     steps = [s for s, _ in _losses(run)]
     assert steps == list(range(1, 9))
 
@@ -199,7 +202,6 @@ def test_bad_settings_are_refused(data_root, tmp_path):
 
 def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
     import euler.gpu.backend as gpu_backend
-    from euler.training.loop import TrainConfig
 
     seen = []
 

@@ -17,7 +17,7 @@ from euler.tokenizer import Tokenizer
 from euler.data.corpus import CorpusSource
 from euler.data.prepare import prepare_corpus
 from euler.data.sft import prepare_sft
-from euler.training.loop import TrainConfig
+from euler.training.config import TrainConfig
 
 WORDS = (
     "the cat dog sat ran on a mat hat red blue green big small quick lazy fox jumps over "

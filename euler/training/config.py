@@ -1,0 +1,174 @@
+"""TrainConfig, every setting of a training run, and the learning-rate schedule.
+
+Each field that a user sets carries its command-line flag in its metadata (a Flag: the
+flag's name, its help, the `euler sft` default where that differs): `euler train` and
+`euler sft` build their options from these fields, so a field added here is a flag of both
+commands. A field without a flag (set by the command, or fixed) says so with `no_flag`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from euler.errors import EulerError
+
+TRAIN_CONFIG_VERSION = 1
+KINDS = ("pretrain", "sft")  # `euler train` runs kind pretrain, `euler sft` kind sft
+_SAME = object()  # Flag.sft_default: the same default as pretraining
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a TrainConfig field appears on `euler train` and `euler sft`.
+
+    decls: the flag and its short form ("--out", "-o"); empty: --field-name (for a bool
+    also --no-field-name). path: shown and parsed as a path, stored as a string.
+    """
+
+    help: str
+    decls: tuple[str, ...] = ()
+    sft_default: Any = _SAME
+    sft_help: str = ""  # `euler sft`'s help where it differs
+    kinds: tuple[str, ...] = KINDS  # the commands that have the flag, by the kind they run
+    path: bool = False
+
+
+def setting(default: Any, help: str, *decls: str, **flag: Any) -> Any:
+    """A TrainConfig field that a user sets by flag: its default and its Flag."""
+    return field(default=default, metadata={"flag": Flag(help, decls, **flag)})
+
+
+def no_flag(default: Any) -> Any:
+    """A TrainConfig field that no flag sets: the command sets it, or it is fixed."""
+    return field(default=default, metadata={"flag": None})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs besides the model config; saved in run.json and checkpoints."""
+
+    # sft: the architecture of the --from checkpoint, whatever the preset
+    preset: str = setting("small", "Model preset: tiny, small or gpu.", kinds=("pretrain",))
+    init_from: str | None = setting(  # sft: the checkpoint whose weights the run starts from
+        None, "Pretrained checkpoint (or run folder) to start from.", "--from",
+        kinds=("sft",), path=True,
+    )  # fmt: skip
+    data: str | None = setting(  # pretrain: None = the embedded corpus
+        None, "Folder from `euler data prepare` (default: the embedded corpus).",
+        sft_help="Folder from `euler data prepare-sft`.", path=True,
+    )  # fmt: skip
+    out_dir: str = setting(
+        "runs/pretrain", "Run folder (checkpoint, metrics).", "--out", "-o",
+        sft_default="runs/sft", path=True,
+    )  # fmt: skip
+    kind: str = no_flag("pretrain")  # "pretrain" (token shards) or "sft": set by the command
+    device: str = setting("cpu", "cpu, or cuda (needs the gpu extra and a GPU).")
+    tf32: bool = setting(
+        True, "cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32)."
+    )
+    exact_attention: bool = setting(
+        False, "cuda with TF32: attention in exact fp32 instead of on tensor cores."
+    )
+    cuda_graph: bool = setting(
+        True, "cuda: capture each step's kernels once as CUDA graphs and replay them; "
+        "--no-cuda-graph launches them one by one.",
+    )  # fmt: skip
+    batch_size: int = setting(8, "B: sequences per micro-batch.")
+    # sft has no --seq-len: `euler data prepare-sft` fits its records to the model's context,
+    # and a shorter T would cut responses off
+    seq_len: int = setting(
+        0, "T: tokens per sequence (0: the model's context).", kinds=("pretrain",)
+    )
+    grad_accum: int = setting(1, "Micro-batches per optimizer step.")
+    steps: int = setting(1000, "Optimizer steps (unless --tokens is given).", sft_default=300)
+    tokens: int = setting(0, "Token budget; sets the steps (0: use --steps).")
+    lr: float = setting(3e-3, "Peak learning rate (after warmup).", sft_default=1e-3)
+    min_lr: float = setting(3e-4, "Learning rate at the end of the cosine decay.", sft_default=1e-4)
+    # linear warmup from lr / warmup_steps to lr
+    warmup_steps: int = setting(50, "Linear warmup steps.", "--warmup", sft_default=20)
+    weight_decay: float = setting(0.1, "AdamW decoupled weight decay (matrices only).")
+    grad_clip: float = setting(1.0, "Clip the global gradient norm (0: off).")
+    beta1: float = no_flag(0.9)  # AdamW's moment decays: fixed
+    beta2: float = no_flag(0.95)
+    eval_every: int = setting(100, "Steps between validation losses and samples.", sft_default=50)
+    eval_batches: int = setting(8, "Validation micro-batches per evaluation.")
+    sample_tokens: int = setting(40, "Tokens of the sample shown at evaluations.")
+    # a checkpoint is also written at the end and on Ctrl-C
+    ckpt_every: int = setting(100, "Steps between checkpoints.", sft_default=50)
+    log_every: int = setting(10, "Steps between log lines (non-terminal output).")
+    seed: int = setting(0, "Seed of the weights, batches and samples.")
+    version: int = no_flag(TRAIN_CONFIG_VERSION)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EulerError(f"kind must be 'pretrain' or 'sft', got {self.kind!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise EulerError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.kind == "sft" and not self.data:
+            raise EulerError("sft needs --data: a folder prepared by `euler data prepare-sft`")
+        for name in ("batch_size", "grad_accum", "eval_every", "eval_batches", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise EulerError(f"{flag_name(name)} must be at least 1")
+        for name in ("seq_len", "steps", "tokens", "warmup_steps", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise EulerError(f"{flag_name(name)} must not be negative")
+        if self.steps == 0 and self.tokens == 0:
+            raise EulerError("give --steps or --tokens")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise EulerError(
+                f"need 0 < --lr and 0 <= --min-lr <= --lr, got {self.lr}, {self.min_lr}"
+            )
+        if self.version != TRAIN_CONFIG_VERSION:
+            raise EulerError(f"train config version {self.version}, need {TRAIN_CONFIG_VERSION}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "train config") -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise EulerError(f"{source}: unknown field {unknown[0]!r}")
+        return cls(**d)
+
+    def total_steps(self, T: int) -> int:
+        """Optimizer steps of the run: `steps`, or enough steps to see `tokens` tokens."""
+        if self.tokens:
+            return math.ceil(self.tokens / (self.batch_size * T * self.grad_accum))
+        return self.steps
+
+
+def flag_of(f: dataclasses.Field) -> Flag | None:
+    """The Flag of a TrainConfig field (None: no flag); a field that does not say is an error."""
+    if "flag" not in f.metadata:
+        raise EulerError(
+            f"TrainConfig.{f.name} declares no flag: give it setting(...) or no_flag(...)"
+        )
+    return f.metadata["flag"]
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of TrainConfig field `name`: "--warmup" for warmup_steps."""
+    f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+    flag = flag_of(f)
+    return flag.decls[0] if flag and flag.decls else "--" + name.replace("_", "-")
+
+
+def flag_default(f: dataclasses.Field, kind: str) -> Any:
+    """The default of field f on the command that runs `kind` (pretrain: the field's own)."""
+    flag = flag_of(f)
+    if kind == "sft" and flag is not None and flag.sft_default is not _SAME:
+        return flag.sft_default
+    return f.default
+
+
+def lr_at(step: int, tc: TrainConfig, total: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine to min_lr."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    progress = (step - tc.warmup_steps) / max(1, total - tc.warmup_steps)
+    return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * min(progress, 1.0)))
