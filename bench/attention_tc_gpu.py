@@ -9,35 +9,20 @@ recorded as {"error": ...}) loses nothing measured before it:
 
 - "check": max abs error of attention_tc's out, lse, dqkv against a float64 NumPy
   reference (batch element 0 only at the big shapes), and against the exact kernels of
-  attention.py. Errors are TF32-sized (~1e-3 of the values' scale), not fp32-sized
-  (the 3xtf32 variant's should be fp32-sized).
+  attention.py. Errors are TF32-sized (~1e-3 of the values' scale), not fp32-sized.
 - "time": median device ms of one call over --reps rounds (bench/gpu_timing.py: a round is
   10 calls back to back, queued behind a spin, so the host's launch is not timed) of
-  forward and backward for attention_tc (TF32, and 3xTF32 at the big shapes), the exact
-  kernels, torch SDPA when torch has CUDA, and the naive attention (scores in memory) at
-  the big shapes; TFLOP/s of useful causal work, 4 B H T^2 E / 2 forward and 2.5 times
-  that backward.
-
-    python bench/attention_tc_gpu.py --variants --out attention-tc-variants.json
-
-measures attention_tc's generation knobs instead: for each VARIANTS entry (default first,
-then the best candidates), in a process of its own, it sets the knobs, builds the kernels
-(the disk cache is keyed on the source, so a kernel already compiled loads), and records
-a "variant" line (knobs, shared bytes), a check of a tail shape and of T = 512 and 2048
-against the float64 reference, the times of attention_tc alone (every line carries the
-variant's name), and registers per kernel. On the H200 a variant took 60-70 s, most of it
-NVVM (`--variant NAME` runs one, here).
+  forward and backward for attention_tc (TF32), the exact fp32 kernels, torch SDPA when
+  torch has CUDA, and the naive attention (scores in memory) at the big shapes; TFLOP/s of
+  useful causal work, 4 B H T^2 E / 2 forward and 2.5 times that backward.
+- "registers": registers per thread of each attention_tc kernel at E = 64.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -54,37 +39,6 @@ from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
 from tests.numpy_reference import attention_with_grads  # noqa: E402
 
 RECORDS: list[dict] = []
-# attention_tc knob settings measured by --variants: the default first, then candidates
-# (the grids' orders; the raw tiles' rounding; libdevice's expf; 3xTF32; the staged
-# kernels that were the default until 2026-11-29).
-VARIANTS = [
-    ("default", {}),  # PIPELINE, ATOMIC_DQ (4 wide), FAST_EXP, HEAVY_FIRST(_FORWARD), ADD_ROUND,
-    # ASYNC_Q, STAGED_OUT, ASYNC_KV, FLAT, EXP2_DKV, LDSM, PREP_BLOCKS, PREP_READY_LOOP
-    ("q-staged", {"ASYNC_Q": False}),  # the forward's Q through registers, not cp.async
-    ("out-scattered", {"STAGED_OUT": False}),  # 4-byte stores from the C fragments
-    ("kv-staged", {"ASYNC_KV": False}),  # dkv's K, V through registers, not cp.async
-    ("both-off", {"ASYNC_Q": False, "STAGED_OUT": False, "ASYNC_KV": False}),  # 2026-11-30's
-    # clamped 3-d copies, e^x in dkv, 32-bit B loads (the default until session 13)
-    ("scalar-loads", {"FLAT": False, "EXP2_DKV": False, "LDSM": False}),
-    ("no-flat", {"FLAT": False, "EXP2_DKV": False}),  # ldmatrix alone
-    ("ldsm-dq", {"LDSM_DQ": True}),  # dQ = dS K by ldmatrix too (K^T made once a block)
-    ("prep-kernel", {"PREP_BLOCKS": False}),  # the prep kernel, then dkv (until session 16)
-    ("prep-blocks-1", {"PREP_SPAN": 1}),  # each of its blocks one kv head
-    ("prep-blocks-4", {"PREP_SPAN": 4}),  # a quarter of them, four each
-    ("prep-blocks-f1", {"PREP_FLAG_EVERY": 1}),  # a fence a unit
-    ("prep-blocks-f4", {"PREP_FLAG_EVERY": 4}),  # a fence four units
-    ("prep-blocks-unfused", {"PREP_MAX_T": 0}),  # its dkv, prep kernel
-    ("one-loop", {"PREP_READY_LOOP": False}),  # prepared pairs' blocks in the flags' loop too
-    ("wide", {"WIDE": True}),  # the forward: 32 query rows a warp, B loads halved
-    ("wide-16", {"WIDE": True, "WIDE_KEYS": 16}),  # the same, softmax steps of 16 keys
-    ("atomics-1", {"ATOMIC_WIDTH": 1}),  # dQ's float atomics one column a request
-    ("atomics-2", {"ATOMIC_WIDTH": 2, "PREP_READY_LOOP": False}),  # the defaults until s17
-    ("tile-fastest", {"HEAVY_FIRST": False, "HEAVY_FIRST_FORWARD": False}),  # grids tiles first
-    ("cvt-round", {"ADD_ROUND": False}),  # raw tiles' B fragments rounded by cvt.rna
-    ("libdevice-exp", {"FAST_EXP": False}),
-    ("3xtf32", SPLIT := {"SPLIT_TF32": True, "FAST_EXP": False}),  # fp32-level errors throughout
-    ("staged", {"PIPELINE": False, "ATOMIC_DQ": False}),
-]
 REFERENCES: dict[tuple, tuple] = {}  # float64 reference results by shape, seed and batch
 
 
@@ -151,9 +105,8 @@ def max_errors(got, want) -> dict:
 
 
 def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) -> None:
-    """Errors of attention_tc (at the current knobs) against the float64 reference (computed
-    once per shape and batch) and, if exact, against attention.py's kernels; tag: extra
-    fields of the records (a variant's name)."""
+    """Errors of attention_tc against the float64 reference (computed once per shape and
+    batch) and, if exact, against attention.py's kernels; tag: extra fields of the records."""
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     t0 = time.time()
     tc = guarded(out, "tc forward+backward", **shape, **tag)(lambda: c.results(attention_tc))
@@ -174,36 +127,20 @@ def check(c: Case, out: Path | None, exact: bool, ref_batch: int | None, **tag) 
             emit(out, kind="check", against="exact fp32 kernels", **shape, **max_errors(tc, ex))
 
 
-@contextlib.contextmanager
-def knobs_set(**knobs):
-    """attention_tc's generation knobs set to these values inside the block."""
-    saved = attention_tc.knobs()
-    for knob, value in knobs.items():
-        setattr(attention_tc, knob, value)
-    try:
-        yield
-    finally:
-        for knob, value in saved.items():
-            setattr(attention_tc, knob, value)
-
-
 def time_case(
     c: Case, out: Path | None, reps: int, exact: bool, torch=True, more=False, **tag
 ) -> None:  # fmt: skip
     """Times of attention_tc, the exact kernels (if exact), torch SDPA (if torch) and, if
-    more, attention_tc in 3xTF32 and the naive attention (scores materialised, TF32 cuBLAS);
-    tag: extra fields of the records."""
+    more, the naive attention (scores materialised, TF32 cuBLAS); tag: extra fields of the
+    records."""
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     useful = 4 * c.B * c.H * c.T * c.T * c.E / 2
-    impls = [("tc", attention_tc, {})] + ([("exact", attention, {})] if exact else [])
-    if more:
-        impls.insert(1, ("tc 3xtf32", attention_tc, SPLIT))
-    for name, mod, knobs in impls:
+    impls = [("tc", attention_tc)] + ([("exact", attention)] if exact else [])
+    for name, mod in impls:
 
-        def run(mod=mod, knobs=knobs):
-            with knobs_set(**knobs):
-                f = timed(c.stream, lambda: c.fwd(mod), reps)
-                b = timed(c.stream, lambda: c.bwd(mod), reps)
+        def run(mod=mod):
+            f = timed(c.stream, lambda: c.fwd(mod), reps)
+            b = timed(c.stream, lambda: c.bwd(mod), reps)
             return f, b
 
         r = guarded(out, f"time {name}", **shape, **tag)(run)
@@ -282,57 +219,15 @@ def time_torch(c: Case, out: Path | None, reps: int, useful: float, shape: dict)
 
 
 def registers(out: Path | None, **tag) -> None:
-    """Registers per thread of each attention_tc kernel built for E = 64 at the current knobs."""
+    """Registers per thread of each attention_tc kernel built for E = 64."""
     regs = guarded(out, "registers", **tag)(
         lambda: {
             k.py_func.__name__: [o.regs_per_thread for o in k.overloads.values()]
-            for k in attention_tc.kernels(64)
+            for k in attention_tc.kernels(attention_tc.TcOptions(64))
         }
     )
     if regs:
         emit(out, kind="registers", **tag, **regs)
-
-
-def run_variants(args, Ts: list[int], variants: list[tuple]) -> None:
-    """Each of variants (VARIANTS entries): knobs set, checked (a tail shape, then each T)
-    and timed."""
-    small = guarded(args.out, "setup", T=100)(lambda: Case(2, 100, 4, 2, 64))
-    cases = {
-        T: guarded(args.out, "setup", T=T)(lambda T=T: Case(args.batch, T, 12, 4, 64)) for T in Ts
-    }
-    for name, knobs in variants:
-        with knobs_set(**knobs):
-            tag = dict(variant=name)
-            bytes_ = attention_tc.shared_bytes(64)
-            emit(args.out, kind="variant", **tag, knobs=attention_tc.knobs(),
-                 shared_bytes=bytes_)  # fmt: skip
-            if small:
-                check(small, args.out, False, None, **tag)
-            for c in cases.values():
-                if c:
-                    check(c, args.out, False, 1, **tag)
-                    time_case(c, args.out, args.reps, False, torch=False, **tag)
-            registers(args.out, **tag)
-
-
-def run_isolated(args) -> None:
-    """--variants: each VARIANTS entry in a process of its own (--variant), whose lines print
-    as they come; its records join --out's after it ends. A faulting kernel (a misaligned
-    cp.async, say) poisons its CUDA context: this way it costs only its own variant."""
-    for name, _ in VARIANTS:
-        fd, tmp = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        part = Path(tmp)
-        cmd = [sys.executable, __file__, "--variant", name, "--out", tmp, "--T", args.T,
-               "--batch", str(args.batch), "--reps", str(args.reps)]  # fmt: skip
-        rc = subprocess.run(cmd).returncode
-        recs = json.loads(part.read_text()) if part.stat().st_size else []
-        part.unlink()
-        RECORDS.extend(r for r in recs if r.get("kind") != "device")
-        if rc:
-            emit(args.out, kind="error", what=f"variant {name}", error=f"exit status {rc}")
-        elif args.out:
-            args.out.write_text(json.dumps(RECORDS, indent=1))
 
 
 def main() -> None:
@@ -342,20 +237,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-exact", action="store_true", help="skip the exact fp32 kernels")
     ap.add_argument("--no-small", action="store_true", help="skip the small correctness cases")
-    ap.add_argument("--variants", action="store_true", help="measure attention_tc's VARIANTS")
-    ap.add_argument("--variant", choices=[n for n, _ in VARIANTS], help="just this one, here")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     exact = not args.no_exact
     dev = cuda.get_current_device()
     emit(args.out, kind="device", name=str(dev.name), cc=list(dev.compute_capability))
     Ts = [int(t) for t in args.T.split(",")]
-    if args.variants:
-        run_isolated(args)
-        return
-    if args.variant:
-        run_variants(args, Ts, [v for v in VARIANTS if v[0] == args.variant])
-        return
     if not args.no_small:  # tail tiles (T not a multiple of 64), both head sizes, groups
         for B, T, H, G, E in ((2, 100, 4, 2, 64), (2, 131, 4, 1, 32), (1, 64, 2, 2, 64)):
             c = guarded(args.out, "setup", T=T, E=E)(lambda: Case(B, T, H, G, E))  # noqa: B023
@@ -366,8 +253,6 @@ def main() -> None:
         if c is None:
             continue
         check(c, args.out, exact, ref_batch=1)
-        with knobs_set(**SPLIT):
-            check(c, args.out, False, ref_batch=1, variant="3xtf32")
         time_case(c, args.out, args.reps, exact, more=True)
         registers(args.out)
         del c

@@ -3,14 +3,10 @@
 # Run from the repository root through the device tool, with carry [".whl"] (numpy 2.3.5:
 # the image's numpy 2.5 breaks numba-cuda) and, for `curves`, ".carry" (the data, xz):
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
-#     bash bench/h200_session.sh variants [NAME...]  # tensor-core variants, ~70 s each
 #     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
 #     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
-#     bash bench/h200_session.sh ablation   # the tc forward with per-block parts removed, 2 min
 #     bash bench/h200_session.sh parts      # the tc backward's parts (prep, dkv) alone, 1 min
 #     bash bench/h200_session.sh prep       # prep_variants.py (the prep's schedules), then parts
-#     bash bench/h200_session.sh ab NAME... # tc tests (unless SKIP_TESTS=1), default and each
-#                                           # variant twice, parts
 #     bash bench/h200_session.sh overlap    # gpu tests, then the step with each knob (~9 min)
 #     bash bench/h200_session.sh labs       # gemm_lab_gpu.py and cublaslt_lab_gpu.py, 2 min
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
@@ -39,16 +35,6 @@ check)
     timeout 200 python3 bench/bench_gpu.py --out "$OUT/gpu.json" 2>&1 | tail -40 \
         | tee -a "$OUT/log.txt"
     ;;
-variants)
-    shift
-    for v in "${@:-libdevice-exp 3xtf32}"; do
-        for name in $v; do
-            log "tensor-core variant $name"
-            timeout 270 python3 bench/attention_tc_gpu.py --variant "$name" \
-                --out "$OUT/attention-tc-$name.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
-        done
-    done
-    ;;
 exact)
     log "exact attention lab: attention_tiles knobs, launch-free, T=512 and 2048"
     timeout 400 python3 bench/labs/attention_lab_gpu.py --out "$OUT/attention-lab.json" 2>&1 \
@@ -58,13 +44,6 @@ exact)
         timeout 150 python3 scratch/time_old.py 2>&1 | grep -v Warning | tail -4 \
             | tee -a "$OUT/log.txt"
     fi
-    ;;
-ablation)
-    log "tc forward ablations (attention_tc_ablation.py), T=512 and 2048"
-    for T in 512 2048; do
-        timeout 200 python3 bench/labs/attention_tc_ablation.py --T $T --out "$OUT/ablation-$T.json" \
-            2>&1 | grep ablation | tee -a "$OUT/log.txt"
-    done
     ;;
 prep)
     log "prep variants (prep_variants.py), T=512 and 2048"
@@ -76,27 +55,8 @@ parts)
     timeout 200 python3 bench/labs/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
         | grep '"part"' | tee -a "$OUT/log.txt"
     ;;
-ab)
-    shift
-    if [ -z "${SKIP_TESTS:-}" ]; then
-        log "tensor-core attention against float64 on the GPU"
-        timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py -k "tensor_core or wgmma or prep_blocks" 2>&1 \
-            | grep -E "Error|error|passed|failed" | tee -a "$OUT/log.txt"
-    fi
-    for round in 1 2; do
-        for name in default "$@"; do
-            log "tensor-core variant $name, round $round"
-            timeout 200 python3 bench/attention_tc_gpu.py --variant "$name" \
-                --out "$OUT/attention-tc-$name-$round.json" 2>&1 | grep '"time"\|rror' \
-                | tee -a "$OUT/log.txt"
-        done
-    done
-    log "tc backward parts (attention_backward_parts.py)"
-    timeout 120 python3 bench/labs/attention_backward_parts.py --out "$OUT/parts.json" 2>&1 \
-        | grep '"part"' | tee -a "$OUT/log.txt"
-    ;;
 attention)
-    log "attention table: tc, tc 3xtf32, exact, torch SDPA, naive at T=512 and 2048"
+    log "attention table: tc, exact, torch SDPA, naive at T=512 and 2048"
     timeout 500 python3 bench/attention_tc_gpu.py --out "$OUT/attention-tc.json" 2>&1 \
         | grep -v Warning | tail -40 | tee -a "$OUT/log.txt"
     ;;
@@ -153,7 +113,7 @@ defaults)
         --json "$OUT/bench.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
     ;;
 *)
-    echo "usage: $0 check|variants|exact|ablation|parts|attention|overlap|labs|curves|final|defaults" >&2
+    echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults" >&2
     exit 2
     ;;
 esac

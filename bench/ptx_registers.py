@@ -1,6 +1,6 @@
 """Compile time, registers and spills of the generated attention kernels, with no GPU.
 
-    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set KNOB=N]
+    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set NAME=N]
                                   [--census [--sass DIR]]
 
 Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90a
@@ -8,18 +8,21 @@ PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA
 `ptxas` is on PATH, assembled with `ptxas -v` for its registers, spill bytes and warnings. NVVM 13.5
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
 version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
+`--set NAME=N` sets a field of the tensor-core kernels' TcOptions (prep_span, prep_stages,
+prep_flag_every) or a generation knob of attention_tiles (KSTEP, MIN_BLOCKS).
 
 `--census` also counts the instructions of each kernel's main loop (the longest span from a
 label back to a branch to it): in PTX, and, when ptxas, cuobjdump and nvdisasm (NVIDIA's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) are on PATH, in the SASS ptxas makes
 of the whole kernel and of its longest loop. A loop's count holds both sides of its
-branches: with attention_tc.FLAT, the flat and the clamped copies of the next tile, of which
-a whole tile runs only the first (bench/notes_gpu.md, session 13).
+branches: the tensor-core loops' flat and clamped copies of the next tile, of which a whole
+tile runs only the first.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -35,22 +38,26 @@ import numpy as np
 from numba import cuda
 
 from euler.gpu import attention, attention_tc, attention_tiles
+from euler.gpu.attention_tc import launch as tc_launch
 
 
-def launches(kind: str, E: int) -> list[tuple]:
-    """(kernel, args) of each launch of attention forward and backward at head size E."""
+def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
+    """(kernel, args) of each launch of attention forward and backward at head size E (the
+    tensor-core kernels' TcOptions with fields)."""
     calls = []
     dispatcher.CUDADispatcher.__getitem__ = lambda self, cfg: (
         lambda *args: calls.append((self, args))
     )
     attention._raise_shared_limit = lambda *a: None  # needs a loaded module, so a GPU
-    attention_tc._flags = lambda n, stream: np.zeros(n, np.int32)  # and so does a memset
+    tc_launch._flags = lambda n, stream: np.zeros(n, np.int32)  # and so does a memset
     f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     B, T, H, G = 2, 3, 4, 2
     qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
     if kind == "tc":
-        attention_tc.attention_forward(out, lse, qkv, H, G, E)
-        attention_tc.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse)
+        opts = attention_tc.TcOptions(E, **fields)
+        attention_tc.attention_forward(out, lse, qkv, H, G, E, options=opts)
+        dqkv = f32(*qkv.shape)
+        attention_tc.attention_backward(dqkv, out, qkv, out, lse, H, G, E, lse, options=opts)
     else:
         attention.attention_forward(out, lse, qkv, H, G, E, 0, 0)
         attention.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse, 0, 0)
@@ -70,7 +77,7 @@ def ptxas_report(ptx: str) -> str:
             text=True,
         )
     lines = [ln.split("info    : ")[-1].strip() for ln in r.stderr.splitlines()]
-    keep = ("registers", "spill", "warning")  # wgmma's serialization is a warning
+    keep = ("registers", "spill", "warning")
     return "; ".join(ln for ln in lines if any(k in ln for k in keep)) or r.stderr
 
 
@@ -130,27 +137,30 @@ def main() -> None:
     ap.add_argument("--head-size", type=int, default=64)
     ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
     ap.add_argument(
-        "--set", action="append", default=[], metavar="KNOB=N",
-        help="a generation knob of attention_tc or attention_tiles (both where both have it,"
-        " as MIN_BLOCKS), e.g. SPLIT_TF32=1; repeatable",
+        "--set", action="append", default=[], metavar="NAME=N",
+        help="a TcOptions field (prep_span, prep_stages, prep_flag_every) or a generation knob"
+        " of attention_tiles (KSTEP, MIN_BLOCKS); repeatable",
     )  # fmt: skip
     ap.add_argument("--census", action="store_true", help="instruction counts, PTX and SASS")
     ap.add_argument("--sass", type=Path, metavar="DIR",
                     help="with --census: each kernel's SASS listing to DIR/NAME.sass")  # fmt: skip
     args = ap.parse_args()
-    modules = (attention_tc, attention_tiles)
-    names = sorted({k for m in modules for k in m.knobs()})
+    fields = {f.name for f in dataclasses.fields(attention_tc.TcOptions)}
+    fields -= {"head_size", "simulator"}
+    names = sorted(fields | set(attention_tiles.knobs()))
+    tc_fields = {}
     for item in args.set:
-        knob, _, value = item.partition("=")
-        if knob not in names or not value.lstrip("-").isdigit():
-            ap.error(f"--set {item}: want KNOB=N, KNOB one of {', '.join(names)}")
-        for m in modules:
-            if knob in m.knobs():
-                setattr(m, knob, type(m.knobs()[knob])(int(value)))
+        name, _, value = item.partition("=")
+        if name not in names or not value.lstrip("-").isdigit():
+            ap.error(f"--set {item}: want NAME=N, NAME one of {', '.join(names)}")
+        if name in fields:
+            tc_fields[name] = int(value)
+        else:
+            setattr(attention_tiles, name, type(attention_tiles.knobs()[name])(int(value)))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
     kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
     for kind in kinds:
-        for kernel, kargs in launches(kind, args.head_size):
+        for kernel, kargs in launches(kind, args.head_size, tc_fields):
             sig = tuple(numba.typeof(a) for a in kargs)
             bounds = kernel.targetoptions.get("launch_bounds")
             t0 = time.perf_counter()

@@ -213,45 +213,22 @@ def test_attention_head_sizes(E) -> None:
 
 
 @pytest.mark.gpu
-def test_wgmma_product() -> None:
-    """One warpgroup product on the hardware as euler.gpu.wgmma documents its layouts, for
-    two choices of the descriptor's offsets (tests/wgmma_probe.py)."""
-    from tests.wgmma_probe import check_wgmma_product
-
-    _gpu_backend()  # skips without a GPU
-    check_wgmma_product(144, 1152)
-    check_wgmma_product(128, 256, seed=1)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize(
-    "B,T,knobs",
-    [
-        (8, 512, {"PREP_BLOCKS": False}),
-        (2, 200, {"PREP_BLOCKS": False}),
-        (8, 512, {}),
-        (2, 192, {}),
-        (8, 512, {"ATOMIC_WIDTH": 2, "PREP_READY_LOOP": False}),
-    ],
-    ids=["prep-kernel", "prep-kernel-tail", "default", "default-192", "atomics-2"],
+    "B,T", [(2, 200), (8, 512), (2, 192)], ids=["prep-kernel-tail", "default", "default-192"]
 )
-def test_tensor_core_attention_matches_float64(monkeypatch, B, T, knobs) -> None:
+def test_tensor_core_attention_matches_float64(B, T) -> None:
     """The TF32 tensor-core kernels (GpuBackend(tf32=True)) against a float64 reference at
     the `gpu` preset's heads, the backward twice into the same dqkv (its dQ atomics must
     start from the prep's zeros each time): TF32's 2e-3 of each output's scale
-    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. With
-    attention_tc.PREP_BLOCKS the dkv grid's first row prepares, behind flags zeroed each
-    call (T = 192: the heaviest blocks' first tiles wait on those of a short sequence);
-    the blocks that start after their pair's prep take a loop without flags
-    (PREP_READY_LOOP); atomics-2 is the default until session 17 (dQ's atomics two columns
-    a request, one dkv loop)."""
-    from euler.gpu import attention_tc
+    (test_gpu_tc.py's TOL). (8, 512): many dkv blocks add into one dQ tile at once. T a
+    multiple of 64: the dkv grid's first row prepares, behind flags zeroed each call (T =
+    192: the heaviest blocks' first tiles wait on those of a short sequence); the blocks
+    that start after their pair's prep take a loop without flags. T = 200: the prep kernel
+    before dkv."""
     from euler.gpu.backend import GpuBackend
     from tests.numpy_reference import attention_with_grads
 
     _gpu_backend()  # skips without a GPU
-    for knob, value in knobs.items():
-        monkeypatch.setattr(attention_tc, knob, value)
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
     assert gpu._tensor_cores(E)
@@ -271,13 +248,10 @@ def test_tensor_core_attention_matches_float64(monkeypatch, B, T, knobs) -> None
 
 
 @pytest.mark.gpu
-def test_prep_blocks_backward_replays_in_a_cuda_graph(monkeypatch) -> None:
-    """attention_tc.PREP_BLOCKS's backward captured (the flags' memset a node of the graph)
-    and replayed twice gives the eager call's dqkv to TF32's rounding (dQ's atomic sums
-    differ in order from call to call)."""
-    from euler.gpu import attention_tc
-
-    monkeypatch.setattr(attention_tc, "PREP_BLOCKS", True)
+def test_prep_blocks_backward_replays_in_a_cuda_graph() -> None:
+    """The tensor-core backward with its prep blocks captured (the flags' memset a node of
+    the graph) and replayed twice gives the eager call's dqkv to TF32's rounding (dQ's
+    atomic sums differ in order from call to call)."""
     gpu, rng = _gpu_backend(), np.random.default_rng(7)
     B, T, H, G, E = 4, 256, 12, 4, 64
     qkv, dout = (

@@ -9,7 +9,7 @@ then one thread releases and raises: the fence (cumulative) orders every thread'
 stores before the flags raised after it, the pattern of CUTLASS's
 GenericBarrier::arrive_inc; one thread's acq_rel fence instead of a fence.sc (numba's
 threadfence) in each. On the H200 the fence seemed to wait for that thread's copies in
-flight (attention_tc.PREP_FLAG_EVERY), so a thread with copies in flight should raise
+flight (attention_tc.TcOptions.prep_flag_every), so a thread with copies in flight should raise
 seldom.
 
 A waiter's thread reads the flag until it is set, then meets its block at a barrier before
