@@ -37,9 +37,10 @@ def _f32_from_bits(typingctx, i):
 
 
 def exp_(x):
-    """exp(x) in the precision of x. float32 uses a branch-light polynomial (Cephes expf,
-    within 2 ulp) that LLVM can vectorise, where a libm call would stop the loop around
-    it from vectorising; float64 stays math.exp, so the gradient check is exact."""
+    """exp(x) in the precision of x. On the CPU, float32 uses a branch-light polynomial
+    (Cephes expf, within 2 ulp) that LLVM can vectorise, where a libm call would stop the
+    loop around it from vectorising; float64 stays math.exp, so the gradient check is exact.
+    On the GPU it is math.exp (libdevice's expf, also within 2 ulp) in either precision."""
     return math.exp(x)
 
 
@@ -74,6 +75,23 @@ def _exp_overload(x):
     return lambda x: math.exp(x)
 
 
+@overload(exp_, target="cuda")
+def _exp_overload_cuda(x):
+    # a GPU thread has no loop to vectorise, and the polynomial's range branches keep NVVM
+    # from unrolling the row loops around it: on the H200 the fused cross-entropy at
+    # (16384, 4096) took 0.59-0.62 ms with libdevice's expf, 0.65-0.67 with the polynomial
+    return lambda x: math.exp(x)
+
+
+# ---------------------------------------------------------------- residual
+
+
+@register_jitable
+def residual_add(a, b):
+    """out = a + b of one element; the backward is the identity (folded into RMSNorm's)."""
+    return a + b
+
+
 # ---------------------------------------------------------------- RMSNorm
 
 
@@ -81,6 +99,25 @@ def _exp_overload(x):
 def rms_rstd(sumsq, n, eps, T):
     """1 / sqrt(mean(x^2) + eps) from the row's sum of squares (n elements)."""
     return T(1.0) / math.sqrt(sumsq / T(n) + eps)
+
+
+@register_jitable
+def rmsnorm_forward_element(x, r, w):
+    """y = x * rstd * w of one element, given its row's rstd r."""
+    return x * r * w
+
+
+@register_jitable
+def rmsnorm_backward_coefficient(dot, r, n, T):
+    """c = dot r^2 / n, the row's weight of x in dx, from dot = sum_j dy_j w_j x_j (n terms)."""
+    return dot * r * r / T(n)
+
+
+@register_jitable
+def rmsnorm_backward_element(dy, x, w, dres, r, c):
+    """(dx, dw term) of one element, given its row's rstd r and coefficient c:
+    dx = dres + r (dy w - x c), the dw term dy x r (summed over rows by the caller)."""
+    return dres + r * (dy * w - x * c), dy * x * r
 
 
 @register_jitable(fastmath=ROW_FAST)
@@ -92,7 +129,7 @@ def rmsnorm_forward_row(y, x, w, eps, T):
         s += x[i] * x[i]
     r = rms_rstd(s, n, eps, T)
     for i in range(n):
-        y[i] = x[i] * r * w[i]
+        y[i] = rmsnorm_forward_element(x[i], r, w[i])
     return r
 
 
@@ -106,10 +143,11 @@ def rmsnorm_backward_row(dx, dw, dy, dres, x, w, r, T):
     dot = T(0.0)
     for i in range(n):
         dot += dy[i] * w[i] * x[i]
-    c = dot * r * r / T(n)
+    c = rmsnorm_backward_coefficient(dot, r, n, T)
     for i in range(n):
-        dw[i] += dy[i] * x[i] * r
-        dx[i] = dres[i] + r * (dy[i] * w[i] - x[i] * c)
+        dxi, dwi = rmsnorm_backward_element(dy[i], x[i], w[i], dres[i], r, c)
+        dw[i] += dwi
+        dx[i] = dxi
 
 
 # ---------------------------------------------------------------- RoPE
@@ -173,6 +211,20 @@ def online_softmax_rescale(m_old, m_new, T):
 # ---------------------------------------------------------------- cross-entropy
 
 
+@register_jitable
+def cross_entropy_loss_from_stats(m, s, logit_t):
+    """-log softmax(row)[target] from the row's max m, s = sum_i exp(logit_i - m) and the
+    target's logit."""
+    return m - logit_t + math.log(s)
+
+
+@register_jitable
+def cross_entropy_grad(e, inv, scale):
+    """scale * softmax of one logit from e = exp(logit - m) and inv = 1 / s; the target's
+    gradient is this minus scale."""
+    return e * inv * scale
+
+
 @register_jitable(fastmath=ROW_FAST)
 def cross_entropy_row(logits, target, scale, T):
     """Fused softmax cross-entropy for one row (V,), in place.
@@ -189,16 +241,16 @@ def cross_entropy_row(logits, target, scale, T):
     for i in range(1, n):
         if logits[i] > m:
             m = logits[i]
-    loss = m - logits[target]
+    logit_t = logits[target]  # read before the loop below overwrites the row
     s = T(0.0)
     for i in range(n):
         e = exp_(logits[i] - m)
         logits[i] = e
         s += e
-    loss += math.log(s)
+    loss = cross_entropy_loss_from_stats(m, s, logit_t)
     inv = T(1.0) / s
     for i in range(n):
-        logits[i] = logits[i] * inv * scale
+        logits[i] = cross_entropy_grad(logits[i], inv, scale)
     logits[target] -= scale
     return loss
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from numba import njit, prange
 
+from euler.layer_math import residual_add
+
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def residual_forward(out, a, b):
@@ -11,4 +13,4 @@ def residual_forward(out, a, b):
     N, D = out.shape
     for n in prange(N):
         for d in range(D):
-            out[n, d] = a[n, d] + b[n, d]
+            out[n, d] = residual_add(a[n, d], b[n, d])

@@ -62,6 +62,14 @@ def grad_norm(stats, partial, grads, max_norm, stream=0, threads: int = THREADS)
     norm_and_scale_kernel[1, threads, stream](stats, partial, float(max_norm))
 
 
+@cuda.jit(device=True)
+def _adamw_at(i, p, g, m, v, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T):
+    """adamw_scalar of parameter i: its gradient scaled by the clip factor gs, weight decay
+    only on the prefix [0, n_decay). Returns (p, m, v)."""
+    wd_ = wd if i < n_decay else T(0.0)
+    return adamw_scalar(p, g * gs, m, v, lr, beta1, beta2, eps, wd_, bc1, bc2, T)
+
+
 @cuda.jit
 def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay):
     """In-place AdamW on flat (P,) buffers, gradients scaled by stats[1]; decay on [0, n_decay).
@@ -74,10 +82,8 @@ def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_dec
     lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
     i = cuda.grid(1)
     while i < params.shape[0]:
-        wd_ = wd if i < n_decay else T(0.0)
-        p, mi, vi = adamw_scalar(
-            params[i], grads[i] * gs, m[i], v[i], lr, beta1, beta2, eps, wd_, bc1, bc2, T
-        )
+        p, mi, vi = _adamw_at(i, params[i], grads[i], m[i], v[i], gs, lr, beta1, beta2, eps,
+                              wd, n_decay, bc1, bc2, T)  # fmt: skip
         params[i] = p
         m[i] = mi
         v[i] = vi
@@ -96,14 +102,14 @@ def adamw_vec_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n
         g0, g1, g2, g3 = load4(grads, i)
         m0, m1, m2, m3 = load4(m, i)
         v0, v1, v2, v3 = load4(v, i)
-        p0, m0, v0 = adamw_scalar(p0, g0 * gs, m0, v0, lr, beta1, beta2, eps,
-                                  wd if i < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
-        p1, m1, v1 = adamw_scalar(p1, g1 * gs, m1, v1, lr, beta1, beta2, eps,
-                                  wd if i + 1 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
-        p2, m2, v2 = adamw_scalar(p2, g2 * gs, m2, v2, lr, beta1, beta2, eps,
-                                  wd if i + 2 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
-        p3, m3, v3 = adamw_scalar(p3, g3 * gs, m3, v3, lr, beta1, beta2, eps,
-                                  wd if i + 3 < n_decay else T(0.0), bc1, bc2, T)  # fmt: skip
+        p0, m0, v0 = _adamw_at(i, p0, g0, m0, v0, gs, lr, beta1, beta2, eps,
+                               wd, n_decay, bc1, bc2, T)  # fmt: skip
+        p1, m1, v1 = _adamw_at(i + 1, p1, g1, m1, v1, gs, lr, beta1, beta2, eps,
+                               wd, n_decay, bc1, bc2, T)  # fmt: skip
+        p2, m2, v2 = _adamw_at(i + 2, p2, g2, m2, v2, gs, lr, beta1, beta2, eps,
+                               wd, n_decay, bc1, bc2, T)  # fmt: skip
+        p3, m3, v3 = _adamw_at(i + 3, p3, g3, m3, v3, gs, lr, beta1, beta2, eps,
+                               wd, n_decay, bc1, bc2, T)  # fmt: skip
         store4(params, i, p0, p1, p2, p3)
         store4(m, i, m0, m1, m2, m3)
         store4(v, i, v0, v1, v2, v3)

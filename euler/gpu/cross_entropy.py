@@ -14,6 +14,7 @@ from numba import cuda, float32, float64
 
 from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, block_max, block_sum
+from euler.layer_math import cross_entropy_grad, cross_entropy_loss_from_stats, exp_
 
 THREADS = 256
 
@@ -29,7 +30,7 @@ def _row_stats(logits, n, buf, T):
     m = block_max(m, buf, T(-math.inf))
     s = T(0.0)
     for i in range(tid, V, cuda.blockDim.x):
-        s += math.exp(logits[n, i] - m)
+        s += exp_(logits[n, i] - m)
     s = block_sum(s, buf, T(0.0))
     return m, s
 
@@ -53,11 +54,11 @@ def cross_entropy_forward_backward_kernel(losses, logits, targets, scales, k):
         else:
             m, s = _row_stats(logits, n, buf, T)
             if tid == 0:
-                losses[n] = m - logits[n, t] + math.log(s)
+                losses[n] = cross_entropy_loss_from_stats(m, s, logits[n, t])
             cuda.syncthreads()  # the target's logit is read above before it is overwritten
             inv = T(1.0) / s
             for i in range(tid, V, cuda.blockDim.x):
-                g = math.exp(logits[n, i] - m) * inv * scale
+                g = cross_entropy_grad(exp_(logits[n, i] - m), inv, scale)
                 if i == t:
                     g -= scale
                 logits[n, i] = g
@@ -95,7 +96,7 @@ def cross_entropy_forward_kernel(losses, logits, targets):
         else:
             m, s = _row_stats(logits, n, buf, T)
             if cuda.threadIdx.x == 0:
-                losses[n] = m + math.log(s) - logits[n, t]
+                losses[n] = cross_entropy_loss_from_stats(m, s, logits[n, t])
         n += cuda.gridDim.x
 
 

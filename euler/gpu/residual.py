@@ -7,6 +7,7 @@ from numba import cuda
 from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import aligned4, load4, store4
+from euler.layer_math import residual_add
 
 
 @cuda.jit
@@ -14,7 +15,7 @@ def residual_forward_kernel(out, a, b):
     """out (N,) = a + b on flattened (N D,) views, grid-stride."""
     i = cuda.grid(1)
     while i < out.shape[0]:
-        out[i] = a[i] + b[i]
+        out[i] = residual_add(a[i], b[i])
         i += cuda.gridsize(1)
 
 
@@ -25,7 +26,8 @@ def residual_forward_vec_kernel(out, a, b):
     while i < out.shape[0]:
         a0, a1, a2, a3 = load4(a, i)
         b0, b1, b2, b3 = load4(b, i)
-        store4(out, i, a0 + b0, a1 + b1, a2 + b2, a3 + b3)
+        store4(out, i, residual_add(a0, b0), residual_add(a1, b1), residual_add(a2, b2),
+               residual_add(a3, b3))  # fmt: skip
         i += 4 * cuda.gridsize(1)
 
 

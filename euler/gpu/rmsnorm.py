@@ -21,7 +21,12 @@ from numba import cuda, float32
 from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
 from euler.gpu.vector import aligned4, load4, store4
-from euler.layer_math import rms_rstd
+from euler.layer_math import (
+    rms_rstd,
+    rmsnorm_backward_coefficient,
+    rmsnorm_backward_element,
+    rmsnorm_forward_element,
+)
 
 WARPS = 8  # rows in flight per block
 # backward blocks: 2 per H200 multiprocessor, 16 rows in flight on each, whose dy and x rows
@@ -56,7 +61,7 @@ def rmsnorm_forward_kernel(y, rstd, x, w, eps):
         if n < N:
             r = rms_rstd(s, D, eps, T)
             for d in range(lane, D, WARP):
-                y[n, d] = x[n, d] * r * w[d]
+                y[n, d] = rmsnorm_forward_element(x[n, d], r, w[d])
             if lane == 0:
                 rstd[n] = r
 
@@ -83,7 +88,11 @@ def rmsnorm_forward_vec_kernel(y, rstd, x, w, eps, D):
             for d in range(4 * lane, D, 4 * WARP):
                 x0, x1, x2, x3 = load4(x, n * D + d)
                 w0, w1, w2, w3 = load4(w, d)
-                store4(y, n * D + d, x0 * r * w0, x1 * r * w1, x2 * r * w2, x3 * r * w3)
+                store4(
+                    y, n * D + d,
+                    rmsnorm_forward_element(x0, r, w0), rmsnorm_forward_element(x1, r, w1),
+                    rmsnorm_forward_element(x2, r, w2), rmsnorm_forward_element(x3, r, w3),
+                )  # fmt: skip
             if lane == 0:
                 rstd[n] = r
 
@@ -146,10 +155,11 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
         dot = warp_sum_all(dot, buf, T(0.0))
         if n < r1:
             r = rstd[n]
-            k = dot * r * r / T(D)
+            k = rmsnorm_backward_coefficient(dot, r, D, T)
             for d in range(lane, D, WARP):
-                acc[q * D + d] += dy[n, d] * x[n, d] * r
-                dx[n, d] = dres[n, d] + r * (dy[n, d] * w[d] - x[n, d] * k)
+                dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], dres[n, d], r, k)
+                acc[q * D + d] += dwd
+                dx[n, d] = dxd
     _sum_warp_rows(partial, acc, c, W, D, T)
 
 
@@ -179,22 +189,22 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
         dot = warp_sum_all(dot, buf, T(0.0))
         if n < r1:
             r = rstd[n]
-            k = dot * r * r / T(D)
+            k = rmsnorm_backward_coefficient(dot, r, D, T)
             for d in range(4 * lane, D, 4 * WARP):
                 g0, g1, g2, g3 = load4(dy, n * D + d)
                 w0, w1, w2, w3 = load4(w, d)
                 x0, x1, x2, x3 = load4(x, n * D + d)
                 e0, e1, e2, e3 = load4(dres, n * D + d)
+                e0, a0 = rmsnorm_backward_element(g0, x0, w0, e0, r, k)
+                e1, a1 = rmsnorm_backward_element(g1, x1, w1, e1, r, k)
+                e2, a2 = rmsnorm_backward_element(g2, x2, w2, e2, r, k)
+                e3, a3 = rmsnorm_backward_element(g3, x3, w3, e3, r, k)
                 a = q * D + d
-                acc[a] += g0 * x0 * r
-                acc[a + 1] += g1 * x1 * r
-                acc[a + 2] += g2 * x2 * r
-                acc[a + 3] += g3 * x3 * r
-                store4(
-                    dx, n * D + d,
-                    e0 + r * (g0 * w0 - x0 * k), e1 + r * (g1 * w1 - x1 * k),
-                    e2 + r * (g2 * w2 - x2 * k), e3 + r * (g3 * w3 - x3 * k),
-                )  # fmt: skip
+                acc[a] += a0
+                acc[a + 1] += a1
+                acc[a + 2] += a2
+                acc[a + 3] += a3
+                store4(dx, n * D + d, e0, e1, e2, e3)
     _sum_warp_rows(partial, acc, c, W, D, T)
 
 
