@@ -250,8 +250,8 @@ class CpuBackend:
         if pos0 < 0 or pos0 + n > C:
             raise ValueError(f"decode_attention: positions {pos0}..{pos0 + n - 1} outside the "
                              f"cache's {C}")  # fmt: skip
-        if H % G:
-            raise ValueError(f"decode_attention: {G} key/value heads do not divide {H} heads")
+        if G < 1 or H % G:
+            raise ValueError(f"decode_attention: G={G} key/value heads do not divide H={H}")
         k_cache[:, pos0 : pos0 + n] = (
             qkv[:, H * E : (H + G) * E].reshape(n, G, E).transpose(1, 0, 2)
         )
