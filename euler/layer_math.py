@@ -79,7 +79,8 @@ def _exp_overload(x):
 def _exp_overload_cuda(x):
     # a GPU thread has no loop to vectorise, and the polynomial's range branches keep NVVM
     # from unrolling the row loops around it: on the H200 the fused cross-entropy at
-    # (16384, 4096) took 0.59-0.62 ms with libdevice's expf, 0.65-0.67 with the polynomial
+    # (16384, 4096) took 0.59-0.62 ms with libdevice's expf, 0.65-0.67 with the polynomial;
+    # SwiGLU's 16-byte forward at (16384, 2048) 0.130 against 0.139 (its backward 0.195 both)
     return lambda x: math.exp(x)
 
 

@@ -29,6 +29,10 @@ projection is y = x @ W.T; no biases anywhere):
     loss_k = mean over (b, t) with targets[k, b, t] >= 0 of
              logsumexp(logits[k, b, t]) - logits[k, b, t, targets[k, b, t]]
     loss   = mean of loss_k over the heads k that have at least one target
+
+Each layer with parameters or saved statistics has a backward twin (`*_backward`): given
+the forward's inputs and the gradient of the loss at its output, the gradients at its
+inputs, written from the chain rule as plainly as the forward.
 """
 
 from __future__ import annotations
@@ -45,9 +49,36 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def rmsnorm_backward(
+    x: np.ndarray, w: np.ndarray, eps: float, dy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dx (..., D), dw (D,)) of y = rmsnorm(x, w, eps) for the output gradient dy (..., D).
+
+    With r = (mean(x^2) + eps)^(-1/2), xhat = x r and g = dy w: dr/dx_i = -r^3 x_i / D, so
+    dx = r g - xhat mean(g xhat); dw sums dy xhat over every row.
+    """
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat = x * r
+    g = dy * w
+    dx = r * g - xhat * r * np.mean(g * xhat, axis=-1, keepdims=True)
+    dw = (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0)
+    return dx, dw
+
+
 def silu(z: np.ndarray) -> np.ndarray:
     """Elementwise z * sigmoid(z)."""
     return z / (1.0 + np.exp(-z))
+
+
+def swiglu_backward(
+    gate: np.ndarray, up: np.ndarray, dh: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dgate, dup) of h = silu(gate) * up for dh, all of one shape.
+
+    silu'(z) = sigmoid(z) + z sigmoid(z) (1 - sigmoid(z)).
+    """
+    sig = 1.0 / (1.0 + np.exp(-gate))
+    return dh * up * (sig + gate * sig * (1.0 - sig)), dh * gate * sig
 
 
 def rope(x: np.ndarray, base: float, start: int = 0) -> np.ndarray:
@@ -66,6 +97,42 @@ def rope(x: np.ndarray, base: float, start: int = 0) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+def rope_backward(dy: np.ndarray, base: float, start: int = 0) -> np.ndarray:
+    """(B, T, N, E) -> (B, T, N, E): the gradient at rope's input for dy at its output.
+
+    Each pair's rotation [[c, -s], [s, c]] is transposed: dx1 = dy1 c + dy2 s and
+    dx2 = dy2 c - dy1 s, with the angles of `rope`.
+    """
+    _, T, _, E = dy.shape
+    half = E // 2
+    inv_freq = base ** (-2.0 * np.arange(half) / E)
+    angle = np.arange(start, start + T)[:, None] * inv_freq[None, :]
+    cos = np.cos(angle).astype(dy.dtype)[None, :, None, :]
+    sin = np.sin(angle).astype(dy.dtype)[None, :, None, :]
+    d1, d2 = dy[..., :half], dy[..., half:]
+    return np.concatenate([d1 * cos + d2 * sin, d2 * cos - d1 * sin], axis=-1)
+
+
+def _causal_probs(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(B, T, H, E), (B, T, H, E) -> (B, H, T, T): softmax(q k^T / sqrt(E)) over the keys,
+    keys after the query masked out."""
+    T, E = q.shape[1], q.shape[3]
+    # a Python float divisor, because a NumPy float64 scalar would promote float32 scores
+    scores = np.einsum("bthe,bshe->bhts", q, k) / math.sqrt(E)  # (B, H, T, T)
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    scores = np.where(future, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def _repeat_kv(k: np.ndarray, v: np.ndarray, H: int) -> tuple[np.ndarray, np.ndarray]:
+    """kv heads (B, T, G, E) repeated to the H query heads: head h gets kv head h // (H/G)
+    (np.repeat turns kv heads [0, 1] into [0, 0, 1, 1])."""
+    G = k.shape[2]
+    return np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)
+
+
 def naive_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """(B, T, H, E), (B, T, G, E), (B, T, G, E) -> (B, T, H, E): causal GQA attention.
 
@@ -75,17 +142,34 @@ def naive_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     B, T, H, E = q.shape
     G = k.shape[2]
     assert k.shape == (B, T, G, E) and v.shape == (B, T, G, E) and H % G == 0
-    # np.repeat turns kv heads [0, 1] into [0, 0, 1, 1]: head h gets kv head h // (H/G)
-    k = np.repeat(k, H // G, axis=2)
-    v = np.repeat(v, H // G, axis=2)
-    # a Python float divisor, because a NumPy float64 scalar would promote float32 scores
-    scores = np.einsum("bthe,bshe->bhts", q, k) / math.sqrt(E)  # (B, H, T, T)
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)
-    scores = np.where(future, -np.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("bhts,bshe->bthe", p, v)
+    k, v = _repeat_kv(k, v, H)
+    return np.einsum("bhts,bshe->bthe", _causal_probs(q, k), v)
+
+
+def naive_attention_backward(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq (B, T, H, E), dk, dv (B, T, G, E)) of naive_attention(q, k, v) for dout (B, T, H, E).
+
+    With P the probabilities and O = P V: dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P))
+    (the softmax's Jacobian), dQ = dS K / sqrt(E), dK = dS^T Q / sqrt(E). A kv head's
+    gradient sums those of the H/G query heads that read it.
+    """
+    B, T, H, E = q.shape
+    G = k.shape[2]
+    assert k.shape == (B, T, G, E) and v.shape == (B, T, G, E) and dout.shape == q.shape
+    kr, vr = _repeat_kv(k, v, H)
+    p = _causal_probs(q, kr)  # (B, H, T, T)
+    dv = np.einsum("bhts,bthe->bshe", p, dout)
+    dp = np.einsum("bthe,bshe->bhts", dout, vr)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    dq = np.einsum("bhts,bshe->bthe", ds, kr) / math.sqrt(E)
+    dk = np.einsum("bhts,bthe->bshe", ds, q) / math.sqrt(E)
+
+    def group(x):  # (B, T, H, E) -> (B, T, G, E), query heads h // (H/G) = g summed
+        return x.reshape(B, T, G, H // G, E).sum(axis=3)
+
+    return dq, group(dk), group(dv)
 
 
 def attention_with_grads(qkv: np.ndarray, dout: np.ndarray, H: int, G: int, E: int):
@@ -148,6 +232,24 @@ def cross_entropy_loss(logits: np.ndarray, targets: np.ndarray) -> float | None:
     counts = valid.sum(axis=(1, 2))  # (K,)
     head_losses = [nll[k].sum() / counts[k] for k in range(len(counts)) if counts[k] > 0]
     return float(np.mean(head_losses)) if head_losses else None
+
+
+def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """(K, B, T, V), (K, B, T) -> dlogits (K, B, T, V) of cross_entropy_loss.
+
+    Head k's positions with a target weigh 1 / (its target count * the heads with any):
+    there dlogits = (softmax - onehot(target)) times that weight; 0 where target < 0 and
+    in every head without targets (the loss ignores them).
+    """
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    valid = targets >= 0
+    onehot = np.zeros_like(p)
+    np.put_along_axis(onehot, np.where(valid, targets, 0)[..., None], 1.0, axis=-1)
+    counts = valid.sum(axis=(1, 2))  # (K,)
+    active = int((counts > 0).sum())
+    weight = np.where(counts > 0, 1.0 / (np.maximum(counts, 1) * max(active, 1)), 0.0)
+    return (p - onehot) * (valid * weight[:, None, None])[..., None].astype(logits.dtype)
 
 
 def reference_forward(

@@ -29,6 +29,7 @@ if not IN_SIMULATOR:
         assert rc == 0, out
 
 else:
+    from backward_twins import BACKWARD_CHECKS
     from test_gpu_device import (
         LAYER_CHECKS,
         check_adamw,
@@ -175,6 +176,19 @@ else:
     )
     def test_layer_scalar_paths(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(1), SCALAR_SIZES)
+
+    # the 16-byte paths (D, F, E/2 multiples of 4), then the scalar ones
+    TWIN_SIZES = {
+        "vector": SimpleNamespace(B=1, T=6, D=12, F=8, V=16, H=4, G=2, E=8, K=3),
+        "scalar": SimpleNamespace(B=1, T=5, D=10, F=6, V=13, H=2, G=1, E=6, K=2),
+    }
+
+    @pytest.mark.parametrize("sizes", TWIN_SIZES)
+    @pytest.mark.parametrize("check", BACKWARD_CHECKS, ids=lambda f: f.__name__[6:])
+    def test_backward_matches_numpy_twin(check, sizes, gpu) -> None:
+        """The GPU layers' backward in float32 against the NumPy twins in float64
+        (tests/backward_twins.py), within float32 rounding of a few short sums."""
+        check(gpu, np.random.default_rng(8), np.float32, TWIN_SIZES[sizes], 1e-4, 1e-5)
 
     @pytest.mark.parametrize("threads", [24, 8, 4], ids=["rows", "vector", "vector-2d"])
     def test_rope_schedules(threads) -> None:

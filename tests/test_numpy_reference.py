@@ -3,7 +3,8 @@
 The reference is the oracle for the engine, so it must be right on its own terms. Each
 test compares it with a second formulation (a per-row loop, complex rotation, a per-head
 split) or with a property the math guarantees, so that a slip in the vectorised NumPy
-fails here rather than being copied into the engine's expected values.
+fails here rather than being copied into the engine's expected values. The backward twins
+are checked against central differences of the forward in float64.
 """
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numpy_reference import (
+    attention_with_grads,
+    cross_entropy_backward,
     cross_entropy_loss,
     make_targets,
     naive_attention,
+    naive_attention_backward,
     reference_forward,
     rmsnorm,
+    rmsnorm_backward,
     rope,
+    rope_backward,
+    silu,
+    swiglu_backward,
 )
 
 from euler.model.config import PRESETS, ModelConfig
@@ -214,3 +222,121 @@ def test_forward_float32_tracks_float64() -> None:
     assert logits32.dtype == np.float32
     np.testing.assert_allclose(logits32, logits64, atol=1e-5)
     assert loss32 == pytest.approx(loss64, rel=1e-5)
+
+
+# ---------------------------------------------------------------- backward twins
+
+FD_STEP = 1e-6  # central differences: truncation ~1e-12, rounding ~1e-10 at O(1) values
+FD_RTOL, FD_ATOL = 1e-6, 1e-8
+
+
+def _numeric_grad(loss, x: np.ndarray) -> np.ndarray:
+    """d loss() / dx by central differences, one element of x (float64, in place) at a time."""
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + FD_STEP
+        up = loss()
+        x[i] = old - FD_STEP
+        down = loss()
+        x[i] = old
+        grad[i] = (up - down) / (2 * FD_STEP)
+    return grad
+
+
+def _check_grad(name: str, analytic: np.ndarray, loss, x: np.ndarray) -> None:
+    numeric = _numeric_grad(loss, x)
+    assert np.abs(numeric).max() > 1e-3, f"{name}: the loss does not depend on it"
+    np.testing.assert_allclose(analytic, numeric, rtol=FD_RTOL, atol=FD_ATOL, err_msg=name)
+
+
+def test_rmsnorm_backward_matches_finite_differences() -> None:
+    rng = np.random.default_rng(20)
+    x, dy = rng.standard_normal((2, 3, 7)), rng.standard_normal((2, 3, 7))
+    w = rng.standard_normal(7)
+    eps = 0.3  # large, so that an eps in the wrong place shows
+
+    def loss() -> float:
+        return float((rmsnorm(x, w, eps) * dy).sum())
+
+    dx, dw = rmsnorm_backward(x, w, eps, dy)
+    _check_grad("dx", dx, loss, x)
+    _check_grad("dw", dw, loss, w)
+
+
+def test_swiglu_backward_matches_finite_differences() -> None:
+    rng = np.random.default_rng(21)
+    gate, up, dh = (rng.standard_normal((3, 5)) * 2 for _ in range(3))
+
+    def loss() -> float:
+        return float((silu(gate) * up * dh).sum())
+
+    dgate, dup = swiglu_backward(gate, up, dh)
+    _check_grad("dgate", dgate, loss, gate)
+    _check_grad("dup", dup, loss, up)
+
+
+def test_rope_backward_matches_finite_differences() -> None:
+    rng = np.random.default_rng(22)
+    x, dy = rng.standard_normal((2, 5, 2, 6)), rng.standard_normal((2, 5, 2, 6))
+
+    def loss() -> float:
+        return float((rope(x, 100.0, 3) * dy).sum())
+
+    _check_grad("dx", rope_backward(dy, 100.0, 3), loss, x)
+    # the inverse rotation: backward undoes forward (the same angles, start included)
+    np.testing.assert_allclose(rope_backward(rope(x, 100.0, 3), 100.0, 3), x, atol=1e-14)
+
+
+def test_cross_entropy_backward_matches_finite_differences() -> None:
+    """Heads with different target counts, missing targets (-1) and a head with none: the
+    weights of the engine's masking, 1 / (count_k * heads with a target)."""
+    rng = np.random.default_rng(23)
+    K, B, T, V = 3, 2, 4, 5
+    logits = rng.standard_normal((K, B, T, V)) * 2
+    window = rng.integers(0, V, (B, T))
+    targets = make_targets(window, T, K)  # head k has no target in its last k + 1 positions
+    targets[0, 1, 0] = -1  # a masked position inside the window
+    targets[2] = -1  # and a head with none at all
+
+    def loss() -> float:
+        return float(cross_entropy_loss(logits, targets))
+
+    dlogits = cross_entropy_backward(logits, targets)
+    _check_grad("dlogits", dlogits, loss, logits)
+    assert not dlogits[targets < 0].any()
+    assert np.abs(dlogits[0][targets[0] >= 0]).max() > 1e-3
+
+
+@pytest.mark.parametrize("H,G", [(4, 2), (3, 3), (4, 1)])
+def test_attention_backward_matches_finite_differences(H: int, G: int) -> None:
+    rng = np.random.default_rng(24)
+    B, T, E = 2, 4, 3
+    q = rng.standard_normal((B, T, H, E))
+    k, v = rng.standard_normal((B, T, G, E)), rng.standard_normal((B, T, G, E))
+    dout = rng.standard_normal((B, T, H, E))
+
+    def loss() -> float:
+        return float((naive_attention(q, k, v) * dout).sum())
+
+    dq, dk, dv = naive_attention_backward(q, k, v, dout)
+    _check_grad("dq", dq, loss, q)
+    _check_grad("dk", dk, loss, k)
+    _check_grad("dv", dv, loss, v)
+    # causal: the first query sees only the first key, so its query has no gradient
+    assert not dq[:, 0].any()
+
+
+def test_fused_attention_oracle_matches_backward_twin() -> None:
+    """attention_with_grads (the GPU kernels' oracle, on fused qkv) and the twin agree."""
+    rng = np.random.default_rng(25)
+    B, T, H, G, E = 2, 5, 4, 2, 3
+    qkv, dout = rng.standard_normal((B, T, (H + 2 * G) * E)), rng.standard_normal((B, T, H * E))
+    out, _, dqkv = attention_with_grads(qkv, dout, H, G, E)
+    q = qkv[..., : H * E].reshape(B, T, H, E)
+    k = qkv[..., H * E : (H + G) * E].reshape(B, T, G, E)
+    v = qkv[..., (H + G) * E :].reshape(B, T, G, E)
+    np.testing.assert_allclose(out, naive_attention(q, k, v).reshape(B, T, H * E), atol=1e-13)
+    grads = naive_attention_backward(q, k, v, dout.reshape(B, T, H, E))
+    want = np.concatenate([x.reshape(B, T, -1) for x in grads], axis=-1)
+    np.testing.assert_allclose(dqkv, want, atol=1e-12)
