@@ -154,3 +154,119 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "nowhere"))
     _one_line_error(code, err, "no metrics to plot")
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def _commands():
+    """The click commands of `euler train` and `euler sft`, by the kind each runs."""
+    import typer
+    from euler.cli.main import _register_families, app
+
+    _register_families()
+    group = typer.main.get_command(app)
+    return {"pretrain": group.commands["train"], "sft": group.commands["sft"]}
+
+
+def _parsed(monkeypatch, capsys, *args: str):
+    """The TrainConfig that `euler ARGS` (train or sft) would run."""
+    import euler.cli.commands_train as commands
+
+    seen = []
+    monkeypatch.setattr(commands, "_run", lambda tc, *rest: seen.append(tc))
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    return seen[0]
+
+
+def test_every_train_config_setting_is_a_flag_with_its_default(monkeypatch, capsys):
+    """Each TrainConfig field is a flag of both commands, with TrainConfig's default, unless
+    it says otherwise; a field that declares nothing breaks the test."""
+    from euler.training.config import TrainConfig, flag_default, flag_name
+
+    commands = _commands()
+    not_flags, one_command = set(), {}
+    for f in dataclasses.fields(TrainConfig):
+        assert "flag" in f.metadata, f"TrainConfig.{f.name}: no setting(...) or no_flag(...)"
+        flag = f.metadata["flag"]
+        if flag is None:
+            not_flags.add(f.name)
+            continue
+        if len(flag.kinds) < 2:
+            one_command[f.name] = flag.kinds
+        for kind in flag.kinds:
+            params = {p.name: p for p in commands[kind].params}
+            assert f.name in params, f"{kind}: no option for TrainConfig.{f.name}"
+            option = params[f.name]
+            assert flag_name(f.name) in option.opts
+            default = flag_default(f, kind)
+            got = (
+                str(option.default) if flag.path and option.default is not None else option.default
+            )
+            assert got == default, (kind, f.name, option.default, default)
+    # the exceptions, deliberately: set by the command or fixed; one command only
+    assert not_flags == {"kind", "beta1", "beta2", "version"}
+    assert one_command == {"preset": ("pretrain",), "init_from": ("sft",), "seq_len": ("pretrain",)}
+
+    # the defaults a user gets are TrainConfig's (and, for sft, these)
+    assert _parsed(monkeypatch, capsys, "train") == TrainConfig()
+    sft = _parsed(monkeypatch, capsys, "sft", "--from", "ck", "--data", "d")
+    assert sft == TrainConfig(kind="sft", init_from="ck", data="d", out_dir="runs/sft",
+                              steps=300, lr=1e-3, min_lr=1e-4, warmup_steps=20, eval_every=50,
+                              ckpt_every=50)  # fmt: skip
+
+
+def _other_value(f, value):
+    """A valid value of field f that differs from `value`, as a command-line argument."""
+    if isinstance(value, bool):
+        return not value
+    if f.name == "device":
+        return "cuda"
+    if f.name == "preset":
+        return "tiny"
+    if f.type in ("str", "str | None"):
+        return "some/folder"
+    return value / 2 if isinstance(value, float) else value + 3
+
+
+def test_every_flag_reaches_its_field(monkeypatch, capsys):
+    """Every flag given at once, each with a value other than its default: each lands in its
+    field."""
+    from euler.training.config import TrainConfig, flag_default, flag_name
+
+    for command, kind in (("train", "pretrain"), ("sft", "sft")):
+        args, want = [], {}
+        for f in dataclasses.fields(TrainConfig):
+            flag = f.metadata["flag"]
+            if flag is None or kind not in flag.kinds:
+                continue
+            want[f.name] = value = _other_value(f, flag_default(f, kind))
+            if isinstance(value, bool):
+                args.append(("--" if value else "--no-") + f.name.replace("_", "-"))
+            else:
+                args += [flag_name(f.name), str(value)]
+        tc = _parsed(monkeypatch, capsys, command, *args)
+        assert {name: getattr(tc, name) for name in want} == want
+
+
+def test_a_field_without_a_flag_is_refused():
+    """A TrainConfig field added without setting(...) or no_flag(...) stops the commands'
+    options from being built; with setting(...) it becomes an option of both."""
+    from euler.cli.commands_train import train_config_parameters
+
+    from euler.errors import EulerError
+    from euler.training.config import TrainConfig, setting
+
+    bare = dataclasses.make_dataclass("Bare", [("new_knob", int, 0)], bases=(TrainConfig,),
+                                      frozen=True)  # fmt: skip
+    for kind in ("pretrain", "sft"):
+        with pytest.raises(EulerError, match="TrainConfig.new_knob declares no flag"):
+            train_config_parameters(kind, bare)
+    flagged = dataclasses.make_dataclass(
+        "Flagged", [("new_knob", int, setting(7, "A new knob."))], bases=(TrainConfig,),
+        frozen=True,
+    )  # fmt: skip
+    for kind in ("pretrain", "sft"):
+        params = {p.name: p for p in train_config_parameters(kind, flagged)}
+        assert params["new_knob"].default == 7

@@ -215,7 +215,9 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
 # ---------------------------------------------------------------------------- set-up
 
 
-def _set_up(tc: TrainConfig, comm, resume: bool, overwrite: bool, log: Callable) -> _Run:
+def _set_up(
+    tc: TrainConfig, comm: distributed.Comm, resume: bool, overwrite: bool, log: Callable
+) -> _Run:
     """Build the run: model config, backend, data, model and AdamW; then its folder (a fresh
     run claims it, a resumed run loads its checkpoint) and every rank's starting state."""
     folder = Path(tc.out_dir)
