@@ -7,6 +7,9 @@ precision: a bare Python float literal would silently promote float32 math to fl
 
 Row helpers (names ending in `_row`) work on one row of contiguous memory and are the CPU
 schedule's unit of work; the GPU kernels use the scalar pieces with their own reductions.
+Where a row's reduction feeds every element (RMSNorm, cross-entropy), the per-element step
+given that reduction is a helper of its own, called by the row helper and by the GPU's
+16-byte and scalar paths alike, so each formula is written once.
 """
 
 from __future__ import annotations
