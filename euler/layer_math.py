@@ -212,6 +212,13 @@ def online_softmax_rescale(m_old, m_new, T):
     return exp_(m_old - m_new)
 
 
+@register_jitable
+def softmax_grad(p, dp, d):
+    """dS = P (dP - D): the score gradient of one softmax probability p, from dP = dO . v
+    and the row's D = rowsum(dO O) (the same for every key of the row)."""
+    return p * (dp - d)
+
+
 # ---------------------------------------------------------------- cross-entropy
 
 

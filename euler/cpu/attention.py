@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from euler.layer_math import exp_, online_softmax_rescale
+from euler.layer_math import exp_, online_softmax_rescale, softmax_grad
 
 TILE = 64
 ROWS = 8  # query rows per block; the kernels below are written out for exactly eight
@@ -230,7 +230,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
                         valid = min(n, i0 + r - j0 + 1) if i0 + r <= last else 0
                         for j in range(valid):
                             p = exp_(s[r, j] * scale - li[r])
-                            dp[r, j] = p * (dp[r, j] - di[r]) * scale  # dS
+                            dp[r, j] = softmax_grad(p, dp[r, j], di[r]) * scale  # dS
                             s[r, j] = p
                         for j in range(max(valid, 0), n):
                             dp[r, j] = T(0.0)

@@ -16,7 +16,9 @@ K and V land by cp.async with the first pair's tiles; K is multiplied by 1/sqrt(
 rounded in place by the thread that copied it, its A fragments carry log2(e) as well (the
 scores come out in log2 units, so a probability is one ex2.approx), and each pair's lse is
 multiplied by log2(e) in place, before the loop's top barrier, by the thread that copied
-it. Q stays unscaled (cp.async cannot scale), so dK takes the scale as it is written.
+it. Q stays unscaled (cp.async cannot scale), so dK takes the scale as it is written. The
+CPU kernel's P = exp(S scale - lse) is the same probability in natural-log units, through
+an exact exp; its dS is layer_math.softmax_grad, which the generated source calls too.
 
 dQ: dS^T is stored to shared memory ([key][query], rows padded to 68) and each warp adds dQ
 = dS K for 16 queries of the tile into dqkv with float atomics, 4 adjacent columns a request
@@ -26,7 +28,7 @@ adjacent columns of each of its rows. So one dkv kernel does the work of FlashAt
 dq and dkv kernels: 5 tile products per pair instead of 7; the sums' order, so the last
 bits of dQ, varies from call to call.
 
-out, dK and dV leave through the free buffer 16 bytes a lane (Gen.store_staged). The grid
+dK and dV leave through the free buffer 16 bytes a lane (Gen.store_staged). The grid
 is (B G, T / 64 + 1), kv heads on the fast axis, the key tiles with the most queries first,
 the first row the prep blocks (prep.py) when the launcher passes prep = 1.
 """
@@ -228,7 +230,8 @@ def dkv_source(options: TcOptions) -> str:
                     w(f"lq = sm[lcb + {gen.u(off)}]", f"dd = sm[lcb + {gen.u(off + TILE)}]")
                     for i in (j, j + 2):
                         w(f"s{n}_{i} = exp2_approx(s{n}_{i} - lq)")
-                        w(f"p{n}_{i} = {gen.rnd(f's{n}_{i} * (p{n}_{i} - dd)', True)}")
+                        dsc = f"softmax_grad(s{n}_{i}, p{n}_{i}, dd)"  # the CPU kernel's dS
+                        w(f"p{n}_{i} = {gen.rnd(dsc, True)}")
                         w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
             for n in cols:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
                 for i in range(4):

@@ -26,7 +26,13 @@ from euler.gpu.attention_tc.options import TcOptions
 def _online_softmax(gen: Gen, s: str, o: str, cols) -> None:
     """One step of the online softmax for a warp's 16 rows over key blocks cols: the scores
     s{n}_{k} (log2 units) become TF32 probabilities, the row statistics m{r}, l{r} (r = 0
-    for row g, 1 for g + 8) and the output o{n}_{k} are rescaled by 2^(m_old - m_new)."""
+    for row g, 1 for g + 8) and the output o{n}_{k} are rescaled by 2^(m_old - m_new).
+
+    That factor is the CPU kernel's layer_math.online_softmax_rescale, exp(m_old - m_new),
+    in log2 units, and not a call of it: the helper takes an exact exp (about nine
+    instructions on the GPU) in natural-log units and tests for the first step's m_old =
+    -inf, where one ex2.approx (approx.exp2_approx: relative error about 2^-22, and 2^-inf =
+    0) does both, as it does for each of a tile's 4,096 probabilities."""
     w, NE = gen.w, gen.NE
     rows = ((0, 1), (2, 3))  # the C fragment's values of rows g and g + 8
     for r, (i, j) in enumerate(rows):
@@ -69,7 +75,7 @@ def forward_source(options: TcOptions) -> str:
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
         f"out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / {TILE}, B H), 128 threads; "
-        "scale multiplies Q (with FAST_EXP it carries log2(e)).",
+        "scale multiplies Q and carries log2(e).",
     )
     head, tile = gen.block("head"), gen.block("tile")
     w("rep = H // G", f"b = {head} // H", f"h = {head} % H")

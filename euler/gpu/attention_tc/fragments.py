@@ -106,7 +106,6 @@ class Gen:
         # this lane's ldmatrix row: row lane % 8 (+ 8 if lane & 16), 4 words on if lane & 8
         w(f"lm = uint64(((tid & 7) + 8 * ((tid >> 4) & 1)) * {LD} + 4 * ((tid >> 3) & 1))")
         w("dg = 2 * t - 16 * wp - g  # column minus row of c0, less the fragment's offsets")
-        w(f"ee = tid % {self.E}", f"rb = tid // {self.E}  # staging: column ee of rows rb + ...")
         q = self.E // 4
         w(
             f"ra = tid // {q}",

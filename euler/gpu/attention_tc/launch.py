@@ -34,13 +34,14 @@ from euler.gpu.mma import ldmatrix_x4, mma_tf32, tf32, tf32_finite
 from euler.gpu.reduce import FULL_MASK
 from euler.gpu.async_copy import cp_async4, cp_async4_flat, cp_async16, cp_async16_flat, \
 cp_async_commit, cp_async_wait
-from euler.gpu.approx import exp2_approx, exp_approx
+from euler.gpu.approx import exp2_approx
 from euler.gpu.mma import tf32_operand
 from euler.gpu.vector import atomic_add2, atomic_add2_flat, atomic_add4, atomic_add4_flat, \
-load2_shared, load4_3d, load4_shared, store4_3d
+load2_shared, load4_shared, store4_3d
 from euler.gpu.flags import flag_raise, flag_read, flag_release
 from euler.gpu.reduce import group_sum
-from euler.gpu.vector import store4_flat"""
+from euler.gpu.vector import store4_flat
+from euler.layer_math import softmax_grad"""
 
 
 class TcKernels(NamedTuple):
