@@ -3,13 +3,11 @@
     python bench/labs/prep_variants.py [--T 512,2048] [--out prep.json]
 
 The prep moves 151 MB at T=512 (B=32, H=12, E=64: dO and O read, dQ's columns of dqkv
-written). Session 9's kernel (backward_prep4_kernel, since replaced) took 0.059 ms on the
-H200, 2.55 TB/s, about half of HBM3e's 4.8: its 1-d grid took six 64-bit divisions a
-thread for one 16-byte chunk of each array. The variants here index by a grid (T / R, B)
-of blocks of H E / 4 threads: thread k takes columns 4k..4k+3 of R rows (its head is
-k // (E / 4), a shift), all 2R loads issued before the first sum. For scale: dQ's zeros
-alone by the driver's 2-d memset, and the reads alone (no zeros). "package" is
-attention.backward_prep as it is now (rows1's schedule since 2026-11-30, session 10).
+written); the tensor-core backward runs it where T is not a multiple of 64. The variants
+here index by a grid (T / R, B) of blocks of H E / 4 threads: thread k takes columns
+4k..4k+3 of R rows (its head is k // (E / 4), a shift), all 2R loads issued before the
+first sum. For scale: dQ's zeros alone by the driver's 2-d memset, and the reads alone (no
+zeros). "package" is attention.backward_prep as it is now (rows1's schedule).
 
 Each variant's dsum and dqkv are checked against the package kernel's before it is timed.
 """
