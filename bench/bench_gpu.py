@@ -5,9 +5,9 @@
 Measures on the current CUDA GPU (TF32 matmuls, as training runs):
 - the trainer's step at the defaults and with one of them off each: the weight gradients
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
-  copies of an operand (backend.TRANSPOSE_WEIGHT_GRADS), without the residual adds fused
-  into the output projections (backend.FUSED_RESIDUAL), and with copies only next to a
-  2048-wide side (TRANSPOSE_MIN_WIDTH 2048), replayed as CUDA graphs and launched
+  copies of an operand (GpuOptions.transpose_weight_grads), without the residual adds fused
+  into the output projections (GpuOptions.fused_residual), and with copies only next to a
+  2048-wide side (GpuOptions.transpose_min_width 2048), replayed as CUDA graphs and launched
   (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gpu_timing  # noqa: E402
 from euler.gpu import attention  # noqa: E402
-from euler.gpu.backend import GpuBackend  # noqa: E402
+from euler.gpu.backend import GpuBackend, GpuOptions  # noqa: E402
 from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
 from euler.model.config import PRESETS  # noqa: E402
 from euler.model.transformer import Model, make_targets  # noqa: E402
@@ -194,39 +194,31 @@ def bench_step(args) -> dict:
 def overlap_steps(args) -> dict[str, dict]:
     """The trainer's step (euler.bench.steps.time_engine) at the defaults, then with one
     default off each: the weight gradients in line (no side stream), without
-    token-contiguous copies (backend.TRANSPOSE_WEIGHT_GRADS), without the output
-    projections' residual adds fused into their GEMMs (backend.FUSED_RESIDUAL: cuBLASLt);
-    with token-contiguous copies only where the other side is 2048 or more wide
-    (TRANSPOSE_MIN_WIDTH 2048); each replayed as CUDA graphs and launched: time_steps'
-    statistics plus tokens/s."""
+    token-contiguous copies (GpuOptions.transpose_weight_grads), without the output
+    projections' residual adds fused into their GEMMs (GpuOptions.fused_residual:
+    cuBLASLt); with token-contiguous copies only where the other side is 2048 or more wide
+    (GpuOptions.transpose_min_width 2048); each replayed as CUDA graphs and launched:
+    time_steps' statistics plus tokens/s."""
     from euler.bench.steps import synthetic_batch, time_engine
-    from euler.gpu import backend
 
     cfg = PRESETS[args.preset]
     tokens, targets = synthetic_batch(cfg, args.batch, args.seq)
     rows = {}
-    defaults = backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL, backend.TRANSPOSE_MIN_WIDTH
-    try:
-        for name, overlap, transposed, fused, width in (
-            ("default", True, True, True, defaults[2]),
-            ("in_line", False, True, True, defaults[2]),
-            ("untransposed", True, False, True, defaults[2]),
-            ("unfused_residual", True, True, False, defaults[2]),
-            ("wide_transposed", True, True, True, 2048),  # only next to a 2048-wide side
-        ):
-            backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL = transposed, fused
-            backend.TRANSPOSE_MIN_WIDTH = width
-            be = GpuBackend(tf32=True, overlap=overlap)
-            for graph in (True, False):
-                s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
-                s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
-                row = f"{name}_{'graph' if graph else 'launched'}"
-                print(row, json.dumps(s), flush=True)
-                rows[row] = s
-            del be
-    finally:
-        (backend.TRANSPOSE_WEIGHT_GRADS, backend.FUSED_RESIDUAL,
-         backend.TRANSPOSE_MIN_WIDTH) = defaults  # fmt: skip
+    for name, overlap, options in (
+        ("default", True, GpuOptions()),
+        ("in_line", False, GpuOptions()),
+        ("untransposed", True, GpuOptions(transpose_weight_grads=False)),
+        ("unfused_residual", True, GpuOptions(fused_residual=False)),
+        ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
+    ):
+        be = GpuBackend(tf32=True, overlap=overlap, options=options)
+        for graph in (True, False):
+            s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
+            s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
+            row = f"{name}_{'graph' if graph else 'launched'}"
+            print(row, json.dumps(s), flush=True)
+            rows[row] = s
+        del be
     return rows
 
 

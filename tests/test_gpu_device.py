@@ -188,15 +188,16 @@ LAYER_CHECKS = [
 GPU_SIZES = SimpleNamespace(B=2, T=200, D=96, F=256, V=1000, H=6, G=2, E=64)
 
 
-def _gpu_backend():
+def _gpu_backend(**options):
+    """An exact-fp32 GpuBackend with GpuOptions(**options); a skip without a CUDA GPU."""
     pytest.importorskip("numba.cuda")
     from numba import cuda
 
     if not cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from euler.gpu.backend import GpuBackend
+    from euler.gpu.backend import GpuBackend, GpuOptions
 
-    return GpuBackend(tf32=False)
+    return GpuBackend(tf32=False, options=GpuOptions(**options))
 
 
 @pytest.mark.gpu
@@ -426,24 +427,19 @@ def test_cublaslt_gemm_with_and_without_c(trans_a, trans_b, tf32) -> None:
 
 
 @pytest.mark.gpu
-def test_fused_residual_training_steps_match_cpu(monkeypatch) -> None:
-    """backend.FUSED_RESIDUAL: the output projections and their residual adds as cuBLASLt
-    calls, in whole training steps."""
-    from euler.gpu import backend
-
-    monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
-    gpu = _gpu_backend()
+def test_fused_residual_training_steps_match_cpu() -> None:
+    """GpuOptions.fused_residual: the output projections and their residual adds as
+    cuBLASLt calls, in whole training steps."""
+    gpu = _gpu_backend(fused_residual=True)
     train_step_matches(gpu, "small", B=4, T=128, steps=3, grad_rtol=1e-5)
     assert gpu._lt is not None and not any(k[0] == "matmul_residual" for k in gpu._scratch)
 
 
 @pytest.mark.gpu
-def test_fused_residual_replays_in_a_cuda_graph(monkeypatch) -> None:
-    """A captured matmul_residual (FUSED_RESIDUAL) replays with the inputs of the moment."""
-    from euler.gpu import backend
-
-    monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
-    gpu, rng = _gpu_backend(), np.random.default_rng(6)
+def test_fused_residual_replays_in_a_cuda_graph() -> None:
+    """A captured matmul_residual (GpuOptions.fused_residual) replays with the inputs of
+    the moment."""
+    gpu, rng = _gpu_backend(fused_residual=True), np.random.default_rng(6)
     N, D, F = 64, 48, 80
     res_h, a_h, w_h = _f32(rng, N, D), _f32(rng, N, F), _f32(rng, D, F)
     out, res, a, w = (gpu.to_device(x) for x in (np.zeros((N, D), np.float32), res_h, a_h, w_h))

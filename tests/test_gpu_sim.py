@@ -64,16 +64,17 @@ else:
     def test_layer(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
 
-    def test_training_steps(gpu, monkeypatch) -> None:
+    def test_training_steps() -> None:
         """Whole steps of a small model through Model and AdamW on the GPU backend: staged
         batches, head weights and learning rate read from device buffers; rows in 16-byte
         pieces (vector.py), as at the presets. The weight gradients 32 or more wide (qkv,
-        gate/up, the heads) go through a transposed operand (TRANSPOSE_WEIGHT_GRADS), the
-        others (wo, w_down) straight."""
-        from euler.gpu import backend
+        gate/up, the heads) go through a transposed operand (GpuOptions.transpose_min_width
+        32), the others (wo, w_down) straight."""
+        from euler.gpu.backend import GpuBackend, GpuOptions
         from euler.model.config import ModelConfig
 
-        monkeypatch.setattr(backend, "TRANSPOSE_MIN_WIDTH", 32)
+        options = GpuOptions(transpose_weight_grads=True, transpose_min_width=32)
+        gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
         cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
                           context=16, ffn_hidden=24)  # fmt: skip
         train_step_matches(gpu, cfg, B=1, T=8, steps=2, grad_rtol=1e-4)
@@ -83,14 +84,13 @@ else:
 
     @pytest.mark.parametrize("M, N", [(24, 10), (10, 24)])  # b narrower, then a
     @pytest.mark.parametrize("accumulate", [False, True])
-    def test_weight_gradient_through_a_transposed_operand(M, N, accumulate, monkeypatch):
+    def test_weight_gradient_through_a_transposed_operand(M, N, accumulate):
         from numba import cuda
 
-        from euler.gpu import backend
+        from euler.gpu.backend import GpuBackend, GpuOptions
 
-        monkeypatch.setattr(backend, "TRANSPOSE_WEIGHT_GRADS", True)
-        monkeypatch.setattr(backend, "TRANSPOSE_MIN_WIDTH", 0)
-        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas())
+        options = GpuOptions(transpose_weight_grads=True, transpose_min_width=0)
+        gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
         rng = np.random.default_rng(2)
         a, b, out0 = (rng.standard_normal(s).astype(np.float32) for s in ((37, M), (37, N), (M, N)))
         out = cuda.to_device(out0)
@@ -108,18 +108,19 @@ else:
         run_both(cpu, gpu, "matmul_residual", [out, res, a, w], {"out": 0})
 
     @pytest.mark.parametrize("fused", [False, True])
-    def test_matmul_residual(fused, gpu, monkeypatch) -> None:
-        """The product into scratch, then the residual kernel; with FUSED_RESIDUAL on too,
-        since a stand-in blas (no cuBLAS to fuse with) takes the same path."""
-        from euler.gpu import backend
+    def test_matmul_residual(fused) -> None:
+        """The product into scratch, then the residual kernel; with GpuOptions.fused_residual
+        on too, since a stand-in blas (no cuBLAS to fuse with) takes the same path."""
+        from euler.gpu.backend import GpuBackend, GpuOptions
 
-        monkeypatch.setattr(backend, "FUSED_RESIDUAL", fused)
+        options = GpuOptions(fused_residual=fused)
+        gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
         check_matmul_residual(CpuBackend(), gpu, np.random.default_rng(4), SIM_SIZES)
         assert gpu._lt is None and any(k[0] == "matmul_residual" for k in gpu._scratch)
 
     class CublasLikeNumpyBlas(NumpyBlas):
         """NumpyBlas passing for a real cuBLAS (it takes a workspace), so that
-        FUSED_RESIDUAL makes the backend open cuBLASLt."""
+        GpuOptions.fused_residual makes the backend open cuBLASLt."""
 
         tf32 = False
 
@@ -127,7 +128,7 @@ else:
             pass
 
     def test_fused_residual_through_a_stand_in_cublaslt(monkeypatch) -> None:
-        """FUSED_RESIDUAL's path: the backend's own CublasLt, its library the host-memory
+        """GpuOptions.fused_residual's path: the backend's own CublasLt, its library the host-memory
         stand-in of test_cublaslt.py, in a layer check and a whole training step."""
         from fake_cublaslt import FakeLt
 
@@ -135,12 +136,14 @@ else:
         from euler.model.config import ModelConfig
 
         fake = FakeLt()
-        monkeypatch.setattr(backend, "FUSED_RESIDUAL", True)
         monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
         # the simulator's device arrays are host arrays without __cuda_array_interface__
         monkeypatch.setattr(cublaslt, "_ptr", lambda x: x._ary.ctypes.data)
         blas = CublasLikeNumpyBlas()
-        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=blas, overlap=False)
+        options = backend.GpuOptions(fused_residual=True)
+        gpu = backend.GpuBackend(
+            tf32=False, threads=32, tile=4, blas=blas, overlap=False, options=options
+        )
         gpu.stream.handle = 0x5EA  # and its streams no CUstream
         check_matmul_residual(CpuBackend(), gpu, np.random.default_rng(5), SIM_SIZES)
         cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,

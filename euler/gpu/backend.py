@@ -15,6 +15,8 @@ context through the training forward (euler/inference/decode_device.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
@@ -64,26 +66,43 @@ NO_KV_CACHE = (
     "decode with euler.inference.decode_device.RecomputeDecoder"
 )
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
-# Weight gradients a^T b (a (K, M), b (K, N), K tokens) with the narrower operand first
-# copied token-contiguous (transpose.py), where max(M, N) >= TRANSPOSE_MIN_WIDTH: the copy
-# costs K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py:
-# at 4096 x 768, 0.349 ms against 0.544; at 768 x 768, 0.105 against 0.172). In the training
-# step (bench/bench_gpu.py --steps-only, H200): 66.2 ms a step against 68.6 without
-# (results/gpu-steps-knobs-2026-11-29T2139-h200.json), copying where the other side is 2048
-# or more wide. Since the copy moves 16-byte pieces (0.028 ms at 16384 x 768, 3.6 TB/s,
-# from 0.046: results/transpose-s12-*), copying for every weight gradient is faster still:
-# 57.7 and 58.0 ms a step against 58.3 and 58.4 (results/gpu-steps-s12-*).
-TRANSPOSE_WEIGHT_GRADS = True
-TRANSPOSE_MIN_WIDTH = 0
-# matmul_residual (the output projections attn.wo and mlp.w_down and their residual adds) as
-# one cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), where
-# legacy cuBLAS needs the product in a temporary and our residual kernel after it. On an H200
-# (bench/labs/cublaslt_lab_gpu.py, out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM +
-# ~0.039 ms add; K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about
-# 0.5 ms a step in all; the add's time is the device-only profile's). In the training step:
-# 68.1 ms against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). Read at
-# each call; a stand-in blas (the simulator's) always takes the unfused path.
-FUSED_RESIDUAL = True
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """How GpuBackend schedules its matrix products (frozen: one backend, one choice).
+
+    transpose_weight_grads: weight gradients a^T b (a (K, M), b (K, N), K tokens) with the
+        narrower operand first copied token-contiguous (transpose.py). The copy costs
+        K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py: at
+        4096 x 768, 0.349 ms against 0.544; at 768 x 768, 0.105 against 0.172).
+    transpose_min_width: copy only where max(M, N) is at least this. In the training step
+        (bench/bench_gpu.py --steps-only, H200), copying where the other side is 2048 or
+        more wide took 66.2 ms a step against 68.6 without
+        (results/gpu-steps-knobs-2026-11-29T2139-h200.json); since the copy moves 16-byte
+        pieces (0.028 ms at 16384 x 768, 3.6 TB/s, from 0.046: results/transpose-s12-*),
+        copying for every weight gradient (0) is faster still: 57.7 and 58.0 ms a step
+        against 58.3 and 58.4 (results/gpu-steps-s12-*).
+    fused_residual: matmul_residual (the output projections attn.wo and mlp.w_down and
+        their residual adds) as one cuBLASLt call writing out = res + a b^T with
+        C = res != D = out (cublaslt.py), where legacy cuBLAS needs the product in a
+        temporary and our residual kernel after it. On an H200 (bench/labs/cublaslt_lab_gpu.py,
+        out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM + ~0.039 ms add;
+        K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about 0.5 ms a step
+        in all; the add's time is the device-only profile's). In the training step: 68.1 ms
+        against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). A
+        stand-in blas (the simulator's) always takes the unfused path.
+    """
+
+    transpose_weight_grads: bool = True
+    transpose_min_width: int = 0
+    fused_residual: bool = True
+
+    def __post_init__(self) -> None:
+        if self.transpose_min_width < 0:
+            raise ValueError(
+                f"GpuOptions.transpose_min_width: at least 0, not {self.transpose_min_width}"
+            )
 
 
 class GpuBackend:
@@ -99,6 +118,8 @@ class GpuBackend:
     overlap: matmul_deferred's products (the weight gradients) run on a second stream with
     its own cuBLAS handle, beside the main stream's work until wait_deferred(); False runs
     them in line.
+
+    options: the products' scheduling (GpuOptions; its defaults are what won on an H200).
     """
 
     name = "cuda"
@@ -112,6 +133,7 @@ class GpuBackend:
         blas=None,
         tc_attention: bool = True,
         overlap: bool = True,
+        options: GpuOptions = GpuOptions(),
     ):
         _require_gpu()
         from euler.gpu import (
@@ -132,7 +154,7 @@ class GpuBackend:
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
         self.k_transpose = transpose
-        self.threads, self.tile = threads, tile
+        self.threads, self.tile, self.options = threads, tile, options
         self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
         self.blas = _on_stream(Cublas, self.stream, tf32) if blas is None else blas
@@ -148,7 +170,7 @@ class GpuBackend:
         self._side_pending: list = []  # events of the deferred products not yet waited for
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
-        self._lt = None  # the cuBLASLt handle of matmul_residual (FUSED_RESIDUAL), made on use
+        self._lt = None  # matmul_residual's cuBLASLt handle (options.fused_residual), made on use
 
     @property
     def can_capture(self) -> bool:
@@ -245,12 +267,12 @@ class GpuBackend:
     def matmul_residual(self, out, res, a, b) -> None:
         """out (M, N) = res (M, N) + a (M, K) @ b^T, b a weight (N, K); out may not overlap res.
 
-        FUSED_RESIDUAL (with a real cuBLAS): one cuBLASLt call, C = res, D = out (which
+        options.fused_residual (with a real cuBLAS): one cuBLASLt call, C = res, D = out (which
         refuses an overlap). Otherwise the product into a scratch buffer, then the residual
         kernel, which would allow one: the CPU backend refuses it too, so the CPU tests hold
         callers to the fused path's contract.
         """
-        if FUSED_RESIDUAL and self._cublas:
+        if self.options.fused_residual and self._cublas:
             self._fused_blas().gemm(out, a, b, trans_b=True, c=res)
             return
         tmp = self.scratch("matmul_residual", out.shape, out.dtype)
@@ -296,11 +318,11 @@ class GpuBackend:
 
     def _transposed_operand(self, out, a, trans_a, trans_b):
         """The scratch buffer (min(M, N), K) for a weight gradient's transposed operand
-        (TRANSPOSE_WEIGHT_GRADS), allocated here, before any fork; None: no transpose."""
+        (options.transpose_weight_grads), allocated here, before any fork; None: no transpose."""
         M, N = out.shape
-        if not (TRANSPOSE_WEIGHT_GRADS and trans_a and not trans_b):
+        if not (self.options.transpose_weight_grads and trans_a and not trans_b):
             return None
-        if max(M, N) < TRANSPOSE_MIN_WIDTH:
+        if max(M, N) < self.options.transpose_min_width:
             return None
         return self.scratch("weight_grad_operand", (min(M, N), a.shape[0]), a.dtype)
 
