@@ -9,7 +9,7 @@ PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
 version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
 `--set NAME=N` sets a field of the tensor-core kernels' TcOptions (prep_span, prep_stages,
-prep_flag_every) or a generation knob of attention_tiles (KSTEP, MIN_BLOCKS).
+prep_flag_every) or of the register-tiled kernels' TileOptions (kstep).
 
 `--census` also counts the instructions of each kernel's main loop (the longest span from a
 label back to a branch to it): in PTX, and, when ptxas, cuobjdump and nvdisasm (NVIDIA's
@@ -43,7 +43,7 @@ from euler.gpu.attention_tc import launch as tc_launch
 
 def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
     """(kernel, args) of each launch of attention forward and backward at head size E (the
-    tensor-core kernels' TcOptions with fields)."""
+    tensor-core kernels' TcOptions, or the register-tiled kernels' TileOptions, with fields)."""
     calls = []
     dispatcher.CUDADispatcher.__getitem__ = lambda self, cfg: (
         lambda *args: calls.append((self, args))
@@ -58,7 +58,12 @@ def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
         attention_tc.attention_forward(out, lse, qkv, H, G, E, options=opts)
         dqkv = f32(*qkv.shape)
         attention_tc.attention_backward(dqkv, out, qkv, out, lse, H, G, E, lse, options=opts)
-    else:
+    elif attention_tiles.supports(E):  # the launches of attention.py's tiled path
+        fwd, dkv = attention_tiles.kernels(E, attention_tiles.TileOptions(**fields))
+        scale = np.float32(1.0 / np.sqrt(E))
+        calls.append((fwd, (out, lse, qkv, H, G, scale)))
+        calls.append((dkv, (f32(*qkv.shape), lse, out, qkv, lse, H, G, scale)))
+    else:  # the one-row kernels
         attention.attention_forward(out, lse, qkv, H, G, E, 0, 0)
         attention.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse, 0, 0)
     return [(k, a) for k, a in calls if "prep" not in k.py_func.__name__]
@@ -138,29 +143,27 @@ def main() -> None:
     ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
     ap.add_argument(
         "--set", action="append", default=[], metavar="NAME=N",
-        help="a TcOptions field (prep_span, prep_stages, prep_flag_every) or a generation knob"
-        " of attention_tiles (KSTEP, MIN_BLOCKS); repeatable",
+        help="a TcOptions field (prep_span, prep_stages, prep_flag_every) or a TileOptions"
+        " field (kstep); repeatable",
     )  # fmt: skip
     ap.add_argument("--census", action="store_true", help="instruction counts, PTX and SASS")
     ap.add_argument("--sass", type=Path, metavar="DIR",
                     help="with --census: each kernel's SASS listing to DIR/NAME.sass")  # fmt: skip
     args = ap.parse_args()
-    fields = {f.name for f in dataclasses.fields(attention_tc.TcOptions)}
-    fields -= {"head_size", "simulator"}
-    names = sorted(fields | set(attention_tiles.knobs()))
-    tc_fields = {}
+    tc_names = {f.name for f in dataclasses.fields(attention_tc.TcOptions)}
+    tc_names -= {"head_size", "simulator"}
+    tile_names = {f.name for f in dataclasses.fields(attention_tiles.TileOptions)}
+    names = sorted(tc_names | tile_names)
+    fields: dict[str, dict[str, int]] = {"tc": {}, "tiled": {}}
     for item in args.set:
         name, _, value = item.partition("=")
         if name not in names or not value.lstrip("-").isdigit():
             ap.error(f"--set {item}: want NAME=N, NAME one of {', '.join(names)}")
-        if name in fields:
-            tc_fields[name] = int(value)
-        else:
-            setattr(attention_tiles, name, type(attention_tiles.knobs()[name])(int(value)))
+        fields["tc" if name in tc_names else "tiled"][name] = int(value)
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
     kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
     for kind in kinds:
-        for kernel, kargs in launches(kind, args.head_size, tc_fields):
+        for kernel, kargs in launches(kind, args.head_size, fields[kind]):
             sig = tuple(numba.typeof(a) for a in kargs)
             bounds = kernel.targetoptions.get("launch_bounds")
             t0 = time.perf_counter()

@@ -2,19 +2,19 @@
 
     python bench/labs/attention_lab_gpu.py --out lab.json [--T 512 2048]
 
-Each variant sets attention_tiles' generation knobs (KSTEP: k steps written out per loop
-iteration of a product, which sets how many operands ptxas hoists and so the registers;
-MIN_BLOCKS: launch bound, which caps registers at 65536 / (128 MIN_BLOCKS)), rebuilds
-the kernels, checks forward and backward against the one-row-per-thread kernels, and
-times them launch-free (bench/gpu_timing.py: rounds of calls back to back behind a spin)
-at B=32, H=12, G=4, E=64, causal. TFLOP/s count the useful causal work, 4 B H T^2 E / 2
-forward. The package keeps the winner's settings as its defaults.
+Each variant is an attention_tiles.TileOptions (kstep: k steps written out per loop
+iteration of a product, which sets how many operands ptxas hoists and so the registers).
+Its kernels, launched as attention.py launches the defaults, are checked forward and
+backward against the one-row-per-thread kernels and timed launch-free (bench/gpu_timing.py:
+rounds of calls back to back behind a spin) at B=32, H=12, G=4, E=64, causal. TFLOP/s count
+the useful causal work, 4 B H T^2 E / 2 forward. TileOptions' defaults are the winner's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from functools import partial
 from pathlib import Path
@@ -27,13 +27,36 @@ from bench.gpu_timing import timed  # noqa: E402
 from euler.gpu import attention, attention_tiles  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 
-# (KSTEP, MIN_BLOCKS); the first is the default. ptxas (sm_90, E = 64): 8 -> 248 and 254
-# registers (forward, dkv), 4 -> 167 and 254, 4 with MIN_BLOCKS 3 -> 160 and 168 (dkv spills
-# 212 bytes); the forward fits 3 blocks a multiprocessor under 168, the dkv's shared
-# memory (107 KB) 2 whatever its registers.
-# Measured 2026-11-30 (results/attention-exact-lab-2026-11-30-h200.json), T=512: 8 -> 0.459
-# and 1.117 ms, 4 -> 0.467 and 1.156, 4 with MIN_BLOCKS 3 the same as 4.
-VARIANTS = [(8, 0), (4, 0), (4, 3)]
+# The first is the default. ptxas (sm_90, E = 64): kstep 8 -> 248 and 254 registers
+# (forward, dkv), 4 -> 167 and 254; the forward fits 3 blocks a multiprocessor under 168,
+# the dkv's shared memory (107 KB) 2 whatever its registers. A launch bound of 3 blocks
+# (160 and 168 registers, the dkv spilling 212 bytes) timed as kstep 4 did, so the
+# generator sets none. H200 (results/attention-exact-lab-2026-11-30-h200.json), T=512:
+# 8 -> 0.459 and 1.117 ms, 4 -> 0.467 and 1.156.
+VARIANTS = [attention_tiles.TileOptions(), attention_tiles.TileOptions(kstep=4)]
+
+
+def tiled_forward(opts, out, lse, qkv, H: int, G: int, E: int, stream) -> None:
+    """attention.attention_forward's tiled path with the kernels of opts: out (B, T, H E),
+    lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
+    B, Tn, _ = qkv.shape
+    fwd = attention_tiles.kernels(E, opts)[0]
+    nbytes = attention_tiles.shared_bytes(E)["forward"]
+    args = (out, lse, qkv, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
+    grid = (B * H, (Tn + 63) // 64)
+    attention.launch_dynamic(fwd, grid, attention_tiles.THREADS, stream, nbytes, *args)
+
+
+def tiled_backward(opts, dqkv, dout, qkv, out, lse, H: int, G: int, E: int, dsum, stream):
+    """attention.attention_backward's tiled path with the kernels of opts: dqkv
+    (B, T, (H + 2G) E) from dout (B, T, H E), out and lse; dsum (B, H, T) scratch."""
+    B, Tn, _ = qkv.shape
+    dkv = attention_tiles.kernels(E, opts)[1]
+    nbytes = attention_tiles.shared_bytes(E)["dkv"]
+    attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
+    args = (dqkv, dsum, dout, qkv, lse, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
+    grid = (B * G, (Tn + 63) // 64)
+    attention.launch_dynamic(dkv, grid, attention_tiles.THREADS, stream, nbytes, *args)
 
 
 def main() -> None:
@@ -60,10 +83,9 @@ def main() -> None:
         attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, s, tile)
         ref_out, ref_lse, ref_dqkv = be.to_host(out), be.to_host(lse), be.to_host(dqkv)
         useful = 4 * B * H * T * T * E / 2
-        for kstep, min_blocks in VARIANTS[: args.variants]:
-            attention_tiles.KSTEP, attention_tiles.MIN_BLOCKS = kstep, min_blocks
-            fwd = partial(attention.attention_forward, out, lse, qkv, H, G, E, s)
-            bwd = partial(attention.attention_backward, dqkv, dout, qkv, out, lse, H, G, E, dsum, s)
+        for opts in VARIANTS[: args.variants]:
+            fwd = partial(tiled_forward, opts, out, lse, qkv, H, G, E, s)
+            bwd = partial(tiled_backward, opts, dqkv, dout, qkv, out, lse, H, G, E, dsum, s)
             fwd()
             bwd()
             err = {
@@ -72,12 +94,11 @@ def main() -> None:
                 "dqkv": float(np.abs(be.to_host(dqkv) - ref_dqkv).max()),
             }
             f_ms, b_ms = timed(s, fwd, args.reps), timed(s, bwd, args.reps)
-            built = attention_tiles.kernels(E)
+            built = attention_tiles.kernels(E, opts)
             regs = [k.regs_per_thread for d in built for k in d.overloads.values()]
             row = {
                 "T": T,
-                "kstep": kstep,
-                "min_blocks": min_blocks,
+                "kstep": opts.kstep,
                 "fwd_ms": f_ms,
                 "bwd_ms": b_ms,
                 "fwd_tflops": useful / f_ms / 1e9,

@@ -24,8 +24,9 @@ writes P^T and dS^T (rows: keys) once and reads dS^T both ways, "mk" for dK += d
 
 NVVM does not unroll the register-tile loops itself, and register arrays indexed in a
 loop would live in local memory, so the kernel source is generated with those loops
-written out (one scalar per register, 8 k steps a loop iteration, so each load is a base
-plus a constant) and compiled per head size E (8, 16, 32 or 64).
+written out (one scalar per register, TileOptions.kstep k steps a loop iteration, so each
+load is a base plus a constant) and compiled per head size E (8, 16, 32 or 64) and
+TileOptions.
 
 forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P V. While
   S is computed V's tile is in flight, and while P V is computed the next K tile is.
@@ -40,18 +41,31 @@ visit the most tiles start in the first wave rather than trailing the last one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from euler.gpu.generated import Source, compile_generated
 from euler.gpu.reduce import SIMULATOR
 
 THREADS = 128
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
 LDW = 72  # row of P^T and dS^T: a warp's stores at [ty + 16 i][tx + 8 j] hit all 32 banks
-# k steps written out per loop iteration of a product: ptxas hoists their loads, so at 8
-# the forward takes 248 registers (2 blocks a multiprocessor), at 4 167 (3). 8 won on the
-# H200, forward 0.459 against 0.467 ms, backward 1.117 against 1.156 at T=512
-# (results/attention-exact-lab-2026-11-30-h200.json)
-KSTEP = 8
-MIN_BLOCKS = 0  # launch bound: blocks per multiprocessor to fit (0: no register cap)
+
+
+@dataclass(frozen=True)
+class TileOptions:
+    """The generator's inputs besides the head size (frozen: with E, the compile cache's key).
+
+    kstep: k steps written out per loop iteration of a product, a multiple of 4 dividing E.
+        ptxas hoists their loads, so at 8 the forward takes 248 registers (2 blocks a
+        multiprocessor), at 4 167 (3). 8 won on the H200, forward 0.459 against 0.467 ms,
+        backward 1.117 against 1.156 at T=512 (results/attention-exact-lab-2026-11-30-h200.json).
+    """
+
+    kstep: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kstep < 4 or self.kstep % 4:
+            raise ValueError(f"TileOptions.kstep: a positive multiple of 4, not {self.kstep}")
 
 
 def supports(E: int) -> bool:
@@ -110,17 +124,20 @@ def _load_runs(w: Source, names: list[str], at: str) -> None:
     w(f"{', '.join(names)} = load4_shared(sm, {at})")
 
 
-def _product(w: Source, acc: str, a: tuple, b: tuple, K: int, ncols: int, E: int) -> None:
-    """acc{i}_{j} += sum_k A[m_i][k] B[k][n_j] for k < K; a and b are (off, ld, way), way
-    "mk" or "km" (module docstring). "mk" B is a 64-column score tile (ncols 8); "km" B an
-    output of E columns (ncols E / 8). Operand values are a{i}_{u}, b{j}_{u} at k = k0 + u."""
+def _product(
+    w: Source, acc: str, a: tuple, b: tuple, K: int, ncols: int, E: int, kstep: int
+) -> None:
+    """acc{i}_{j} += sum_k A[m_i][k] B[k][n_j] for k < K, kstep k a loop iteration; a and b
+    are (off, ld, way), way "mk" or "km" (module docstring). "mk" B is a 64-column score tile
+    (ncols 8); "km" B an output of E columns (ncols E / 8). Operand values are a{i}_{u},
+    b{j}_{u} at k = k0 + u."""
     (a_off, a_ld, a_way), (b_off, b_ld, b_way) = a, b
     run = _run(E)
-    w(f"for k0 in range(0, {K}, {KSTEP}):")
+    w(f"for k0 in range(0, {K}, {kstep}):")
     w.level += 1
     w("ab = " + _base(a_off, a_ld, a_way, "ty" if a_way == "mk" else "4 * ty"))
     w("bb = " + _base(b_off, b_ld, b_way, "tx" if b_way == "mk" else f"{run} * tx"))
-    for k in range(0, KSTEP, 4):
+    for k in range(0, kstep, 4):
         us = range(k, k + 4)
         if a_way == "mk":  # 4 k of row i a load
             for i in range(4):
@@ -202,8 +219,9 @@ def shared_bytes(E: int) -> dict[str, int]:
     return {name: 4 * regions["end"] for name, regions in _layout(E).items()}
 
 
-def _forward_source(E: int) -> str:
+def _forward_source(E: int, options: TileOptions) -> str:
     NJ, LD, at = E // 8, _ld(E), _layout(E)["forward"]
+    ks = options.kstep
     w = Source()
     w("def forward_tiled_kernel(out, lse, qkv, H, G, scale):")
     w.level += 1
@@ -223,7 +241,7 @@ def _forward_source(E: int) -> str:
     w.level += 1
     w("cp_async_wait(1)  # K's tile has landed; V's may still be in flight", "cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", (at["Q"], LD, "mk"), (at["K"], LD, "mk"), E, 8, E)
+    _product(w, "s", (at["Q"], LD, "mk"), (at["K"], LD, "mk"), E, 8, E, ks)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=True)
@@ -246,7 +264,7 @@ def _forward_source(E: int) -> str:
         w(*(f"o{i}_{j} *= al{i}" for j in range(NJ)))
     _write_tile(w, at["P"], "s")
     w("cp_async_wait(1)  # V's tile has landed", "cuda.syncthreads()")
-    _product(w, "o", (at["P"], LDW, "mk"), (at["V"], LD, "km"), 64, NJ, E)
+    _product(w, "o", (at["P"], LDW, "mk"), (at["V"], LD, "km"), 64, NJ, E, ks)
     w("cuda.syncthreads()  # V and P are read", "if j0 < i0:")
     w.level += 1
     _stage(w, E, [(at["V"], "j0 + 64", "vo", "qkv")])
@@ -263,8 +281,9 @@ def _forward_source(E: int) -> str:
     return w.text()
 
 
-def _dkv_source(E: int) -> str:
+def _dkv_source(E: int, options: TileOptions) -> str:
     NJ, LD, at = E // 8, _ld(E), _layout(E)["dkv"]
+    ks = options.kstep
     w = Source()
     w("def backward_dkv_tiled_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):")
     w.level += 1
@@ -293,9 +312,9 @@ def _dkv_source(E: int) -> str:
     w.level += 1
     w(f"qo = h * {E}", "cp_async_wait(0)", "cuda.syncthreads()")
     _zero(w, "s", 8)
-    _product(w, "s", (at["K"], LD, "mk"), (at["Q"], LD, "mk"), E, 8, E)
+    _product(w, "s", (at["K"], LD, "mk"), (at["Q"], LD, "mk"), E, 8, E, ks)
     _zero(w, "p", 8)
-    _product(w, "p", (at["V"], LD, "mk"), (at["DO"], LD, "mk"), E, 8, E)
+    _product(w, "p", (at["V"], LD, "mk"), (at["DO"], LD, "mk"), E, 8, E, ks)
     w("if j0 == i0:")
     w.level += 1
     _mask_diagonal(w, "s", rows_are_queries=False)
@@ -309,8 +328,8 @@ def _dkv_source(E: int) -> str:
     _write_tile(w, at["PT"], "s")
     _write_tile(w, at["DS"], "p")
     w("cuda.syncthreads()")
-    _product(w, "dv", (at["PT"], LDW, "mk"), (at["DO"], LD, "km"), 64, NJ, E)
-    _product(w, "dk", (at["DS"], LDW, "mk"), (at["Q"], LD, "km"), 64, NJ, E)
+    _product(w, "dv", (at["PT"], LDW, "mk"), (at["DO"], LD, "km"), 64, NJ, E, ks)
+    _product(w, "dk", (at["DS"], LDW, "mk"), (at["Q"], LD, "km"), 64, NJ, E, ks)
     w("cuda.syncthreads()  # Q, dO, lse and D are read: the next pair's may land")
     w("i1 = i0 + 64", "wrap = i1 >= Tn", "i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
     w("if step + 1 < steps:")
@@ -320,7 +339,7 @@ def _dkv_source(E: int) -> str:
     w("cp_async_commit()")
     # dQ[query][e] += sum_key dS[query][key] K[key][e]: dS^T read "km", rows 4 ty + i
     _zero(w, "q", NJ)
-    _product(w, "q", (at["DS"], LDW, "km"), (at["K"], LD, "km"), 64, NJ, E)
+    _product(w, "q", (at["DS"], LDW, "km"), (at["K"], LD, "km"), 64, NJ, E, ks)
     for i in range(4):
         w(f"if i0 + 4 * ty + {i} < Tn:")
         w.level += 1
@@ -355,23 +374,21 @@ from euler.gpu.vector import atomic_add4, load4_shared
 from euler.layer_math import online_softmax_rescale"""
 
 
-def sources(E: int) -> dict[str, str]:
-    """The generated source of each kernel for head size E."""
-    return {"forward_tiled_kernel": _forward_source(E), "backward_dkv_tiled_kernel": _dkv_source(E)}
+def sources(E: int, options: TileOptions = TileOptions()) -> dict[str, str]:
+    """The generated source of each kernel for head size E and options."""
+    if not supports(E):
+        raise ValueError(f"attention_tiles: no tiled kernels for head size {E}")
+    if E % options.kstep:
+        raise ValueError(f"TileOptions.kstep: {options.kstep} does not divide head size {E}")
+    return {
+        "forward_tiled_kernel": _forward_source(E, options),
+        "backward_dkv_tiled_kernel": _dkv_source(E, options),
+    }
 
 
-def knobs() -> dict:
-    """The generation knobs the kernel lab and bench/ptx_registers.py vary."""
-    return {"KSTEP": KSTEP, "MIN_BLOCKS": MIN_BLOCKS}
-
-
-def kernels(E: int):
-    """(forward, dkv) dispatchers for head size E and the current knobs, built once."""
-    key = (E, *knobs().values())
+def kernels(E: int, options: TileOptions = TileOptions()) -> tuple:
+    """(forward, dkv) dispatchers for head size E and options, built once for each."""
+    key = (E, options)
     if key not in _BUILT:
-        if not supports(E):
-            raise ValueError(f"attention_tiles: no tiled kernels for head size {E}")
-        options = {"launch_bounds": (THREADS, MIN_BLOCKS)} if MIN_BLOCKS else {}
-        built = (compile_generated(n, s, HEADER, **options) for n, s in sources(E).items())
-        _BUILT[key] = tuple(built)
+        _BUILT[key] = tuple(compile_generated(n, s, HEADER) for n, s in sources(E, options).items())
     return _BUILT[key]
