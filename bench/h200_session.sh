@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One lent H200 call of the plan in bench/notes_gpu.md ("Left for the next session").
+# One lent H200 call: the GPU tests and benchmarks, by case (docs/gpu.md cites their results).
 # Run from the repository root through the device tool, with carry [".whl"] (numpy 2.3.5:
 # the image's numpy 2.5 breaks numba-cuda) and, for `curves`, ".carry" (the data, xz):
 #     bash bench/h200_session.sh check      # gpu tests, per-method times (~9 min)
-#     bash bench/h200_session.sh attention  # issue 7's attention table (three kernel sets compile)
+#     bash bench/h200_session.sh attention  # attention alone: tensor cores, exact fp32, torch SDPA
 #     bash bench/h200_session.sh exact      # the exact kernels' lab (attention_lab_gpu.py), 5 min
 #     bash bench/h200_session.sh parts      # the tc backward's parts (prep, dkv) alone, 1 min
 #     bash bench/h200_session.sh prep       # prep_variants.py (the prep's schedules), then parts
@@ -36,7 +36,7 @@ check)
         | tee -a "$OUT/log.txt"
     ;;
 exact)
-    log "exact attention lab: attention_tiles knobs, launch-free, T=512 and 2048"
+    log "exact attention lab: TileOptions variants, launch-free, T=512 and 2048"
     timeout 400 python3 bench/labs/attention_lab_gpu.py --out "$OUT/attention-lab.json" 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$OUT/log.txt"
     if [ -f scratch/time_old.py ]; then  # an uncommitted A/B against older kernels
@@ -81,7 +81,7 @@ curves)
     done
     ;;
 overlap)
-    log "gpu tests (the side stream, CublasLt, FUSED_RESIDUAL steps against the CPU)"
+    log "gpu tests (the side stream, CublasLt, fused-residual steps against the CPU)"
     timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     log "trainer steps: side stream, in line, transposed weight gradients, fused residual"
@@ -104,7 +104,7 @@ final)
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     ;;
 defaults)
-    # the whole gpu suite, then the step (ours only): a change of defaults (session 16)
+    # the whole gpu suite, then the step (ours only)
     log "gpu tests"
     timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_device.py 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"

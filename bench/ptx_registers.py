@@ -7,7 +7,7 @@ Each kernel the launchers would start at the `gpu` preset's shapes is compiled t
 PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA toolkit's
 `ptxas` is on PATH, assembled with `ptxas -v` for its registers, spill bytes and warnings. NVVM 13.5
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
-version line is lowered for ptxas. bench/notes_gpu.md quotes this script's output.
+version line is lowered for ptxas. docs/gpu.md quotes its output.
 `--set NAME=N` sets a field of the tensor-core kernels' TcOptions (prep_span, prep_stages,
 prep_flag_every) or of the register-tiled kernels' TileOptions (kstep).
 

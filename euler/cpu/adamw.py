@@ -79,4 +79,3 @@ def adamw_update(params, grads, m, v, lr, beta1, beta2, eps, wd, bc1, bc2, grad_
                 params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi],
                 lr_, b1, b2, eps_, wd_, bc1_, bc2_, gs,
             )  # fmt: skip
-

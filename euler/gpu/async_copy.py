@@ -16,7 +16,7 @@ zeros, so a row past the end of a sequence costs no branch: n = 0 (src must stil
 valid address: clamp the row). A 16-byte copy needs both addresses 16-byte aligned.
 The _flat forms copy whole, in-range pieces from src's element k in C order (any C-contiguous
 float32 array): a kernel that steps k by a row's length per copy computes one 64-bit add a
-copy, where the clamped 3-d index costs about ten instructions (bench/notes_gpu.md).
+copy, where the clamped 3-d index costs about ten instructions (docs/gpu.md).
 
 The copies a thread issues run in the background; commit_group closes them into a group,
 and wait_group N blocks the thread until at most its N most recent groups are still in

@@ -108,8 +108,8 @@ class GpuOptions:
 class GpuBackend:
     """Schedules the shared layer math on one CUDA GPU; TF32 matmuls unless tf32=False.
 
-    With TF32 on, attention runs on tensor cores too (attention_tc.py) where the head size
-    allows, unless tc_attention=False; tf32=False keeps every product exact fp32 (the checks
+    With TF32 on, attention runs on tensor cores too (euler/gpu/attention_tc/) where the head
+    size allows, unless tc_attention=False; tf32=False keeps every product exact fp32 (the checks
     against the CPU use it).
 
     threads caps every block size and tile (0: attention's own) sets attention's tiles; tests

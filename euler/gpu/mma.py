@@ -10,7 +10,7 @@ mantissa bits, the low 13 bits of the float32 cleared). `tf32_operand` rounds th
 for a value that only feeds mma_tf32, in one integer add: half a TF32 unit (0x1000) added
 to the bits, whose low 13 bits the tensor core then ignores. ptxas compiles a cvt.rna that
 feeds an mma to that add too, behind a test for inf and NaN (FSETP, then a predicated
-IADD: bench/notes_gpu.md). The add alone gives the same operand for every finite value
+IADD: docs/gpu.md). The add alone gives the same operand for every finite value
 and for inf (inf + 0x1000 truncates back to inf), one instruction instead of two; only a
 NaN whose payload lies in the low 13 bits would enter as inf. `tf32_finite` is tf32 for a
 finite value in two integer instructions (the add, then the low bits cleared), with no test
