@@ -2,10 +2,11 @@
 picked their tests, so that their minutes overlap the rest of the session.
 
 NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the simulator
-suites run in a pytest subprocess of their own (one Python process each, the simulator
-running one thread per GPU thread). A test marked `simulator_run(file, marks)` reports
-such a run: its fixture `simulator_run_result` waits for it. With two cores (CI's), the
-two runs and the main session share them instead of taking turns.
+suites run in pytest subprocesses of their own (the simulator running one Python thread
+per GPU thread). A test marked `simulator_run(file, marks, keyword)` reports such a run of
+the file's tests selected by `-m marks` (and `-k keyword`, if given): its fixture
+`simulator_run_result` waits for it. A long file is split into several runs, so that on
+two cores (CI's) the runs and the main session keep both busy to the end.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def _start(item: pytest.Item) -> None:
     marker = item.get_closest_marker("simulator_run")
     if marker is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return
-    file, marks = marker.args
+    file, marks, *keyword = marker.args
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    cmd += (["-m", marks] if marks else []) + [str(Path(file))]
+    cmd += (["-m", marks] if marks else []) + (["-k", keyword[0]] if keyword else [])
+    cmd += [str(Path(file))]
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -38,7 +40,8 @@ def _start(item: pytest.Item) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "simulator_run(file, marks): reports a CUDA-simulator pytest run of file"
+        "markers",
+        "simulator_run(file, marks, keyword=None): reports a CUDA-simulator pytest run of file",
     )
 
 

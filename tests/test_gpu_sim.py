@@ -20,10 +20,25 @@ import pytest
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 if not IN_SIMULATOR:
+    # two runs of about equal length (conftest.py): the register-tiled attention, the rest
+    @pytest.mark.simulator_run(__file__, "", "attention_register_tiled")
+    def test_register_tiled_attention_in_simulator(simulator_run_result) -> None:
+        """This file's register-tiled attention test (started at collection: conftest.py)."""
+        pytest.importorskip("numba.cuda")
+        rc, out = simulator_run_result
+        assert rc == 0, out
 
-    @pytest.mark.simulator_run(__file__, "")
+    @pytest.mark.simulator_run(__file__, "", "not attention_register_tiled")
     def test_kernels_in_simulator(simulator_run_result) -> None:
-        """This file's simulator tests (started at collection: conftest.py)."""
+        """This file's other simulator tests (started at collection: conftest.py)."""
+        pytest.importorskip("numba.cuda")
+        rc, out = simulator_run_result
+        assert rc == 0, out
+
+    @pytest.mark.slow
+    @pytest.mark.simulator_run(__file__, "slow")
+    def test_kernels_in_simulator_slow(simulator_run_result) -> None:
+        """This file's slow simulator tests (minutes each)."""
         pytest.importorskip("numba.cuda")
         rc, out = simulator_run_result
         assert rc == 0, out
@@ -214,17 +229,24 @@ else:
         assert not np.array_equal(want.copy_to_host(), x)
         np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
-    # E = 32's dkv kernel alone ran past 15 minutes in the simulator on 2026-11-30 (at this
-    # commit and at b09b6e2 alike), past the simulator run's limit: -m slow runs it; the GPU
-    # suite runs E = 32 on the hardware (test_attention_head_sizes)
-    @pytest.mark.parametrize("E", [8, pytest.param(32, marks=pytest.mark.slow)])
-    def test_attention_register_tiled(E) -> None:
+    # E = 32's dkv kernel takes over 15 minutes in the simulator, and two query heads a kv
+    # head (dkv summing over the group) double E = 8's: -m slow runs them; the GPU suite runs
+    # both on the hardware (test_attention_head_sizes)
+    @pytest.mark.parametrize(
+        "E, H",
+        [
+            (8, 1),
+            pytest.param(8, 2, marks=pytest.mark.slow),
+            pytest.param(32, 2, marks=pytest.mark.slow),
+        ],
+    )
+    def test_attention_register_tiled(E, H) -> None:
         """The generated 64 x 64 tile kernels (tile=0), over two query tiles and a diagonal:
         E = 8 reads output columns one float at a time, E = 32 four (module docstring)."""
         from euler.gpu.backend import GpuBackend
 
         gpu = GpuBackend(tf32=False, threads=32, blas=NumpyBlas())
-        sizes = SimpleNamespace(B=1, T=70, H=2, G=1, E=E)
+        sizes = SimpleNamespace(B=1, T=70, H=H, G=1, E=E)
         check_attention(CpuBackend(), gpu, np.random.default_rng(3), sizes)
 
     @pytest.mark.parametrize(

@@ -153,16 +153,26 @@ if not IN_SIMULATOR:
         dkv = sources(TcOptions(16, simulator=False, prep_span=4))["backward_dkv_tc_kernel"]
         assert "if cuda.blockIdx.x % 4:" in dkv and "pb3 = " in dkv
 
-    @pytest.mark.simulator_run(__file__, "not slow")
+    # two runs of about equal length (conftest.py): the partial tiles at E = 16 and the prep
+    # blocks in one, the rest in the other
+    SPLIT = "tail or prep_blocks"
+
+    @pytest.mark.simulator_run(__file__, "not slow", SPLIT)
+    def test_in_simulator_tails_and_prep_blocks(simulator_run_result) -> None:
+        """This file's simulator tests of partial tiles and prep blocks (a subprocess)."""
+        rc, out = simulator_run_result
+        assert rc == 0, out
+
+    @pytest.mark.simulator_run(__file__, "not slow", f"not ({SPLIT})")
     def test_in_simulator(simulator_run_result) -> None:
-        """This file's simulator tests, in a subprocess started at collection (conftest.py)."""
+        """This file's other simulator tests, in a subprocess started at collection."""
         rc, out = simulator_run_result
         assert rc == 0, out
 
     @pytest.mark.slow
     @pytest.mark.simulator_run(__file__, "slow")
     def test_in_simulator_slow(simulator_run_result) -> None:
-        """The prep blocks' other shapes (about a minute each)."""
+        """The partial tiles at E = 8 and the prep blocks' other shapes (a minute or two each)."""
         rc, out = simulator_run_result
         assert rc == 0, out
 
@@ -275,7 +285,12 @@ else:
 
     @pytest.mark.parametrize(
         "B,T,H,G,E",
-        [(1, 19, 2, 1, 32), (1, 70, 2, 1, 8), (1, 70, 2, 1, 16), (1, 128, 1, 1, 16)],
+        [
+            (1, 19, 2, 1, 32),
+            pytest.param(1, 70, 2, 1, 8, marks=pytest.mark.slow),
+            (1, 70, 2, 1, 16),
+            (1, 128, 1, 1, 16),
+        ],
         ids=["one-diagonal-tile", "two-query-tiles-with-tail", "tail-4-column-atomics",
              "whole-tiles"],
     )  # fmt: skip
