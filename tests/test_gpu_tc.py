@@ -288,17 +288,19 @@ else:
         [
             (1, 19, 2, 1, 32),
             pytest.param(1, 70, 2, 1, 8, marks=pytest.mark.slow),
-            (1, 70, 2, 1, 16),
+            (1, 70, 1, 1, 16),
+            pytest.param(1, 70, 2, 1, 16, marks=pytest.mark.slow),
             (1, 128, 1, 1, 16),
         ],
         ids=["one-diagonal-tile", "two-query-tiles-with-tail", "tail-4-column-atomics",
-             "whole-tiles"],
+             "tail-4-column-atomics-two-heads", "whole-tiles"],
     )  # fmt: skip
     def test_attention_tc(B, T, H, G, E) -> None:
         """T = 19 and 70: attention.backward_prep, then dkv without prep blocks, its copies
-        and dQ's adds clamped on the partial tile; two query heads a kv head, so the dkv
-        block's second head starts on a diagonal tile after a full one, and its dS^T tile
-        holds another tile's values to overwrite. T = 128: two whole tiles, the prep blocks
+        and dQ's adds clamped on the partial tile; two query heads a kv head (T = 19 by
+        default, T = 70 with -m slow), so the dkv block's second head starts on a diagonal
+        tile (after a full one at T = 70), and its dS^T tile holds another tile's values to
+        overwrite. T = 128: two whole tiles, the prep blocks
         in the dkv grid, every copy and dQ's adds by flat indices."""
         _check_attention(B, T, H, G, E)
 
