@@ -33,10 +33,7 @@ def _start(item: pytest.Item) -> None:
     cmd += (["-m", marks] if marks else []) + (["-k", keyword[0]] if keyword else [])
     cmd += [str(Path(file))]
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
-    # one thread each for Numba and BLAS: the runs share the cores with the session and each
-    # other, and idle pool threads of several processes spinning on two cores waste them
-    threads = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", **threads)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     _RUNS[item.nodeid] = (proc, out)
 
