@@ -1,4 +1,7 @@
-"""Data commands: `euler data prepare`, `prepare-sft` and `download`."""
+"""Data commands: `euler data prepare`, `prepare-sft`, `download`, `info` and `verify`.
+
+Every number is checked where it enters, by the flag's name, before any work starts.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from euler.errors import EulerError
+from euler.schema import check_number
 
 if TYPE_CHECKING:
     from euler.tokenizer import Tokenizer
@@ -15,20 +19,44 @@ if TYPE_CHECKING:
 data_app = typer.Typer(
     help="Prepare token shards from books, web text and instructions.", no_args_is_help=True
 )
+MAX_THREADS = 4096
+MAX_SEED = 2**64 - 1  # the split rule hashes the seed as 8 bytes
+
+Overwrite = Annotated[
+    bool, typer.Option(help="Replace an earlier preparation in --out (never one of its inputs).")
+]
+
+
+def check_int(value: int, flag: str, lo: int, hi: int) -> int:
+    """An integer flag in [lo, hi], compared as an integer (a huge one overflows a float)."""
+    if not lo <= value <= hi:
+        raise EulerError(f"{flag} must be an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_fraction(value: float, flag: str) -> float:
+    """A flag in [0, 1): a fraction of the data held out (1 would leave nothing to train on)."""
+    if not check_number(value, flag, 0.0, 1.0) < 1.0:
+        raise EulerError(f"{flag} must be a finite number in [0, 1), got {value}")
+    return value
+
+
+def tokenizer_file(path: Path) -> Path:
+    """The tokenizer JSON that --tokenizer names: a file, or a prepared folder's."""
+    from euler.data.prepare import TOKENIZER_FILE
+
+    path = Path(path)
+    return path / TOKENIZER_FILE if path.is_dir() else path
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
     """A Tokenizer from a file, or from a prepared data folder's tokenizer.json."""
     from euler.tokenizer import Tokenizer
 
-    from euler.data.prepare import TOKENIZER_FILE
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / TOKENIZER_FILE
+    path = tokenizer_file(path)
     if not path.is_file():
-        raise EulerError(f"tokenizer file not found: {path}")
-    return Tokenizer.load(str(path))
+        raise EulerError(f"--tokenizer: tokenizer file not found: {path}")
+    return Tokenizer.load(path)
 
 
 @data_app.command()
@@ -68,17 +96,32 @@ def prepare(
     gutenberg_mirror: Annotated[
         str, typer.Option(help="Project Gutenberg site that ebook numbers are fetched from.")
     ] = "https://www.gutenberg.org",
+    overwrite: Overwrite = False,
 ) -> None:
     """Tokenize books and web text into train/val shards with a manifest."""
+    from euler.tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE
     from rich.console import Console
 
     from euler.data.corpus import file_source
+    from euler.data.files import check_output
     from euler.data.prepare import prepare_corpus
 
     if not books and not web:
         raise EulerError("give at least one --books or --web input")
     if (tokenizer is None) == (vocab_size is None):
         raise EulerError("give exactly one of --tokenizer and --vocab-size")
+    for flag, weight in (("--books-weight", books_weight), ("--web-weight", web_weight)):
+        if weight is not None:
+            check_number(weight, flag, 0.0, lo_open=True)
+    if vocab_size is not None:
+        check_int(vocab_size, "--vocab-size", FIRST_MERGE_ID, MAX_VOCAB_SIZE)
+    check_fraction(val_fraction, "--val-fraction")
+    check_int(seed, "--seed", 0, MAX_SEED)
+    check_int(threads, "--threads", 0, MAX_THREADS)
+    check_number(tokenizer_sample_mb, "--tokenizer-sample-mb", 0.0, 1e6, lo_open=True)
+    reads = [tokenizer_file(tokenizer)] if tokenizer is not None else []
+    check_output(out, overwrite, reads)  # before any download or tokenizer training
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     weighted = books_weight is not None or web_weight is not None
     sources = []
     for kind, items, weight in (("books", books, books_weight), ("web", web, web_weight)):
@@ -88,13 +131,15 @@ def prepare(
     manifest = prepare_corpus(
         sources,
         out,
-        tokenizer=load_tokenizer(tokenizer) if tokenizer is not None else None,
+        tokenizer=tok,
         vocab_size=vocab_size,
         val_fraction=val_fraction,
         seed=seed,
         threads=threads or None,
-        tokenizer_sample_chars=int(tokenizer_sample_mb * 1e6),
+        tokenizer_sample_chars=max(1, int(tokenizer_sample_mb * 1e6)),
         log=Console(stderr=True).print,
+        overwrite=overwrite,
+        reads=reads,
     )
     _print_summary(out, manifest)
 
@@ -121,8 +166,9 @@ def _print_summary(out: Path, manifest: dict) -> None:
     t = manifest["totals"]
     console = Console()
     console.print(table)
+    speed = "?" if t["mb_per_s"] is None else f"{t['mb_per_s']:.2f}"
     console.print(
-        f"{t['text_bytes'] / 1e6:.1f} MB in {t['seconds']:.1f} s = {t['mb_per_s']:.2f} MB/s "
+        f"{t['text_bytes'] / 1e6:.1f} MB in {t['seconds']:.1f} s = {speed} MB/s "
         f"on {t['threads']} threads; {t['bytes_per_token']:.2f} bytes/token; "
         f"validation {t['val_token_fraction']:.3f} of tokens"
     )
@@ -138,13 +184,19 @@ def prepare_sft_command(
     context: Annotated[int, typer.Option(help="Context T the records must fit.")] = 128,
     val_fraction: Annotated[float, typer.Option(help="Fraction of records held out.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
+    overwrite: Overwrite = False,
 ) -> None:
     """Render Alpaca records in the chat template into SFT shards with loss masks."""
+    from euler.data.manifest import MAX_CONTEXT
     from euler.data.sft import prepare_sft
 
-    _print_sft_summary(
-        prepare_sft(inputs, out, load_tokenizer(tokenizer), context, val_fraction, seed)
-    )
+    check_int(context, "--context", 2, MAX_CONTEXT)
+    check_fraction(val_fraction, "--val-fraction")
+    check_int(seed, "--seed", 0, MAX_SEED)
+    reads = [tokenizer_file(tokenizer)]
+    tok = load_tokenizer(tokenizer)
+    m = prepare_sft(inputs, out, tok, context, val_fraction, seed, overwrite=overwrite, reads=reads)
+    _print_sft_summary(m)
 
 
 def _print_sft_summary(m: dict) -> None:
@@ -192,9 +244,28 @@ def download(
     size: Annotated[int | None, typer.Option(help="Expected size in bytes.")] = None,
 ) -> None:
     """Download a file into the cache (resumable) and print its path."""
+    from euler.data.download import check_sha256
     from euler.data.download import download as fetch
 
+    if sha256 is not None:
+        check_sha256(sha256, "--sha256")
+    if size is not None:
+        check_int(size, "--size", 0, 2**63 - 1)
     print(fetch(url, out, sha256=sha256, size=size))
+
+
+@data_app.command()
+def verify(
+    folder: Annotated[Path, typer.Argument(help="A folder made by prepare or prepare-sft.")],
+) -> None:
+    """Read every file of a prepared folder against its manifest's checksums and ids."""
+    from euler.data.verify import verify_folder
+
+    r = verify_folder(folder)
+    print(
+        f"{folder}: ok, {r['kind']} data, {r['files']} files, {r['bytes'] / 1e6:.1f} MB "
+        f"verified in {r['seconds']:.2f} s"
+    )
 
 
 def register(app: typer.Typer) -> None:

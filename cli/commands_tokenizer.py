@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli.commands_data import MAX_THREADS, check_int
 
 from euler.errors import EulerError
 
 tokenizer_app = typer.Typer(
     help="Train, apply and inspect the byte-level BPE tokenizer.", no_args_is_help=True
 )
+
+MAX_VOCAB_LISTED = 1 << 20  # --top: more rows than any vocabulary has is a typo
 
 TokenizerOpt = Annotated[
     Path, typer.Option("--tokenizer", "-t", help="Tokenizer JSON written by `train`.")
@@ -43,13 +46,23 @@ def train(
         Path | None, typer.Option(help="Also write a Hugging Face tokenizer.json here.")
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
 ) -> None:
     """Learn a tokenizer from text files (streamed) and save it."""
-    from euler.tokenizer import Tokenizer
+    from euler.tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE, Tokenizer
 
-    for target in (out, hf):  # fail before training, not after
-        if target is not None and not target.parent.is_dir():
-            raise EulerError(f"output folder does not exist: {target.parent}")
+    check_int(vocab_size, "--vocab-size", FIRST_MERGE_ID, MAX_VOCAB_SIZE)
+    for flag, target in (("--out", out), ("--hf", hf)):  # fail before training, not after
+        if target is None:
+            continue
+        if not target.parent.is_dir():
+            raise EulerError(f"{flag} {target}: folder {target.parent} does not exist")
+        if target.is_dir():
+            raise EulerError(f"{flag} {target}: is a folder, expected a file name")
+        if target.exists() and not overwrite:
+            raise EulerError(f"{flag} {target}: exists; pass --overwrite to replace it")
+    if hf is not None and hf.resolve() == out.resolve():
+        raise EulerError(f"--hf {hf}: the same file as --out")
     t = time.perf_counter()
     tok = Tokenizer.train(inputs, vocab_size, progress=progress)
     elapsed = time.perf_counter() - t
@@ -71,6 +84,8 @@ def encode(
     """Print the token ids of a file, space-separated."""
     from euler.tokenizer import Tokenizer
 
+    if threads is not None:
+        check_int(threads, "--threads", 1, MAX_THREADS)
     tok = Tokenizer.load(tokenizer)
     ids = tok.encode_batch([_read(input)], allow_special=allow_special, threads=threads)[0]
     typer.echo(" ".join(map(str, ids.tolist())))
@@ -88,10 +103,13 @@ def decode(
 
     tok = Tokenizer.load(tokenizer)
     words = ids if ids else sys.stdin.read().split()
-    try:
-        values = [int(w) for w in words]
-    except ValueError as e:
-        raise EulerError(f"token ids must be integers: {e}") from None
+    values = []
+    for i, w in enumerate(words):
+        if not w.isascii() or not w.isdigit() or int(w) >= tok.vocab_size:
+            raise EulerError(
+                f"token id {i + 1} ({w[:20]!r}) must be an integer in [0, {tok.vocab_size - 1}]"
+            )
+        values.append(int(w))
     sys.stdout.write(tok.decode(values))
     sys.stdout.flush()
 
@@ -108,6 +126,7 @@ def stats(
     from rich.console import Console
     from rich.table import Table
 
+    check_int(top, "--top", 0, MAX_VOCAB_LISTED)
     tok = Tokenizer.load(tokenizer)
     counts = np.zeros(tok.vocab_size, np.int64)
     table = Table(title=f"tokenizer {tokenizer} (vocab {tok.vocab_size})")

@@ -15,21 +15,23 @@ V = 1000
 
 def make_folder(tmp_path, weights=(None, None), sizes=(5000, 3000)):
     """Two sources whose token values tell them apart: a in [0, 500), b in [500, 1000)."""
-    sources = []
+    sources, names = [], []
+    per_split = {"train": 0, "val": 0}
     for k, (name, n, w) in enumerate(zip("ab", sizes, weights, strict=True)):
         for split in ("train", "val"):
             ids = (np.arange(n) % 500) + 500 * k
             write_shard(tmp_path / f"{name}-{split}-000.bin", ids, V)
+            names.append(f"{name}-{split}-000.bin")
         shards = {s: [f"{name}-{s}-000.bin"] for s in ("train", "val")}
-        sources.append({"name": name, "weight": w, "shards": shards})
-    write_manifest(
-        tmp_path,
-        {
-            "kind": "pretrain",
-            "tokenizer": {"file": "tokenizer.json", "sha256": "abc"},
-            "sources": sources,
-        },
-    )
+        counts = {"documents": per_split, "tokens": per_split, "text_bytes": per_split}
+        sources.append({"name": name, "weight": w, "shards": shards, **counts})
+    totals = {
+        "tokens": per_split, "text_bytes": 0, "val_token_fraction": 0.5, "bytes_per_token": 1.0,
+        "seconds": 0.0, "mb_per_s": None, "threads": 1,
+    }  # fmt: skip
+    tokenizer = {"file": "tokenizer.json", "sha256": "ab" * 32, "vocab_size": V, "eot_id": 256}
+    manifest = {"kind": "pretrain", "tokenizer": tokenizer, "sources": sources, "totals": totals}
+    write_manifest(tmp_path, manifest, names)
     return tmp_path
 
 
@@ -85,8 +87,26 @@ def test_errors(tmp_path):
     with pytest.raises(EulerError, match="T\\+K = 6000"):
         TokenLoader(folder).batch(0, 0, 1, 5996, 4)
     with pytest.raises(EulerError, match="not by the given"):
-        TokenLoader(folder).check_tokenizer("def")
+        TokenLoader(folder).check_tokenizer("cd" * 32)
     with pytest.raises(EulerError, match="split must be"):
         TokenLoader(folder, split="test")
     with pytest.raises(EulerError, match="no manifest.json"):
         TokenLoader(tmp_path)
+
+
+def test_a_changed_shard_is_refused_at_open_and_a_bad_id_at_its_batch(tmp_path):
+    folder = make_folder(tmp_path)
+    path = folder / "a-train-000.bin"
+    raw = bytearray(path.read_bytes())
+    raw[40] ^= 0xFF  # inside the first sampled block
+    path.write_bytes(bytes(raw))
+    with pytest.raises(EulerError, match="a-train-000.bin: contents differ"):
+        TokenLoader(folder)
+    # an id >= V in a shard opened without a manifest: named with its position at use
+    write_shard(tmp_path / "x.bin", np.r_[np.arange(50), 999, np.arange(50)], V)
+    raw = bytearray((tmp_path / "x.bin").read_bytes())
+    raw[12:16] = (900).to_bytes(4, "little")  # the header now claims V = 900
+    (tmp_path / "x.bin").write_bytes(bytes(raw))
+    loader = TokenLoader([tmp_path / "x.bin"])
+    with pytest.raises(EulerError, match="x.bin: position 50: token id 999 is outside"):
+        list(loader.iter_sequential(1, 100, 1))

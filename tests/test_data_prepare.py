@@ -127,8 +127,12 @@ def test_failures_leave_nothing_half_written(corpus, tok, tmp_path):
     # a failed re-run keeps the earlier complete preparation as it was
     good = prepare_corpus(sources(corpus), tmp_path / "out", tokenizer=tok)
     with pytest.raises(EulerError, match="no text column"):
-        prepare_corpus([file_source("web", [str(bad)])], tmp_path / "out", tokenizer=tok)
+        prepare_corpus(
+            [file_source("web", [str(bad)])], tmp_path / "out", tokenizer=tok, overwrite=True
+        )
     assert read_manifest(tmp_path / "out")["sources"] == good["sources"]
+    with pytest.raises(EulerError, match="earlier preparation; pass --overwrite"):
+        prepare_corpus(sources(corpus), tmp_path / "out", tokenizer=tok)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(EulerError, match="not empty"):

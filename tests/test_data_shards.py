@@ -52,8 +52,18 @@ def test_wrong_magic_truncated_and_vocab_mismatch(tmp_path):
     with pytest.raises(EulerError, match="truncated"):
         open_shard(tmp_path / "cut.bin")
     (tmp_path / "tiny.bin").write_bytes(raw[:5])
-    with pytest.raises(EulerError, match="too short"):
+    with pytest.raises(EulerError, match="truncated shard"):
         open_shard(tmp_path / "tiny.bin")
+    foreign = {
+        "pickle": b"\x80\x04\x95" + bytes(60),
+        "zip": b"PK\x03\x04" + bytes(8),
+        "random": np.random.default_rng(0).bytes(4096),
+        "empty": b"",
+    }
+    for name, data in foreign.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(EulerError, match=f"{name}: not a NanoEuler shard"):
+            open_shard(tmp_path / name)
     with pytest.raises(EulerError, match="vocabulary of 512 tokens, but the tokenizer has 1024"):
         open_shard(tmp_path / "s.bin", vocab_size=1024)
     with pytest.raises(EulerError, match="not found"):

@@ -135,8 +135,8 @@ def _doc(tok) -> dict:
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("{not json", "not valid JSON"),
-        (b"\xff\xfe", "not valid JSON"),
+        ("{not json", "invalid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
         ("[1, 2]", "not a NanoEuler tokenizer"),
         ('{"model": {"type": "BPE"}}', "not a NanoEuler tokenizer"),
     ],
@@ -155,23 +155,28 @@ def test_load_rejects_hf_export_and_bad_merges(tok, tmp_path):
         Tokenizer.load(path)
     with pytest.raises(EulerError, match="not found"):
         Tokenizer.load(tmp_path / "missing.json")
-    with pytest.raises(EulerError, match="cannot read"):
+    with pytest.raises(EulerError, match="is a folder"):
         Tokenizer.load(tmp_path)
     with pytest.raises(EulerError, match="cannot write"):
         tok.save(tmp_path / "no" / "such" / "dir.json")
     cases = [
-        (lambda d: d["merges"].append([256, 97]), "special"),
-        (lambda d: d["merges"].append([97, 10**6]), "unknown"),
-        (lambda d: d["merges"].append([97]), "pairs"),
-        (lambda d: d.update(vocab_size=5), "vocab_size"),
-        (lambda d: d.update(version=99), "version"),
-        (lambda d: d.update(pattern=r"\w+"), "pattern"),
+        (lambda d: d["merges"].append([256, 97]), r"merges\[\d+\]: expected a pair.*\[256, 97\]"),
+        (lambda d: d["merges"].append([97, 10**6]), r"merges\[\d+\].*1000000"),
+        (lambda d: d["merges"].append([97]), r"merges\[\d+\]: expected a pair"),
+        (lambda d: d["merges"].append([97, True]), r"merges\[\d+\]: expected a pair"),
+        (lambda d: d.update(merges={"a": 1}), "merges: expected a list"),
+        (lambda d: d.update(vocab_size=5), "vocab_size: expected an integer in"),
+        (lambda d: d.update(vocab_size="300"), "vocab_size: expected an integer"),
+        (lambda d: d.update(version=99), "version: expected 1"),
+        (lambda d: d.update(pattern=r"\w+"), "pattern: expected the GPT-2"),
+        (lambda d: d.update(special=[1]), "special: expected the special tokens"),
+        (lambda d: d.update(extra=1), "extra: unknown field"),
         (lambda d: d["merges"].append(d["merges"][0]), "existing token"),
     ]
     for edit, message in cases:
         doc = _doc(tok)
         edit(doc)
-        if message != "vocab_size":
+        if "vocab_size" not in message and isinstance(doc["merges"], list):
             doc["vocab_size"] = 260 + len(doc["merges"])
         path.write_text(json.dumps(doc))
         with pytest.raises(EulerError, match=message):
@@ -191,6 +196,21 @@ def test_train_rejects_bad_inputs(files, tmp_path):
         Tokenizer.train([tmp_path], 300)
     with pytest.raises(EulerError, match="no input"):
         Tokenizer.train([], 300)
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"text first, then " + bytes(range(128, 256)))
+    with pytest.raises(EulerError, match=r"binary\.txt: not UTF-8 \(byte 17\)"):
+        Tokenizer.train([files[0], binary], 300)
+    with pytest.raises(EulerError, match="too large"):
+        Tokenizer.train(files, 1 << 30)
+
+
+def test_loads_parses_text_and_names_where(tok):
+    again = Tokenizer.loads(tok.to_json(), "ckpt: tokenizer")
+    assert again.sha256 == tok.sha256 and again.vocab_size == tok.vocab_size
+    with pytest.raises(EulerError, match=r"^ckpt: tokenizer:1: invalid JSON"):
+        Tokenizer.loads("{", "ckpt: tokenizer")
+    with pytest.raises(EulerError, match=r"^ckpt: tokenizer: merges\[0\]: expected a pair"):
+        Tokenizer.loads(tok.to_json().replace('"merges":[[', '"merges":[[-5,'), "ckpt: tokenizer")
 
 
 def test_training_is_deterministic_and_ignores_file_order(files, tok):

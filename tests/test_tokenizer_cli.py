@@ -58,13 +58,13 @@ def test_errors_are_one_line(tmp_path, monkeypatch, capsys):
     foreign.write_text('{"model": {"type": "BPE"}}')
     out = str(tmp_path / "t.json")
     cases = [
-        (["train", "--vocab-size", "100", "--out", out, str(good)], "too small"),
+        (["train", "--vocab-size", "100", "--out", out, str(good)], "--vocab-size must be"),
         (["train", "--vocab-size", "300", "--out", out, str(empty)], "empty"),
         (["train", "--vocab-size", "300", "--out", out, "nope.txt"], "not found"),
         (["train", "--vocab-size", "300", "--out", str(tmp_path / "no/t"), str(good)], "folder"),
         (["encode", "-t", str(foreign), str(good)], "not a NanoEuler tokenizer"),
         (["decode", "-t", str(tmp_path / "missing.json"), "1"], "not found"),
-        (["decode", "-t", str(tmp_path), "1"], "cannot read"),
+        (["decode", "-t", str(tmp_path), "1"], "is a folder"),
     ]
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["euler", "tokenizer", *args])
@@ -82,5 +82,5 @@ def test_a_real_process_prints_one_line(tmp_path):
         text=True,
         timeout=300,
     )
-    assert r.returncode == 2 and r.stderr.startswith("error: cannot read")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path}: is a folder")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

@@ -1,5 +1,5 @@
 """Byte-level BPE tokenizer (GPT-2 pretokenization, fixed special ids); see tokenizer.py."""
 
-from .tokenizer import SPECIAL_TOKENS, Tokenizer
+from .tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE, SPECIAL_TOKENS, Tokenizer
 
-__all__ = ["SPECIAL_TOKENS", "Tokenizer"]
+__all__ = ["FIRST_MERGE_ID", "MAX_VOCAB_SIZE", "SPECIAL_TOKENS", "Tokenizer"]

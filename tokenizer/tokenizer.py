@@ -12,6 +12,7 @@ import codecs
 import hashlib
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ import numpy as np
 import regex
 
 from euler.errors import EulerError
+from euler.schema import MISSING, Fields, describe, parse_json, read_json
 
 from .bytetable import ByteTable, new_table
 from .hf import hf_tokenizer_json
@@ -36,6 +38,9 @@ SPECIAL_TOKENS: dict[str, int] = {
     "<|end|>": 259,
 }
 FIRST_MERGE_ID = 256 + len(SPECIAL_TOKENS)
+# Ids are int32 throughout; beyond 2^20 tokens the merge tables and a model's embedding
+# would outgrow any corpus this package trains on, so a larger size is a typo.
+MAX_VOCAB_SIZE = 1 << 20
 FORMAT = "nanoeuler-bpe"
 VERSION = 1
 
@@ -108,7 +113,7 @@ class Tokenizer:
     def train(
         cls, files: Sequence[str | Path], vocab_size: int, progress: bool = False
     ) -> Tokenizer:
-        """Learn vocab_size - 260 merges from text files (read as UTF-8 bytes, streamed).
+        """Learn vocab_size - 260 merges from text files (strict UTF-8, streamed).
 
         Deterministic: each step merges the most frequent pair of adjacent tokens; ties go
         to the smallest (left id, right id); a pair whose bytes already are a token is
@@ -119,6 +124,8 @@ class Tokenizer:
                 f"vocab size {vocab_size} is too small: the 256 bytes and "
                 f"{len(SPECIAL_TOKENS)} special tokens alone take {FIRST_MERGE_ID}"
             )
+        if vocab_size > MAX_VOCAB_SIZE:
+            raise EulerError(f"vocab size {vocab_size} is too large (at most {MAX_VOCAB_SIZE})")
         paths = check_inputs(list(files))
         total = sum(p.stat().st_size for p in paths)
         with _Progress(progress) as bar:
@@ -151,35 +158,47 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Read a file written by save; EulerError if it is missing, corrupt or foreign."""
+        """Read a file written by save; EulerError naming the file (and field) if it is
+        missing, corrupt or foreign."""
         path = Path(path)
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise EulerError(f"tokenizer file not found: {path}") from None
-        except OSError as e:
-            raise EulerError(f"cannot read tokenizer file {path}: {e.strerror}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise EulerError(f"tokenizer file {path} is not valid JSON: {e}") from None
+        return cls._from_doc(read_json(path, "tokenizer file"), str(path))
+
+    @classmethod
+    def loads(cls, text: str, where: str) -> Tokenizer:
+        """Parse the JSON text that save writes (e.g. a checkpoint's embedded copy);
+        errors name `where`."""
+        return cls._from_doc(parse_json(text, where), where)
+
+    @classmethod
+    def _from_doc(cls, doc: object, where: str) -> Tokenizer:
+        """A Tokenizer from a parsed document, every field checked against ours."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise EulerError(f"{path} is not a NanoEuler tokenizer (no format '{FORMAT}')")
-        if doc.get("version") != VERSION:
-            raise EulerError(f"{path}: tokenizer version {doc.get('version')!r}, need {VERSION}")
-        if doc.get("pattern") != GPT2_PATTERN or doc.get("special") != SPECIAL_TOKENS:
-            raise EulerError(f"{path}: pretokenizer pattern or special tokens differ from ours")
-        merges = doc.get("merges")
-        if not isinstance(merges, list) or not all(_is_pair(m) for m in merges):
-            raise EulerError(f"{path}: 'merges' must be a list of [left id, right id] pairs")
-        for r, (a, b) in enumerate(merges):
-            if not (_is_plain(a, r) and _is_plain(b, r)):
-                raise EulerError(f"{path}: merge {r} uses an unknown or special token: {a}, {b}")
-        if doc.get("vocab_size") != FIRST_MERGE_ID + len(merges):
-            raise EulerError(f"{path}: vocab_size does not match the number of merges")
+            found = describe(doc.get("format", MISSING) if isinstance(doc, dict) else doc)
+            raise EulerError(
+                f"{where}: not a NanoEuler tokenizer (format: expected {FORMAT!r}, found {found})"
+            )
+        f = Fields(doc, where)
+        f.only(("format", "version", "pattern", "special", "vocab_size", "merges"))
+        if f.int("version") != VERSION:
+            f.fail("version", f"{VERSION} (the version this code reads)", doc["version"])
+        if f.str("pattern") != GPT2_PATTERN:
+            f.fail("pattern", "the GPT-2 pretokenizer pattern", doc["pattern"])
+        if f.get("special") != SPECIAL_TOKENS:
+            f.fail("special", f"the special tokens {SPECIAL_TOKENS}", doc["special"])
+        vocab_size = f.int("vocab_size", lo=FIRST_MERGE_ID, hi=MAX_VOCAB_SIZE)
+        merges = f.list("merges")
+        if len(merges) != vocab_size - FIRST_MERGE_ID:
+            f.fail("vocab_size", f"{FIRST_MERGE_ID} + {len(merges)} merges", vocab_size)
+        for r, m in enumerate(merges):
+            if not _is_pair(m) or not (_is_plain(m[0], r) and _is_plain(m[1], r)):
+                raise EulerError(
+                    f"{where}: merges[{r}]: expected a pair of ids of bytes (0..255) or earlier "
+                    f"merges ({FIRST_MERGE_ID}..{FIRST_MERGE_ID + r - 1}), found {m!r:.40}"
+                )
         try:
-            tok = cls(merges)
+            return cls(merges)
         except ValueError as e:
-            raise EulerError(f"{path}: {e}") from None
-        return tok
+            raise EulerError(f"{where}: merges: {e}") from None
 
     def to_hf_json(self) -> str:
         """Hugging Face tokenizer.json (ByteLevel BPE) that gives the same ids as encode
@@ -291,10 +310,24 @@ class Tokenizer:
 
 
 def _write(path: Path, text: str) -> None:
+    """Write text to a temporary file beside path, then rename it: never half a file."""
+    tmp = None
     try:
-        path.write_text(text, encoding="utf-8")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
     except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise EulerError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _is_pair(m: object) -> bool:

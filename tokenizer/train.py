@@ -16,6 +16,7 @@ and updates the counts of the pairs around them. The best pair comes from a lazy
 
 from __future__ import annotations
 
+import codecs
 import os
 import threading
 from collections.abc import Callable
@@ -71,10 +72,17 @@ def count_pieces(buf, start, classes, t):
 
 def _blocks(path: Path):
     """Yield uint8 arrays of about BLOCK_BYTES read from path, cut only where the
-    pretokens do not depend on context (safe_cuts), so counts equal the whole file's."""
+    pretokens do not depend on context (safe_cuts), so counts equal the whole file's.
+
+    The bytes must be UTF-8, as `euler data prepare` demands of its text: a binary file
+    is refused by name and byte offset rather than learned from."""
     carry = b""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
     with open(path, "rb") as f:
         while data := f.read(BLOCK_BYTES):
+            _check_utf8(utf8, data, offset, path)
+            offset += len(data)
             buf = np.frombuffer(carry + data, np.uint8)
             cuts = safe_cuts(buf, max(1, buf.size - SEARCH_BYTES), buf.size - 1)
             if cuts.size == 0:
@@ -83,8 +91,19 @@ def _blocks(path: Path):
             cut = int(cuts[-1])
             carry = buf[cut:].tobytes()
             yield buf[:cut]
+    _check_utf8(utf8, b"", offset, path, final=True)
     if carry:
         yield np.frombuffer(carry, np.uint8)
+
+
+def _check_utf8(decoder, data: bytes, offset: int, path: Path, final: bool = False) -> None:
+    """Feed the next bytes of a file to an incremental UTF-8 decoder; EulerError at the
+    first byte that is not UTF-8 (`offset`: where `data` starts in the file)."""
+    pending = len(decoder.getstate()[0])  # bytes of a character cut at the last block end
+    try:
+        decoder.decode(data, final)
+    except UnicodeDecodeError as e:
+        raise EulerError(f"{path}: not UTF-8 (byte {offset - pending + e.start})") from None
 
 
 @njit(cache=True, nogil=True)

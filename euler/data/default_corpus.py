@@ -89,7 +89,9 @@ def default_corpus_dir(vocab_size: int = 512, log: Callable[[str], None] = print
         f"docstrings), with a {vocab_size}-token tokenizer trained on it. Preparing it once "
         f"into {out} (set EULER_CACHE to move it); prepare real data with `euler data prepare`."
     )
-    manifest = prepare_corpus(default_sources(), out, vocab_size=vocab_size, log=log)
+    manifest = prepare_corpus(
+        default_sources(), out, vocab_size=vocab_size, log=log, overwrite=True
+    )
     if manifest["totals"]["tokens"]["train"] == 0:
         raise EulerError("the embedded default corpus is empty on this Python build")
     return out

@@ -39,6 +39,14 @@ def cache_name(url: str) -> str:
     return f"{hashlib.sha256(url.encode()).hexdigest()[:10]}-{last}"
 
 
+def check_sha256(value: str, where: str) -> str:
+    """A hex SHA-256 (64 digits, either case), else EulerError naming `where`."""
+    if len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value):
+        shown = value if len(value) <= 70 else value[:67] + "..."
+        raise EulerError(f"{where} must be 64 hex digits (a SHA-256), got {shown!r}")
+    return value
+
+
 def _check(path: Path, url: str, size: int | None, sha256: str | None) -> None:
     """Raise EulerError (after deleting `path`) if it has the wrong size or hash."""
     actual = path.stat().st_size
@@ -67,7 +75,9 @@ def download(
     """
     url, fragment = urllib.parse.urldefrag(url)
     if fragment.startswith("sha256="):
-        sha256 = sha256 or fragment.removeprefix("sha256=")
+        sha256 = sha256 or check_sha256(fragment.removeprefix("sha256="), f"{url}: #sha256=")
+    if sha256 is not None:
+        check_sha256(sha256, f"download {url}: sha256")
     scheme = urllib.parse.urlparse(url).scheme
     if scheme not in ("http", "https"):
         raise EulerError(f"download {url}: only http:// and https:// URLs are supported")

@@ -7,12 +7,13 @@ atomic on POSIX and Windows, so an interrupted run leaves only a `.tmp-*` file.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -72,31 +73,99 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         f.write("\n")
 
 
-@contextmanager
-def staged_dir(out: Path) -> Iterator[Path]:
-    """Build a folder under a temporary name; on success swap it in place of `out`.
+def check_output(out: Path, overwrite: bool = False, reads: Iterable[Path] = ()) -> None:
+    """Refuse an output folder that a preparation may not replace.
 
-    `out` may not exist, may be empty, or may be an earlier preparation (it has a
-    manifest.json); anything else is refused so that no user file is deleted. On an
-    exception the temporary folder is removed and `out` is untouched.
+    `out` may be missing or empty; an earlier preparation (it has a manifest.json) only
+    with `overwrite`, and then only if none of `reads` (the inputs and the tokenizer the
+    preparation reads) lies inside it. A folder of other files is never replaced.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise EulerError(f"output {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        raise EulerError(f"output folder {out} is not empty and holds no earlier preparation")
+        raise EulerError(f"--out {out}: exists and is not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "manifest.json").is_file():
+        raise EulerError(f"--out {out}: folder is not empty and holds no earlier preparation")
+    if not overwrite:
+        raise EulerError(
+            f"--out {out}: holds an earlier preparation; pass --overwrite to replace it"
+        )
+    inside = out.resolve()
+    for path in reads:
+        p = Path(path).resolve()
+        if p == inside or inside in p.parents:
+            raise EulerError(
+                f"--overwrite would delete {path}, an input of this preparation inside --out {out}"
+            )
+
+
+def clean_stale(out: Path) -> None:
+    """Remove what a killed preparation into `out` left in its parent folder.
+
+    `.tmp-NAME.PID.*` folders of processes no longer running go. An `.old-NAME.*` folder
+    holds the earlier preparation while the new one is swapped in: if `out` is missing,
+    the swap was cut short and the earlier preparation is moved back; otherwise it goes.
+    """
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    name = glob.escape(out.name)
+    for tmp in parent.glob(f".tmp-{name}.*"):
+        pid = tmp.name[len(f".tmp-{out.name}.") :].split(".")[0]
+        if tmp.is_dir() and not (pid.isdigit() and _running(int(pid))):
+            shutil.rmtree(tmp, ignore_errors=True)
+    for old in parent.glob(f".old-{name}.*"):
+        kept = old / out.name
+        if kept.is_dir() and not out.exists():
+            os.replace(kept, out)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists (on this machine)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+@contextmanager
+def staged_dir(out: Path, overwrite: bool = False, reads: Iterable[Path] = ()) -> Iterator[Path]:
+    """Build a folder under a temporary name; on success swap it in place of `out`.
+
+    `out` is checked by check_output first. On an exception the temporary folder is
+    removed and `out` is untouched; an OSError (a full disk) becomes one EulerError naming
+    the file. What an earlier killed run left is cleaned first (clean_stale).
+    """
+    out = Path(out)
+    clean_stale(out)
+    check_output(out, overwrite, reads)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}.{os.getpid()}."))
     os.chmod(tmp, _default_mode(directory=True))
     try:
         yield tmp
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".old-{out.name}."))
             os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old / out.name, out)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = str(e.filename).replace(str(tmp), str(out)) if e.filename else str(out)
+        raise EulerError(f"{where}: {e.strerror or e} ({out} is left as it was)") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,6 +8,9 @@ so a run resumed at step s sees exactly the batches the uninterrupted run saw.
 Each row first picks a source with probability proportional to its weight (from
 the manifest; tokens when no weight was given), then a shard of that source in
 proportion to its tokens, then a uniformly random start inside the shard.
+
+Opening a folder checks its manifest and each shard's size and sampled checksum
+(checksums.py); every window is checked for ids outside the vocabulary before use.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from euler.data.checksums import check_sample
 from euler.data.manifest import read_manifest
-from euler.data.shards import open_shard, read_header
+from euler.data.shards import open_shard, read_header, token_dtype
 from euler.errors import EulerError
 
 
@@ -48,12 +52,25 @@ class TokenLoader:
             self.tokenizer_path = folder / self.manifest["tokenizer"]["file"]
             for src in self.manifest["sources"]:
                 files = [folder / name for name in src["shards"][split]]
-                groups.append((src.get("weight"), files))
+                groups.append((src["weight"], files))
+            for _, files in groups:
+                for f in files:
+                    if not f.is_file():
+                        raise EulerError(f"shard not found: {f}")
+                    check_sample(f, self.manifest["files"][f.name])
         else:
             files = [source] if isinstance(source, (str, Path)) else list(source)
             groups.append((None, [Path(f) for f in files]))
 
-        vocabs = {read_header(f)["vocab_size"] for _, files in groups for f in files}
+        heads = {f: read_header(f) for _, files in groups for f in files}
+        for f, h in heads.items():  # a mask or offsets shard is not a token shard
+            want = np.dtype(token_dtype(h["vocab_size"])).itemsize
+            if h["dtype"].itemsize != want:
+                raise EulerError(
+                    f"{f}: header: element size {h['dtype'].itemsize}, expected {want} "
+                    f"(token ids of a {h['vocab_size']}-token vocabulary)"
+                )
+        vocabs = {h["vocab_size"] for h in heads.values()}
         if len(vocabs) > 1:
             raise EulerError(f"shards disagree on the vocabulary size: {sorted(vocabs)}")
         self.vocab_size = vocabs.pop() if vocabs else vocab_size
@@ -64,6 +81,7 @@ class TokenLoader:
             )
         # segments: (memmap, source index); weights: one per source (None = by tokens)
         self.segments = [(open_shard(f), i) for i, (_, files) in enumerate(groups) for f in files]
+        self.paths = [f for _, files in groups for f in files]  # the file of each segment
         self.weights = [w for w, _ in groups]
         self._probs: dict[int, np.ndarray] = {}
 
@@ -118,7 +136,18 @@ class TokenLoader:
             arr = self.segments[seg[b]][0]
             start = int(rng.integers(0, len(arr) - W + 1))
             out[b] = arr[start : start + W]
+            self._check_ids(out[b], seg[b], start)
         return out
+
+    def _check_ids(self, row: np.ndarray, seg: int, start: int) -> None:
+        """Refuse a window holding an id >= V (a corrupt shard): the model's kernels do
+        not bounds-check an embedding lookup."""
+        if self.vocab_size is not None and row.max(initial=0) >= self.vocab_size:
+            at = start + int(np.argmax(row >= self.vocab_size))
+            raise EulerError(
+                f"{self.paths[seg]}: position {at}: token id {int(row[at - start])} is outside "
+                f"the vocabulary (0..{self.vocab_size - 1}); run `euler data verify`"
+            )
 
     def iter_sequential(self, B: int, T: int, K: int) -> Iterator[np.ndarray]:
         """(B, T+K) int32 batches that walk every shard once in order.
@@ -129,9 +158,10 @@ class TokenLoader:
         """
         W = T + K
         rows: list[np.ndarray] = []
-        for arr, _ in self.segments:
+        for seg, (arr, _) in enumerate(self.segments):
             for start in range(0, len(arr) - W + 1, T):
                 rows.append(np.asarray(arr[start : start + W], dtype=np.int32))
+                self._check_ids(rows[-1], seg, start)
                 if len(rows) == B:
                     yield np.stack(rows)
                     rows = []

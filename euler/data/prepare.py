@@ -102,11 +102,15 @@ def prepare_corpus(
     tokenizer_sample_chars: int = 20_000_000,
     shard_tokens: int = SHARD_TOKENS,
     log: Callable[[str], None] = lambda _: None,
+    overwrite: bool = False,
+    reads: Iterable[Path] = (),
 ) -> dict:
     """Tokenize `sources` into shards in `out_dir` and return the manifest written there.
 
     Give a tokenizer, or vocab_size to train one on the sources first. The folder is
-    built under a temporary name and swapped into place only when complete.
+    built under a temporary name and swapped into place only when complete; an earlier
+    preparation there is replaced only with `overwrite`, and never when it holds one of
+    the sources' input files or `reads` (e.g. the tokenizer file given).
     """
     if not sources:
         raise EulerError("no data sources given")
@@ -120,7 +124,8 @@ def prepare_corpus(
     if (tokenizer is None) == (vocab_size is None):
         raise EulerError("give either a tokenizer file or a vocabulary size to train one")
     threads = threads or os.cpu_count() or 1
-    with staged_dir(Path(out_dir)) as work:
+    inputs = [Path(i["path"]) for src in sources for i in src.inputs if "path" in i]
+    with staged_dir(Path(out_dir), overwrite, [*inputs, *reads]) as work:
         t_tok = None  # seconds spent training the tokenizer, when we trained it
         if tokenizer is None:
             log(f"training a {vocab_size}-token BPE tokenizer on the sources")
@@ -157,7 +162,8 @@ def prepare_corpus(
                 "threads": threads,
             },
         }
-        write_manifest(work, manifest)
+        shards = [name for e in entries for split in SPLITS for name in e["shards"][split]]
+        write_manifest(work, manifest, shards)
     return manifest
 
 

@@ -10,26 +10,28 @@ is prompt (P tokens, ending with <|assistant|>) + response + <|end|>. Positions
 Prepared folder: manifest.json (kind "sft"), tokenizer.json and per split
 sft-<split>.tokens.bin, sft-<split>.mask.bin (uint8) and sft-<split>.offsets.bin
 (uint64, records + 1 entries: record i is tokens[offsets[i]:offsets[i+1]]).
+Training on it needs a model context of at least C (SFTDataset's `context`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from euler.data.chat_template import prompt_ids, prompt_text, render, response_ids
+from euler.data.checksums import check_sample
 from euler.data.download import download
-from euler.data.files import sha256_file, staged_dir
-from euler.data.manifest import read_manifest, write_manifest
+from euler.data.files import check_output, sha256_file, staged_dir
+from euler.data.manifest import MAX_CONTEXT, SFT_FILES, read_manifest, sft_file, write_manifest
 from euler.data.prepare import SPLITS, TOKENIZER_FILE, is_val
-from euler.data.shards import open_shard, token_dtype, write_shard
+from euler.data.shards import first_out_of_range, open_shard, token_dtype, write_shard
 from euler.errors import EulerError
+from euler.schema import MISSING, Fields, describe, read_json
 
 if TYPE_CHECKING:
     from euler.tokenizer import Tokenizer
@@ -41,29 +43,21 @@ TOO_LONG_RULE = "drop if the prompt alone exceeds the context (P > C), else cut 
 def load_alpaca(path: Path) -> list[dict]:
     """Records of an Alpaca JSON file (a list of {instruction, input, output}), checked.
 
-    Raises EulerError naming the file and line of invalid JSON, or the record
-    index of a record that lacks a field or holds a non-string.
+    Raises EulerError naming the file and line of invalid JSON, or the record index
+    and field of a record that lacks a field or holds a non-string.
     """
     path = Path(path)
     if not path.is_file():
         raise EulerError(f"instruction file not found: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as e:
-        raise EulerError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise EulerError(f"{path}: not UTF-8 (byte {e.start})") from None
+    data = read_json(path, "instruction file")
     if not isinstance(data, list):
-        raise EulerError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+        raise EulerError(f"{path}: expected a JSON list of records, found {describe(data)}")
     records = []
-    for i, rec in enumerate(data):
-        if not isinstance(rec, dict):
-            raise EulerError(f"{path}: record {i} is not an object")
-        rec = {"input": "", **rec}
-        for key in FIELDS:
-            if not isinstance(rec.get(key), str):
-                raise EulerError(f"{path}: record {i} has no string field {key!r}")
-        records.append({k: rec[k] for k in FIELDS})
+    for i, value in enumerate(data):
+        if not isinstance(value, dict):
+            raise EulerError(f"{path}: [{i}]: expected a record object, found {describe(value)}")
+        rec = Fields(value, str(path), f"[{i}]")
+        records.append({k: rec.str(k, default="" if k == "input" else MISSING) for k in FIELDS})
     return records
 
 
@@ -76,14 +70,22 @@ def prepare_sft(
     seed: int = 0,
     threads: int | None = None,
     progress: bool = True,
+    overwrite: bool = False,
+    reads: Iterable[Path] = (),
 ) -> dict:
-    """Render Alpaca files/URLs into SFT shards in `out_dir`; return the manifest."""
-    if context < 1:
-        raise EulerError(f"context must be positive, got {context}")
+    """Render Alpaca files/URLs into SFT shards in `out_dir`; return the manifest.
+
+    An earlier preparation in `out_dir` is replaced only with `overwrite`, and never when
+    it holds an instruction file or one of `reads` (e.g. the tokenizer file).
+    """
+    if not 1 <= context <= MAX_CONTEXT:
+        raise EulerError(f"context must be in [1, {MAX_CONTEXT}], got {context}")
     if not items:
         raise EulerError("no instruction files given")
     if not 0.0 <= val_fraction < 1.0:
         raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
+    reads = [*reads, *(Path(i) for i in items if not i.startswith(("http://", "https://")))]
+    check_output(Path(out_dir), overwrite, reads)  # before any download or encoding
     threads = threads or os.cpu_count() or 1
     t0 = time.perf_counter()
     inputs, records = [], []
@@ -135,7 +137,7 @@ def prepare_sft(
     if not seqs["train"]:
         raise EulerError(f"no record fits a context of {context} tokens")
     V = tokenizer.vocab_size
-    with staged_dir(Path(out_dir)) as work:
+    with staged_dir(Path(out_dir), overwrite, reads) as work:
         tokenizer.save(str(work / TOKENIZER_FILE))
         for split in SPLITS:
             pairs = seqs[split]
@@ -143,9 +145,9 @@ def prepare_sft(
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
             ids = np.concatenate([i for i, _ in pairs]) if pairs else np.zeros(0, np.int32)
             mask = np.concatenate([m for _, m in pairs]) if pairs else np.zeros(0, np.uint8)
-            write_shard(work / f"sft-{split}.tokens.bin", ids, V, token_dtype(V))
-            write_shard(work / f"sft-{split}.mask.bin", mask, V, np.uint8)
-            write_shard(work / f"sft-{split}.offsets.bin", offsets, V, np.uint64)
+            write_shard(work / sft_file(split, "tokens"), ids, V, token_dtype(V))
+            write_shard(work / sft_file(split, "mask"), mask, V, np.uint8)
+            write_shard(work / sft_file(split, "offsets"), offsets, V, np.uint64)
             st = stats[split]
             st["loss_fraction_of_record_tokens"] = st["loss_tokens"] / max(st["tokens"], 1)
             st["loss_fraction_of_windows"] = st["loss_tokens"] / max(st["kept"] * (context + 1), 1)
@@ -165,7 +167,7 @@ def prepare_sft(
             "splits": stats,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_manifest(work, manifest)
+        write_manifest(work, manifest, [sft_file(s, w) for s in SPLITS for w in SFT_FILES])
     return manifest
 
 
@@ -178,18 +180,64 @@ class SFTDataset:
     tokens[b, t+1+k] and counts iff mask[b, t+1+k] = 1.
     """
 
-    def __init__(self, folder: str | Path, split: str = "train", vocab_size: int | None = None):
+    def __init__(
+        self,
+        folder: str | Path,
+        split: str = "train",
+        vocab_size: int | None = None,
+        context: int | None = None,
+    ) -> None:
+        """Open one split of a prepared SFT folder, checked: the manifest, each shard's
+        size and sampled checksum, element sizes, token ids below V, offsets rising from
+        0 to the number of tokens, and a mask of 0/1 as long as the tokens.
+
+        context: the model's context T; data prepared for a longer one is refused (its
+        records would be cut at T + K without a word).
+        """
         if split not in SPLITS:
             raise EulerError(f"split must be 'train' or 'val', got {split!r}")
         folder = Path(folder)
-        self.manifest = read_manifest(folder, kind="sft")
-        V = vocab_size if vocab_size is not None else self.manifest["tokenizer"]["vocab_size"]
-        self.tokens = open_shard(folder / f"sft-{split}.tokens.bin", V)
-        self.mask = open_shard(folder / f"sft-{split}.mask.bin", V)
-        self.offsets = np.asarray(open_shard(folder / f"sft-{split}.offsets.bin", V), np.int64)
-        if len(self.mask) != len(self.tokens) or self.offsets[-1] != len(self.tokens):
-            raise EulerError(f"{folder}: {split} tokens, mask and offsets disagree in length")
-        self.pad_id = int(self.manifest["tokenizer"]["eot_id"])
+        self.manifest = m = read_manifest(folder, kind="sft")
+        if context is not None and m["context"] > context:
+            raise EulerError(
+                f"{folder}: SFT data prepared for a context of {m['context']} tokens is longer "
+                f"than the model's context of {context}; re-run prepare-sft with --context "
+                f"{context}"
+            )
+        V = m["tokenizer"]["vocab_size"]
+        if vocab_size is not None and vocab_size != V:
+            raise EulerError(
+                f"{folder}: the SFT data was written for a vocabulary of {V} tokens, "
+                f"but the tokenizer has {vocab_size}"
+            )
+        arrays = {}
+        for what, size in (("tokens", token_dtype(V)().itemsize), ("mask", 1), ("offsets", 8)):
+            path = folder / sft_file(split, what)
+            if not path.is_file():
+                raise EulerError(f"shard not found: {path}")
+            check_sample(path, m["files"][path.name])
+            arrays[what] = open_shard(path, V, size)
+        self.tokens, self.mask = arrays["tokens"], arrays["mask"]
+        self.offsets = _checked_offsets(folder / sft_file(split, "offsets"), arrays["offsets"],
+                                        len(self.tokens), m["context"])  # fmt: skip
+        if len(self.mask) != len(self.tokens):
+            raise EulerError(
+                f"{folder / sft_file(split, 'mask')}: {len(self.mask)} mask values for "
+                f"{len(self.tokens)} tokens"
+            )
+        bad = first_out_of_range(self.mask, 2)
+        if bad >= 0:
+            raise EulerError(
+                f"{folder / sft_file(split, 'mask')}: position {bad}: mask value "
+                f"{int(self.mask[bad])}, expected 0 or 1"
+            )
+        bad = first_out_of_range(self.tokens, V)
+        if bad >= 0:
+            raise EulerError(
+                f"{folder / sft_file(split, 'tokens')}: position {bad}: token id "
+                f"{int(self.tokens[bad])} is outside the vocabulary (0..{V - 1})"
+            )
+        self.pad_id = int(m["tokenizer"]["eot_id"])
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -219,3 +267,26 @@ class SFTDataset:
             index = np.arange(start, start + B)
             index[index >= len(self)] = -1
             yield self._rows(index, T + K)
+
+
+def _checked_offsets(path: Path, raw: np.ndarray, n_tokens: int, context: int) -> np.ndarray:
+    """The int64 record offsets, checked: 0 first, rising, n_tokens last, and no record
+    longer than the C + 1 tokens that prepare keeps."""
+    if len(raw) == 0:
+        raise EulerError(f"{path}: no offsets (a split of R records has R + 1)")
+    raw = np.asarray(raw)
+    if raw[0] != 0 or raw[-1] != n_tokens or int(raw.max()) > n_tokens:
+        raise EulerError(
+            f"{path}: offsets must run from 0 to the {n_tokens} tokens, found "
+            f"{int(raw[0])} .. {int(raw[-1])} (max {int(raw.max())})"
+        )
+    offsets = raw.astype(np.int64)
+    steps = np.diff(offsets)
+    bad = np.flatnonzero((steps <= 0) | (steps > context + 1))
+    if bad.size:
+        i = int(bad[0])
+        raise EulerError(
+            f"{path}: position {i + 1}: record {i} spans {int(steps[i])} tokens, "
+            f"expected 1 to {context + 1} (offsets must rise)"
+        )
+    return offsets

@@ -64,21 +64,30 @@ class ShardWriter:
         values = np.asarray(values)
         if values.size and (values.min() < 0 or values.max() > np.iinfo(self.dtype).max):
             raise EulerError(f"{self.path.name}: value out of range for {self.dtype}")
-        self._f.write(values.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        try:
+            self._f.write(values.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        except OSError as e:  # a full disk names no file by itself
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.count += values.size
 
     def close(self) -> None:
         """Write the final header, fsync and move the shard into place."""
-        self._f.seek(0)
-        self._f.write(self._header())
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        try:
+            self._f.seek(0)
+            self._f.write(self._header())
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
         """Drop the partial shard."""
-        self._f.close()
+        try:
+            self._f.close()  # may fail again on a full disk: the file goes regardless
+        except OSError:
+            pass
         Path(self._tmp).unlink(missing_ok=True)
 
     def __enter__(self) -> ShardWriter:
@@ -97,35 +106,45 @@ def write_shard(path: Path, values: np.ndarray, vocab_size: int, dtype=None) -> 
         w.write(values)
 
 
-def read_header(path: Path) -> dict:
-    """Parse and check a shard header: returns vocab_size, count, dtype. Raises EulerError."""
+def read_header(path: Path, itemsize: int | None = None) -> dict:
+    """Parse and check a shard header: returns vocab_size, count, dtype. Raises EulerError.
+
+    itemsize: the element size this shard must have (e.g. 1 for a mask), when known.
+    """
     path = Path(path)
     if not path.is_file():
         raise EulerError(f"shard not found: {path}")
     with open(path, "rb") as f:
         raw = f.read(HEADER_SIZE)
+    if not raw.startswith(MAGIC[: len(raw)]) or not raw:
+        # a pickle, a zip, a .npy or random bytes: say what it is not, not "truncated"
+        raise EulerError(
+            f"{path}: not a NanoEuler shard (starts with {raw[:8]!r}, a shard with {MAGIC!r})"
+        )
     if len(raw) < HEADER_SIZE:
-        raise EulerError(f"{path}: too short to be a shard ({len(raw)} bytes)")
-    magic, version, vocab_size, count, itemsize, _ = HEADER.unpack(raw)
-    if magic != MAGIC:
-        raise EulerError(f"{path}: not a NanoEuler shard (magic {magic!r}, expected {MAGIC!r})")
+        raise EulerError(f"{path}: truncated shard ({len(raw)} bytes, the header alone is 32)")
+    _, version, vocab_size, count, size, _ = HEADER.unpack(raw)
     if version != SHARD_VERSION:
         raise EulerError(f"{path}: shard version {version}, this code reads {SHARD_VERSION}")
-    if itemsize not in DTYPES:
-        raise EulerError(f"{path}: bad element size {itemsize} in header")
-    expected = HEADER_SIZE + count * itemsize
+    if size not in DTYPES or (itemsize is not None and size != itemsize):
+        want = itemsize if itemsize is not None else "1, 2, 4 or 8"
+        raise EulerError(f"{path}: header: element size {size}, expected {want}")
+    expected = HEADER_SIZE + count * size
     actual = path.stat().st_size
     if actual != expected:
         raise EulerError(
             f"{path}: header says {count} elements ({expected} bytes) but the file has "
             f"{actual} bytes (truncated or corrupt)"
         )
-    return {"vocab_size": vocab_size, "count": count, "dtype": np.dtype(DTYPES[itemsize])}
+    return {"vocab_size": vocab_size, "count": count, "dtype": np.dtype(DTYPES[size])}
 
 
-def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
-    """Memory-map a shard's array (read-only); check V against `vocab_size` when given."""
-    head = read_header(path)
+def open_shard(
+    path: Path, vocab_size: int | None = None, itemsize: int | None = None
+) -> np.ndarray:
+    """Memory-map a shard's array (read-only); check V against `vocab_size` and the
+    element size against `itemsize` when given."""
+    head = read_header(path, itemsize)
     if vocab_size is not None and head["vocab_size"] != vocab_size:
         raise EulerError(
             f"{path}: shard was written for a vocabulary of {head['vocab_size']} tokens, "
@@ -140,3 +159,12 @@ def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
         offset=HEADER_SIZE,
         shape=(head["count"],),
     )
+
+
+def first_out_of_range(values: np.ndarray, limit: int, chunk: int = 1 << 24) -> int:
+    """Index of the first value >= limit, or -1; reads `values` a chunk at a time."""
+    for lo in range(0, len(values), chunk):
+        bad = np.flatnonzero(np.asarray(values[lo : lo + chunk]) >= limit)
+        if bad.size:
+            return lo + int(bad[0])
+    return -1
