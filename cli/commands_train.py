@@ -12,14 +12,31 @@ from typing import Annotated
 import typer
 
 from euler.errors import EulerError
-from euler.training.config import TrainConfig, flag_default, flag_of
+from euler.training.config import (
+    RESUME_FLAGS,
+    TrainConfig,
+    check_int,
+    flag_default,
+    flag_name,
+    flag_of,
+)
 
+MAX_NPROC = 1024
+GIVEN_SOURCES = ("COMMANDLINE", "ENVIRONMENT")  # a flag the user gave, not its default
+MAX_CHAT_TOKENS = 1 << 20  # --max-tokens; the model's context stops an answer long before
+RESUMABLE = ", ".join(flag_name(name) for name in RESUME_FLAGS) + " and --nproc"
 Device = Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU).")]
 Resume = Annotated[
     Path | None,
-    typer.Option(help="Continue this run folder from its checkpoint (its saved settings)."),
+    typer.Option(
+        help="Continue this run folder from its checkpoint, with the settings in its "
+        f"run.json. Only {RESUMABLE} may be given with it; a longer --steps stretches the "
+        "cosine schedule from the resumed step on."
+    ),
 ]
-Overwrite = Annotated[bool, typer.Option(help="Replace a run that --out already holds.")]
+Overwrite = Annotated[
+    bool, typer.Option(help="Replace a run that --out already holds (not while it trains).")
+]
 Nproc = Annotated[
     int,
     typer.Option(
@@ -50,19 +67,25 @@ def train_config_parameters(kind: str, config: type = TrainConfig) -> list[inspe
 
 
 def _train_config_options(kind: str):
-    """Decorator: the command (settings, **its own options) gets TrainConfig's flags for
-    `kind` ahead of its own options, and receives their values as the dict `settings`."""
+    """Decorator: the command (settings, given, **its own options) gets TrainConfig's flags
+    for `kind` ahead of its own options, and receives their values as the dict `settings`
+    and the names of those the command line (or the environment) gave as the set `given`."""
 
     def decorate(command):
-        _, *own = inspect.signature(command, eval_str=True).parameters.values()
+        _, _, *own = inspect.signature(command, eval_str=True).parameters.values()
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
         fields = train_config_parameters(kind)
         names = [p.name for p in fields]
 
-        def typer_command(**options):
-            return command({name: options.pop(name) for name in names}, **options)
+        def typer_command(ctx: typer.Context, **options):
+            # the parameter source tells a flag given from one left at its default (typer
+            # vendors click: the source is known by its name)
+            given = {n for n in names if ctx.get_parameter_source(n).name in GIVEN_SOURCES}
+            return command({name: options.pop(name) for name in names}, given, **options)
 
-        typer_command.__signature__ = inspect.Signature(fields + own)
+        context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    annotation=typer.Context)  # fmt: skip
+        typer_command.__signature__ = inspect.Signature([context, *fields, *own])
         typer_command.__name__, typer_command.__doc__ = command.__name__, command.__doc__
         return typer_command
 
@@ -75,33 +98,78 @@ def _train_config(kind: str, settings: dict) -> TrainConfig:
     return TrainConfig(kind=kind, **values)
 
 
-def _run(tc, resume: Path | None, overwrite: bool, nproc: int = 1) -> None:
+def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwrite: bool,
+         nproc: int) -> None:  # fmt: skip
     """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved).
 
-    nproc > 1 outside mpiexec starts this same command line as nproc MPI ranks and exits
-    with their exit code; under mpiexec it must match the ranks mpiexec started.
+    The run folder's lock is held from before run.json is read until the run ends. nproc > 1
+    outside mpiexec starts this same command line as nproc MPI ranks (once the lock is
+    let go: rank 0 takes it) and exits with their exit code; under mpiexec it must match
+    the ranks mpiexec started.
     """
     from euler.training import distributed
     from euler.training.loop import train
-    from euler.training.run_folder import read_run
+    from euler.training.run_folder import check_folder, lock_run
 
-    if resume is not None:
-        tc, _ = read_run(resume)
-        tc = type(tc).from_dict({**tc.to_dict(), "out_dir": str(resume)})
-    if nproc < 1:
-        raise EulerError("--nproc must be at least 1")
+    check_int(nproc, "--nproc", 1, MAX_NPROC)
+    if resume is None:
+        tc = _train_config(kind, settings)
+    else:
+        _refuse_resume_conflicts(given, overwrite)
+        check_folder(resume)
     launched = distributed.launched_size()
-    if nproc > 1 and launched == 1:
-        distributed.check_batch(tc.batch_size, nproc)  # before starting any rank
-        sys.exit(distributed.relaunch(nproc, sys.argv[1:]))
-    if nproc > 1 and launched != nproc:
+    if nproc > 1 and launched not in (1, nproc):
         raise EulerError(f"--nproc {nproc}, but mpiexec started {launched} ranks")
-    with distributed.abort_on_error():  # under mpiexec: one rank's error stops every rank
-        summary = train(tc, resume=resume is not None, overwrite=overwrite)
+    relaunch = nproc > 1 and launched == 1
+    folder = resume if resume is not None else Path(tc.out_dir)
+    owner = distributed.launched_rank() == 0
+    # under mpiexec: one rank's error stops every rank
+    with distributed.abort_on_error(), lock_run(folder, create=resume is None, owner=owner):
+        if resume is not None:
+            tc = _resumed_config(kind, resume, settings, given)
+        if relaunch:
+            distributed.check_batch(tc.batch_size, nproc)  # before starting any rank
+        else:
+            summary = train(tc, resume=resume is not None, overwrite=overwrite)
+    if relaunch:
+        sys.exit(distributed.relaunch(nproc, sys.argv[1:]))
     if summary["interrupted"]:
         # SystemExit, not typer.Exit: in main()'s non-standalone mode click would turn an Exit
         # into a return value, and the code would be lost
         sys.exit(130)
+
+
+def _refuse_resume_conflicts(given: set[str], overwrite: bool) -> None:
+    """Refuse flags given with --resume that it would ignore: the run keeps its run.json's
+    settings, but for RESUME_FLAGS."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    ignored = [flag_name(n) for n in names if n in given and n not in RESUME_FLAGS]
+    if ignored:
+        raise EulerError(
+            f"--resume continues a run with the settings in its run.json; it would ignore "
+            f"{', '.join(ignored)} (only {RESUMABLE} may be given with --resume)"
+        )
+    if overwrite:
+        raise EulerError("--overwrite replaces a run, --resume continues it: give one of them")
+
+
+def _resumed_config(kind: str, run: Path, settings: dict, given: set[str]) -> TrainConfig:
+    """The TrainConfig that continues RUN: its run.json's, with the RESUME_FLAGS given."""
+    from euler.training.run_folder import read_run
+
+    saved, _ = read_run(run)
+    if saved.kind != kind:
+        command = "train" if saved.kind == "pretrain" else "sft"
+        raise EulerError(
+            f"{run} holds a {saved.kind} run: continue it with `euler {command} --resume {run}`"
+        )
+    changes = {name: settings[name] for name in RESUME_FLAGS if name in given}
+    if "steps" in changes and saved.tokens:
+        raise EulerError(
+            f"--steps: {run} runs for --tokens {saved.tokens}, which sets its steps; "
+            "it cannot be given more steps"
+        )
+    return dataclasses.replace(saved, out_dir=str(run), **changes)
 
 
 def register(app: typer.Typer) -> None:
@@ -111,17 +179,19 @@ def register(app: typer.Typer) -> None:
     @_train_config_options("pretrain")
     def train_command(
         settings: dict,
+        given: set[str],
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
-        _run(_train_config("pretrain", settings), resume, overwrite, nproc)
+        _run("pretrain", settings, given, resume, overwrite, nproc)
 
     @app.command("sft")
     @_train_config_options("sft")
     def sft_command(
         settings: dict,
+        given: set[str],
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
@@ -129,8 +199,7 @@ def register(app: typer.Typer) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
         if resume is None and (settings["init_from"] is None or settings["data"] is None):
             raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
-        tc = _train_config("sft", settings) if resume is None else None
-        _run(tc, resume, overwrite, nproc)
+        _run("sft", settings, given, resume, overwrite, nproc)
 
     @app.command("chat")
     def chat_command(
@@ -169,17 +238,23 @@ def register(app: typer.Typer) -> None:
         from euler.inference.sampling import SamplingConfig
         from euler.training import checkpoint as ckpt
 
-        if max_tokens < 1:
-            raise EulerError("--max-tokens must be at least 1")
-        sampling = SamplingConfig(0.0 if speculative else temperature, top_k, top_p)
+        # every flag is checked before the checkpoint is read
+        check_int(max_tokens, "--max-tokens", 1, MAX_CHAT_TOKENS)
+        check_int(seed, "--seed", 0, 2**63 - 1)
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        if speculative:  # greedy: the drafts are checked against head 0's argmax
+            sampling = SamplingConfig(0.0, top_k, top_p)
+        if device not in ("cpu", "cuda"):
+            raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+        if prompt is not None:
+            prompt = _check_text(prompt, "--prompt")
         ck = ckpt.load(checkpoint)
         tok = ck.tokenizer()
         decoder = _decoder_factory(ck, device)
         session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:
-            _answer(session, _check_text(prompt, "--prompt"), max_tokens, sampling, rng,
-                    speculative, decoder)  # fmt: skip
+            _answer(session, prompt, max_tokens, sampling, rng, speculative, decoder)
             return
         print(f"chat with {ck.path} (step {ck.step}); /reset forgets the conversation, "
               "Ctrl-D quits", flush=True)  # fmt: skip
@@ -243,10 +318,8 @@ def _check_text(text: str, what: str) -> str:
 
 
 def _decoder_factory(ck, device: str):
-    """A function making fresh decoders of checkpoint ck on device: with a KV cache where
-    the backend has one (the CPU's), else recomputing the context (the GPU's)."""
-    if device not in ("cpu", "cuda"):
-        raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+    """A function making fresh decoders of checkpoint ck on device (cpu or cuda): with a KV
+    cache where the backend has one (the CPU's), else recomputing the context (the GPU's)."""
     from euler.inference.decode_device import make_decoder
     from euler.training.loop import make_backend
 

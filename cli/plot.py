@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from euler.errors import EulerError
+from euler.schema import Fields, parse_json
 
 COLORS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:olive")
 
@@ -24,25 +26,58 @@ class Curves:
 
 
 def read_curves(run: Path) -> Curves:
-    """The curves of a run folder; a one-line error when it holds none."""
+    """The curves of a run folder; a one-line error naming the file and line of a record
+    that is not one of a run's (a last line cut short by a kill is left out)."""
     path = Path(run) / "metrics.jsonl"
+    if Path(run).is_file():
+        raise EulerError(f"{run}: is a file, expected a run folder")
     if not path.is_file():
         raise EulerError(f"no metrics to plot: {path} not found")
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as e:
+        raise EulerError(f"{path}: cannot read ({e.strerror})") from None
     steps, losses, val, per_step = [], [], [], 0.0
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{i}"
         try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if "loss" in r:
-            steps.append(r["step"])
-            losses.append(r["loss"])
-            per_step = r["tokens"] / r["step"]
-        elif "val_loss" in r:
-            val.append((r["step"], r["val_loss"], r.get("val_loss_heads", [None])[0]))
+            r = Fields(parse_json(line, where), where)
+        except EulerError:
+            if i == len(lines):  # no newline after it: a write cut short
+                break
+            raise
+        if r.has("loss"):
+            after = steps[-1] if steps else 0
+            step = r.int("step", lo=after + 1)
+            steps.append(step)
+            losses.append(r.float("loss"))
+            per_step = r.int("tokens", lo=0) / step
+        elif r.has("val_loss"):
+            step = r.int("step", lo=0)
+            if r.get("val_loss") is not None:  # null: the evaluation was not finite
+                heads = r.list("val_loss_heads", default=[None])
+                head0 = heads[0] if heads and isinstance(heads[0], (int, float)) else None
+                val.append((step, r.float("val_loss"), head0))
+        else:
+            r.fail("", "a step's record (loss) or an evaluation's (val_loss)", r.data)
     if not steps:
         raise EulerError(f"{path} holds no training steps yet")
     return Curves(Path(run).name, steps, losses, val, per_step)
+
+
+def check_out(out: Path) -> Path:
+    """Refuse a --out that is not a .png path in an existing folder (so no run file, such
+    as metrics.jsonl, is ever overwritten by a plot)."""
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise EulerError(f"--out must be a .png file, got {out}")
+    if out.is_dir():
+        raise EulerError(f"--out {out} is a folder, expected a .png file")
+    if not out.parent.is_dir():
+        raise EulerError(f"--out {out}: folder {out.parent} not found")
+    return out
 
 
 def smoothed(losses: list[float], decay: float = 0.95) -> list[float]:
@@ -60,6 +95,8 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     One run: its train, validation and head-0 validation curves. Several: one colour per
     run, over the steps every run reached (so curves of unequal length compare step by step).
     """
+    out = check_out(out)
+    curves = [read_curves(r) for r in runs]  # bad input is refused before the import
     try:
         import matplotlib
 
@@ -67,7 +104,6 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise EulerError("euler plot needs matplotlib: pip install -e '.[plot]'") from None
-    curves = [read_curves(r) for r in runs]
     last = min(c.steps[-1] for c in curves)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for c, color in zip(curves, itertools.cycle(COLORS), strict=False):
@@ -91,6 +127,15 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return Path(out)
+    # through a temporary file and a rename: a kill leaves the old plot or the new one
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return out

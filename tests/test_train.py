@@ -184,7 +184,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_
         return loss
 
     monkeypatch.setattr(Model, "run", run_model)
-    with pytest.raises(EulerError, match=r"loss is nan at step 6.*checkpoint \(step 4\)"):
+    with pytest.raises(EulerError, match=r"loss is nan at step 6.*was finite \(step 4\)"):
         train(tiny_config(run, data_root / "pre"))
     assert checkpoint.load(run).step == 4
 

@@ -174,7 +174,11 @@ def _parsed(monkeypatch, capsys, *args: str):
     import euler.cli.commands_train as commands
 
     seen = []
-    monkeypatch.setattr(commands, "_run", lambda tc, *rest: seen.append(tc))
+
+    def run(kind, settings, *rest):
+        seen.append(commands._train_config(kind, settings))
+
+    monkeypatch.setattr(commands, "_run", run)
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     return seen[0]

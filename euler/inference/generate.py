@@ -28,7 +28,7 @@ import numpy as np
 
 from euler.backend import Backend
 from euler.errors import EulerError
-from euler.inference.sampling import SamplingConfig, sample
+from euler.inference.sampling import SamplingConfig, greedy, sample
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import rope_tables
@@ -206,7 +206,7 @@ def generate_speculative(
         return len(res.tokens) == max_new
 
     while len(res.tokens) < max_new:
-        g = int(np.argmax(dec.logits(h)[0]))
+        g = greedy(dec.logits(h)[0])
         if emit(g):
             break
         n = dec.length
@@ -214,11 +214,11 @@ def generate_speculative(
             res.stop = "context"
             break
         # head k guesses the token k positions after g; feed g and the guesses that fit
-        guesses = [int(np.argmax(dec.logits(h, k)[0])) for k in range(1, min(K, C - n))]
+        guesses = [greedy(dec.logits(h, k)[0]) for k in range(1, min(K, C - n))]
         hidden = dec.feed([g, *guesses])
         res.forward_calls += 1
         res.drafted += len(guesses)
-        choice = np.argmax(dec.logits(hidden), axis=1)  # head 0 after g, guess 1, ...
+        choice = greedy(dec.logits(hidden))  # head 0 after g, guess 1, ...
         j, over = 0, False  # j: guesses accepted
         while not over and j < len(guesses) and choice[j] == guesses[j]:
             over = emit(guesses[j])

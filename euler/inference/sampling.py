@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from euler.errors import EulerError
+from euler.schema import check_number
 
 
 @dataclass(frozen=True)
@@ -18,12 +20,11 @@ class SamplingConfig:
     top_p: float = 0.95
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise EulerError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise EulerError(f"--top-k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise EulerError(f"--top-p must be in (0, 1], got {self.top_p}")
+        check_number(self.temperature, "--temperature", lo=0.0)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise EulerError(f"--top-k must be an integer at least 0, got {self.top_k!r}")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise EulerError(f"--top-p must be a number in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
@@ -36,6 +37,7 @@ def sample(logits: np.ndarray, sc: SamplingConfig, rng: np.random.Generator) -> 
     Filters apply in the order top-k, then top-p over what is left (the smallest set of
     most likely tokens whose probability reaches top_p; the most likely token always stays).
     """
+    check_logits(logits)
     if sc.greedy:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / sc.temperature
@@ -48,3 +50,21 @@ def sample(logits: np.ndarray, sc: SamplingConfig, rng: np.random.Generator) -> 
         keep = int(np.searchsorted(np.cumsum(p), sc.top_p)) + 1
         order, p = order[:keep], p[:keep] / p[:keep].sum()
     return int(order[rng.choice(len(order), p=p)])
+
+
+def check_logits(logits: np.ndarray) -> np.ndarray:
+    """logits, refused in one line if any is NaN or infinite (no token can be chosen from
+    them: the weights are broken or the activations overflowed)."""
+    if not np.isfinite(logits).all():
+        bad = "NaN" if np.isnan(logits).any() else "infinite values"
+        raise EulerError(
+            f"the model's logits hold {bad}: its weights are broken or its activations "
+            "overflowed, so no token can be chosen"
+        )
+    return logits
+
+
+def greedy(logits: np.ndarray) -> np.ndarray | int:
+    """The argmax over the last axis of finite logits: a token id, or one per row."""
+    choice = np.argmax(check_logits(logits), axis=-1)
+    return int(choice) if choice.ndim == 0 else choice

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from euler.errors import EulerError
+from euler.model.config import get_preset
+from euler.schema import Fields, check_number, dataclass_values
 
 TRAIN_CONFIG_VERSION = 1
 KINDS = ("pretrain", "sft")  # `euler train` runs kind pretrain, `euler sft` kind sft
@@ -103,24 +105,27 @@ class TrainConfig:
     version: int = no_flag(TRAIN_CONFIG_VERSION)
 
     def __post_init__(self) -> None:
+        """Refuse settings no run can use, naming the flag: flags and run.json both land here."""
         if self.kind not in KINDS:
             raise EulerError(f"kind must be 'pretrain' or 'sft', got {self.kind!r}")
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.kind == "pretrain":
+            get_preset(self.preset)  # sft takes its architecture from --from instead
         if self.kind == "sft" and not self.data:
             raise EulerError("sft needs --data: a folder prepared by `euler data prepare-sft`")
-        for name in ("batch_size", "grad_accum", "eval_every", "eval_batches", "ckpt_every"):
-            if getattr(self, name) < 1:
-                raise EulerError(f"{flag_name(name)} must be at least 1")
-        for name in ("seq_len", "steps", "tokens", "warmup_steps", "sample_tokens"):
-            if getattr(self, name) < 0:
-                raise EulerError(f"{flag_name(name)} must not be negative")
+        for name, (lo, hi) in INT_RANGES.items():
+            check_int(getattr(self, name), flag_name(name), lo, hi)
         if self.steps == 0 and self.tokens == 0:
             raise EulerError("give --steps or --tokens")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise EulerError(
-                f"need 0 < --lr and 0 <= --min-lr <= --lr, got {self.lr}, {self.min_lr}"
-            )
+        check_number(self.lr, "--lr", lo=0.0, lo_open=True)
+        check_number(self.min_lr, "--min-lr", lo=0.0, hi=self.lr)
+        check_number(self.weight_decay, "--weight-decay", lo=0.0)
+        check_number(self.grad_clip, "--grad-clip", lo=0.0)
+        for name in ("beta1", "beta2"):  # no flag: only a run.json can set them
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise EulerError(f"{name} must be in [0, 1), got {value}")
         if self.version != TRAIN_CONFIG_VERSION:
             raise EulerError(f"train config version {self.version}, need {TRAIN_CONFIG_VERSION}")
 
@@ -128,18 +133,51 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "train config") -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise EulerError(f"{source}: unknown field {unknown[0]!r}")
-        return cls(**d)
+    def from_fields(cls, f: Fields) -> TrainConfig:
+        """Read from a JSON object (run.json's `train`): every field present and of its type,
+        none unknown, then the flags' checks; EulerError naming the file and the field."""
+        values = dataclass_values(cls, f)
+        try:
+            return cls(**values)
+        except EulerError as e:
+            raise EulerError(f"{f.where}: {f.prefix or 'train config'}: {e}") from None
+
+    @classmethod
+    def from_dict(cls, d: object, source: str = "train config") -> TrainConfig:
+        """from_fields of a JSON object that came from `source`."""
+        return cls.from_fields(Fields(d, source))
 
     def total_steps(self, T: int) -> int:
         """Optimizer steps of the run: `steps`, or enough steps to see `tokens` tokens."""
         if self.tokens:
             return math.ceil(self.tokens / (self.batch_size * T * self.grad_accum))
         return self.steps
+
+
+# the integer settings' ranges; the upper bounds only keep absurd values from reaching NumPy
+INT_RANGES = {
+    "batch_size": (1, 1 << 16),
+    "seq_len": (0, 1 << 20),
+    "grad_accum": (1, 1 << 16),
+    "steps": (0, 10**12),
+    "tokens": (0, 10**15),
+    "warmup_steps": (0, 10**12),
+    "eval_every": (1, 10**12),
+    "eval_batches": (1, 1 << 16),
+    "sample_tokens": (0, 1 << 16),
+    "ckpt_every": (1, 10**12),
+    "log_every": (1, 10**12),
+    "seed": (0, 2**63 - 1),
+}
+# what `--resume` may change; every other setting is the run's own, from its run.json
+RESUME_FLAGS = ("steps", "ckpt_every", "log_every")
+
+
+def check_int(value: object, flag: str, lo: int, hi: int) -> int:
+    """An integer setting in [lo, hi], else EulerError naming the flag."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise EulerError(f"{flag} must be an integer in [{lo:,}, {hi:,}], got {value!r}")
+    return value
 
 
 def flag_of(f: dataclasses.Field) -> Flag | None:

@@ -116,6 +116,15 @@ def launched_size() -> int:
     return 1
 
 
+def launched_rank() -> int:
+    """This process's rank under mpiexec (MPICH's PMI_RANK, Open MPI's
+    OMPI_COMM_WORLD_RANK), 0 for a single process; read without initialising MPI."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
 def connect(device: str = "cpu") -> Comm:
     """This process's Comm: a single process, or MPI (CPU) / NCCL (cuda) ranks under mpiexec.
 

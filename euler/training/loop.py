@@ -11,9 +11,19 @@ batches are fixed, and the text sample at step s draws from (seed, s). So the st
 is just the parameters, the moments, the AdamW step count and s; a run resumed from step s
 repeats, bit for bit, the losses of the run that was never interrupted.
 
+One process owns a run folder: train() holds its lock (run_folder.lock_run) from before
+it reads or claims the folder until it returns.
+
+Checkpoints hold parameters whose loss was seen finite. The loss of step s + 1 is the loss
+of the parameters after step s, so a checkpoint due after step s is copied to the host then
+and written once step s + 1's loss and gradient norm come out finite; the last one, and one
+written on Ctrl-C, once the validation loss of its parameters does. A loss or gradient
+norm that is not finite stops the run (an EulerError: exit status 2) naming the step, and
+the checkpoint on disk stays the newest whose loss was finite: resumed, it repeats finite
+steps.
+
 Ctrl-C finishes the current step, saves a checkpoint and stops (a second Ctrl-C stops at
-once, keeping the last checkpoint). A loss or gradient norm that is not finite stops the
-run without saving, so the last good checkpoint stays on disk.
+once, keeping the last checkpoint).
 
 Data parallel (started under mpiexec; euler.training.distributed): every rank draws the global batch
 and trains on its block of rows; one all-reduce averages the flat gradient buffer, so every
@@ -29,11 +39,13 @@ micro-batch and the clipped AdamW update; on a GPU those are captured once and r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,17 +57,12 @@ from euler.backend import Backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, arena_bytes
-from euler.training import checkpoint, distributed, step_graph
+from euler.schema import MISSING, Fields, describe
+from euler.training import checkpoint, distributed, run_folder, step_graph
 from euler.training.batches import Batches
-from euler.training.config import TrainConfig, lr_at
+from euler.training.config import RESUME_FLAGS, TrainConfig, flag_name, lr_at
 from euler.training.optim import AdamW, AdamWConfig
-from euler.training.run_folder import (
-    METRICS_FILE,
-    claim_run_dir,
-    read_run,
-    trim_metrics,
-    write_run_files,
-)
+from euler.training.run_folder import METRICS_FILE, RunInfo
 from euler.training.terminal import Display, StopRequest
 
 MEMORY_SLACK = 512 * 2**20  # cuBLAS workspace, kernel scratch, allocator rounding
@@ -138,6 +145,16 @@ def text_sample(params: np.ndarray, cfg: ModelConfig, data: Batches, n: int, see
 
 
 @dataclass
+class _Snapshot:
+    """A checkpoint's contents on the host, waiting for the loss of its parameters."""
+
+    step: int
+    params: np.ndarray | None  # None on ranks other than 0, which never write
+    moments: dict[str, np.ndarray] | None
+    state: dict
+
+
+@dataclass
 class _Run:
     """One run's pieces, as train() and its parts use them."""
 
@@ -151,15 +168,39 @@ class _Run:
     tokenizer_json: str
     total: int  # optimizer steps of the whole run
     tokens_per_step: int
+    run_id: str = ""  # in run.json and in each checkpoint (rank 0)
     start: int = 0  # the step this process starts from
     saved_step: int | None = None  # the step of the checkpoint on disk
+    pending: _Snapshot | None = None  # a checkpoint waiting for the next step's loss
     metrics: IO[str] | None = None  # metrics.jsonl on rank 0, os.devnull on the others
     display: Display | None = None
 
     def record(self, obj: dict) -> None:
-        """Append one JSON line to metrics.jsonl, flushed: a crash keeps what was logged."""
-        self.metrics.write(json.dumps(obj) + "\n")
-        self.metrics.flush()
+        """Append one JSON line to metrics.jsonl, flushed: a crash keeps what was logged.
+        A number that is not finite is written as null (JSON has no NaN)."""
+        line = json.dumps({k: _json_number(v) for k, v in obj.items()}, allow_nan=False)
+        try:
+            self.metrics.write(line + "\n")
+            self.metrics.flush()
+        except OSError as e:
+            path = self.folder / METRICS_FILE
+            raise EulerError(
+                f"could not append to {path}: {e.strerror or e}; {_kept(self)}"
+            ) from None
+
+    def close_metrics(self) -> None:
+        """Close metrics.jsonl; a flush that fails again (a full disk) was already reported."""
+        with contextlib.suppress(OSError):
+            self.metrics.close()
+
+
+def _json_number(value):
+    """value for json.dumps: non-finite floats (alone or in a list) as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_number(v) for v in value]
+    return value
 
 
 def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, console=None) -> dict:
@@ -173,7 +214,15 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     distributed.check_batch(tc.batch_size, comm.size)
     console = console or Console(soft_wrap=True, quiet=comm.rank > 0)  # rank 0 speaks
     log = lambda s: console.print(s, markup=False, highlight=False)  # noqa: E731
-    r = _set_up(tc, comm, resume, overwrite, log)
+    # rank 0 holds the lock for every rank of the run
+    with run_folder.lock_run(Path(tc.out_dir), create=not resume, owner=comm.rank == 0):
+        r = _set_up(tc, comm, resume, overwrite, log)
+        return _train(r, console, log)
+
+
+def _train(r: _Run, console, log: Callable) -> dict:
+    """The steps of a run that is set up, from r.start to r.total; train()'s summary."""
+    tc = r.tc
     graphs = step_graph.StepGraphs(r.model.be, enabled=tc.cuda_graph, log=log)
     log(_banner(r, graphs.active))
     r.display = Display(console, r.total, r.start, tc.log_every)
@@ -191,16 +240,19 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
                 lr = lr_at(step, tc, r.total)
                 loss, norm, batch = _optimizer_step(r, graphs, step, batch, lr)
                 dt = time.perf_counter() - t0
+                _write_pending(r)  # that loss and norm were of the pending checkpoint's params
                 train_seconds += dt
                 train_tokens += r.tokens_per_step
                 done = step + 1
                 _log_step(r, done, loss, lr, norm, dt, train_tokens / train_seconds)
                 if done % tc.eval_every == 0 or done == r.total:
                     val = _evaluate_and_log(r, done)
-                if done % tc.ckpt_every == 0 or done == r.total:
-                    _save(r, done)
+                if done == r.total:
+                    _save_checked(r, done, val[0])
+                elif done % tc.ckpt_every == 0:
+                    r.pending = _snapshot(r, done)
                 # every rank asks (a collective), so all stop at the same step
-                if distributed.any_rank(comm, stop.requested) and done < r.total:
+                if distributed.any_rank(r.comm, stop.requested) and done < r.total:
                     _save_and_stop(r, done)
                     interrupted = True
                     break
@@ -208,7 +260,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         graph_nodes = graphs.nodes()
         graphs.close()
         r.display.close()
-        r.metrics.close()
+        r.close_metrics()
     return _summary(r, loss, val, train_tokens, train_seconds, interrupted, graph_nodes, log)
 
 
@@ -240,7 +292,11 @@ def _set_up(
         _start_fresh(r, overwrite, init)
     for buf in (model.params, opt.m, opt.v):  # every rank starts from rank 0's state
         comm.broadcast(buf)
-    r.metrics = (folder / METRICS_FILE).open("a") if comm.rank == 0 else open(os.devnull, "w")
+    metrics = folder / METRICS_FILE if comm.rank == 0 else Path(os.devnull)
+    try:
+        r.metrics = metrics.open("a", encoding="utf-8")
+    except OSError as e:
+        raise EulerError(f"could not open {metrics}: {e.strerror or e}") from None
     return r
 
 
@@ -250,7 +306,7 @@ def _model_config(
     """The model config, a preset or the architecture of the checkpoint SFT starts from;
     and that checkpoint, when a fresh SFT run takes its weights (else None)."""
     if tc.kind == "sft" and resume:  # the checkpoint it started from may be gone by now
-        return read_run(folder)[1], None
+        return run_folder.read_run(folder)[1], None
     if tc.kind == "sft":
         if not tc.init_from:
             raise EulerError("sft needs --from CHECKPOINT (a pretraining run or its checkpoint)")
@@ -282,35 +338,77 @@ def _fit_to_tokenizer(
 def _start_fresh(r: _Run, overwrite: bool, init: checkpoint.Checkpoint | None) -> None:
     """Claim the run folder and write run.json; SFT starts from init's weights."""
     if r.comm.rank == 0:  # the other ranks never write to the run folder
-        claim_run_dir(r.folder, overwrite)
-        write_run_files(r.folder, r.tc, r.cfg, r.tokenizer_json)
+        run_folder.claim_run_dir(r.folder, overwrite)
+        r.run_id = run_folder.new_run_id()
+        run_folder.write_run_files(r.folder, RunInfo(r.run_id, r.tc, r.cfg), r.tokenizer_json)
     if init is not None:
         r.model.be.copy_(r.model.params, init.params.astype(r.model.dtype))
 
 
 def _resume(r: _Run, log: Callable) -> None:
     """Load the run's checkpoint (weights, moments, step), or start at step 0 without one;
-    drop the metrics logged after it."""
+    refuse a checkpoint of another run or settings run.json does not allow to change; drop
+    the metrics logged after the checkpoint and the temporary files of a killed save."""
     run, be = r.folder, r.model.be
-    if not (run / checkpoint.CHECKPOINT_NAME).exists():
+    info = run_folder.read_run_info(run)
+    _check_resumed_settings(info.train, r.tc, run)
+    r.run_id = info.run_id
+    ck = None
+    if (run / checkpoint.CHECKPOINT_NAME).exists():
+        ck = checkpoint.load(run)
+        _check_resumable(r, ck, info)
+        be.copy_(r.model.params, ck.params)
+        be.copy_(r.opt.m, ck.moments["m"])
+        be.copy_(r.opt.v, ck.moments["v"])
+        r.opt.step_count = ck.state["adam_step"]
+        r.start = r.saved_step = ck.step
+    if r.comm.rank == 0:
+        run_folder.remove_temp_files(run)
+        if r.tc != info.train:  # a longer --steps, another --ckpt-every: run.json says so
+            run_folder.write_run_files(run, RunInfo(info.run_id, r.tc, info.model))
+        run_folder.trim_metrics(run / METRICS_FILE, r.start if ck else -1)
+    if ck is None:
         log(f"{run} has no checkpoint yet: starting it from step 0")
-        if r.comm.rank == 0:
-            trim_metrics(run / METRICS_FILE, -1)
-        return
-    ck = checkpoint.load(run)
+    else:
+        log(f"resuming {run} at step {r.start}")
+
+
+def _check_resumed_settings(saved: TrainConfig, tc: TrainConfig, run: Path) -> None:
+    """Refuse settings for a resumed run that differ from its run.json's, but for those
+    --resume may change (RESUME_FLAGS) and the folder itself (it may have moved)."""
+    fixed = [f.name for f in dataclasses.fields(TrainConfig)
+             if f.name not in (*RESUME_FLAGS, "out_dir")]  # fmt: skip
+    changed = [flag_name(name) for name in fixed if getattr(saved, name) != getattr(tc, name)]
+    if changed:
+        raise EulerError(
+            f"{run / run_folder.RUN_FILE} holds the settings of the run; resuming cannot "
+            f"change {', '.join(changed)}"
+        )
+
+
+def _check_resumable(r: _Run, ck: checkpoint.Checkpoint, info: RunInfo) -> None:
+    """Refuse a checkpoint that cannot continue this run: another architecture, another
+    run's (its run id), weights only, another tokenizer, or past the run's last step."""
+    run = r.folder
     checkpoint.check_compatible(ck, r.cfg, f"run {run}")
+    state = Fields(ck.state, str(ck.path), "state")
+    found = state.get("run_id", MISSING)
+    if found != info.run_id:
+        raise EulerError(
+            f"{ck.path}: state.run_id: expected {info.run_id!r} (the run id in "
+            f"{run / run_folder.RUN_FILE}), found {describe(found)}: the checkpoint is "
+            "another run's"
+        )
+    state.int("adam_step", lo=0)
     if ck.moments is None:
         raise EulerError(f"{ck.path} holds weights only; it cannot resume training")
     if ck.tokenizer_sha256 != r.data.tokenizer.sha256:
         raise EulerError(f"{ck.path} was trained with another tokenizer than {r.data.folder}'s")
-    be.copy_(r.model.params, ck.params)
-    be.copy_(r.opt.m, ck.moments["m"])
-    be.copy_(r.opt.v, ck.moments["v"])
-    r.opt.step_count = int(ck.state["adam_step"])
-    r.start = r.saved_step = ck.step
-    if r.comm.rank == 0:
-        trim_metrics(run / METRICS_FILE, r.start)
-    log(f"resuming {run} at step {r.start}")
+    if ck.step > r.total:
+        raise EulerError(
+            f"--steps {r.tc.steps}: {ck.path} is at step {ck.step} already; "
+            f"give --steps {ck.step} or more"
+        )
 
 
 def _banner(r: _Run, graphs_active: bool) -> str:
@@ -335,7 +433,9 @@ def _optimizer_step(
     each, the all-reduce of the gradients, the clipped AdamW update.
 
     Returns (the loss, the mean over ranks; the gradient norm; the first batch of step + 1).
-    A loss or norm that is not finite stops the run.
+    A loss or norm that is not finite stops the run. The update runs before the loss is
+    read (on a GPU the host reads the loss only once the step's work is queued): the
+    parameters it leaves in memory are never saved, since the run stops.
     """
     tc, model = r.tc, r.model
     losses = []
@@ -355,8 +455,7 @@ def _optimizer_step(
     norm = step_graph.update(graphs, r.opt, lr)
     if step + 1 < r.total:  # the next batch, read while the device works
         batch = r.data.get("train", (step + 1) * tc.grad_accum, tc.seed)
-    # float() waits for the device. A non-finite loss stops the run before anything is
-    # saved: the update already applied in memory is dropped
+    # float() waits for the device
     losses = [float(x) for x in losses]
     for micro_loss in losses:
         if not math.isfinite(micro_loss):
@@ -369,14 +468,20 @@ def _optimizer_step(
     return loss, norm, batch
 
 
-def _stop_nonfinite(what: str, value: float, step: int, r: _Run) -> None:
-    kept = (
-        f"the last good checkpoint (step {r.saved_step}) is kept in "
+def _stop_nonfinite(what: str, value: float, step: int, r: _Run) -> typing.NoReturn:
+    """Stop the run on a loss or norm that is not finite; the pending checkpoint is dropped."""
+    r.pending = None
+    raise EulerError(f"{what} is {value} at step {step}: training stopped; {_kept(r)}")
+
+
+def _kept(r: _Run) -> str:
+    """What a stopped run leaves: the step of the checkpoint on disk, if any."""
+    if r.saved_step is None:
+        return "no checkpoint whose loss was finite had been written"
+    return (
+        f"kept the newest checkpoint whose loss was finite (step {r.saved_step}) in "
         f"{r.folder / checkpoint.CHECKPOINT_NAME}"
-        if r.saved_step is not None
-        else "no checkpoint had been written yet"
     )
-    raise EulerError(f"{what} is {value} at step {step}: training stopped; {kept}")
 
 
 # ---------------------------------------------------------------------------- log, evaluate, save
@@ -407,8 +512,9 @@ def _evaluate_and_log(r: _Run, step: int) -> list[float]:
     return [val, *heads]
 
 
-def _save(r: _Run, step: int) -> None:
-    """Checkpoint after step `step`: weights, moments and the state that resumes it exactly."""
+def _snapshot(r: _Run, step: int) -> _Snapshot:
+    """The checkpoint after step `step`, copied to the host (on rank 0: the ranks hold the
+    same state, one of them writes it): weights, moments and the state that resumes it."""
     tc, be = r.tc, r.model.be
     state = {
         "step": step,
@@ -416,18 +522,49 @@ def _save(r: _Run, step: int) -> None:
         "tokens_seen": step * r.tokens_per_step,
         "loader": {"kind": tc.kind, "seed": tc.seed, "next_batch": step * tc.grad_accum},
         "rng": {"sample_seed": [tc.seed, step], "eval_seed": EVAL_SEED},
+        "run_id": r.run_id,
     }
-    if r.comm.rank == 0:  # the ranks hold the same state: one of them writes it
-        moments = {"m": be.to_host(r.opt.m), "v": be.to_host(r.opt.v)}
-        checkpoint.save(r.folder / checkpoint.CHECKPOINT_NAME, r.cfg, be.to_host(r.model.params),
-                        moments, state, tc.to_dict(), r.tokenizer_json)  # fmt: skip
-    r.saved_step = step
+    if r.comm.rank > 0:
+        return _Snapshot(step, None, None, state)
+    moments = {"m": _host_copy(be, r.opt.m), "v": _host_copy(be, r.opt.v)}
+    return _Snapshot(step, _host_copy(be, r.model.params), moments, state)
+
+
+def _host_copy(be: Backend, x) -> np.ndarray:
+    """x on the host in memory of its own (the CPU backend's to_host is x itself, which
+    the next step updates)."""
+    host = be.to_host(x)
+    return host.copy() if isinstance(x, np.ndarray) and np.shares_memory(host, x) else host
+
+
+def _write(r: _Run, snap: _Snapshot) -> None:
+    """Write a snapshot whose parameters' loss was finite as the run's checkpoint."""
+    if r.comm.rank == 0:
+        checkpoint.save(r.folder / checkpoint.CHECKPOINT_NAME, r.cfg, snap.params,
+                        snap.moments, snap.state, r.tc.to_dict(), r.tokenizer_json)  # fmt: skip
+    r.saved_step = snap.step
+
+
+def _write_pending(r: _Run) -> None:
+    """The step just taken measured the pending checkpoint's parameters finite: write it."""
+    if r.pending is not None:
+        _write(r, r.pending)
+        r.pending = None
+
+
+def _save_checked(r: _Run, step: int, val_loss: float) -> None:
+    """Checkpoint the parameters after step `step`, whose validation loss is val_loss:
+    written if finite, else the run stops keeping the checkpoint on disk."""
+    if not math.isfinite(val_loss):
+        _stop_nonfinite("the validation loss", val_loss, step, r)
+    _write(r, _snapshot(r, step))
 
 
 def _save_and_stop(r: _Run, step: int) -> None:
     """Ctrl-C after step `step`: checkpoint it (unless just done) and say how to continue."""
+    r.pending = None  # a snapshot of this step: written below once its loss is known
     if r.saved_step != step:
-        _save(r, step)
+        _save_checked(r, step, evaluate(r.model, r.data, r.tc.eval_batches)[0])
     r.display.print(
         f"interrupted: checkpoint at step {step} in {r.folder}; continue with --resume {r.folder}"
     )

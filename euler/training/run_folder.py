@@ -1,79 +1,239 @@
-"""The run folder: its files, claiming one for a fresh run, reading back how a run started.
+"""The run folder: its files, its lock, claiming one for a fresh run, reading back a run.
 
-run.json                 the TrainConfig and the model config the run was started with
-checkpoint.safetensors   weights, AdamW moments, step, loader/RNG state, tokenizer (atomic)
+run.json                 the run's id, the TrainConfig and the model config it runs with
+checkpoint.safetensors   weights, AdamW moments, step, loader/RNG state, tokenizer, run id
 tokenizer.json           a copy of the tokenizer, for the user's convenience
 metrics.jsonl            one JSON object per step (loss, lr, grad norm, tokens/s) and per
                          evaluation (val_loss, a short text sample)
+.lock                    held (flock) by the one process that trains into the folder; it
+                         holds that process's PID
+
+Every file but metrics.jsonl is replaced whole through a temporary `.NAME.*.tmp` beside it
+and a rename, so a kill leaves the old file or the new one; the next run to take the lock
+removes the temporary files a killed writer left.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
+from euler.schema import Fields, read_json
 from euler.training import checkpoint
 from euler.training.config import TrainConfig
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 TOKENIZER_FILE = "tokenizer.json"
+LOCK_FILE = ".lock"
 RUN_FILES = (RUN_FILE, checkpoint.CHECKPOINT_NAME, METRICS_FILE, TOKENIZER_FILE)
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What run.json says: the run's id (also in each of its checkpoints) and its configs."""
+
+    run_id: str
+    train: TrainConfig
+    model: ModelConfig
+
+
+# ---------------------------------------------------------------------------- the lock
+
+_held: dict[str, list] = {}  # folder's real path -> [lock fd, depth]: this process's locks
+
+
+@contextlib.contextmanager
+def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
+    """Hold the run folder's lock for the block: one process trains into a folder at a time.
+
+    create: make a missing folder (a fresh run), removed again at the end if still empty;
+    else a missing folder is an error. owner False (MPI ranks other than 0) takes nothing:
+    rank 0 holds the lock for the ranks of its run. The same process may nest the block
+    (the CLI holds it while it reads run.json, train() again for the run). The OS drops
+    the lock of a process that dies; the file it leaves is taken over by the next run.
+    """
+    if not owner:
+        yield
+        return
+    run = Path(run)
+    made = False
+    if create and not run.exists():
+        run.mkdir(parents=True)
+        made = True
+    check_folder(run)
+    key = os.path.realpath(run)
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        _held[key] = [_acquire(run), 1]
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if _held[key][1] == 0:
+            fd, _ = _held.pop(key)
+            (run / LOCK_FILE).unlink(missing_ok=True)  # while held: see _acquire
+            os.close(fd)
+            if made:
+                with contextlib.suppress(OSError):  # not empty: the run wrote its files
+                    run.rmdir()
+
+
+def _acquire(run: Path) -> int:
+    """Take RUN/.lock (flock, not waiting) and write our PID in it; refuse a held one."""
+    path = run / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _holder(fd)
+            os.close(fd)
+            raise EulerError(f"{run} is in use by another run (PID {pid})") from None
+        # a holder unlinks the file before it lets go: the file we locked may no longer be
+        # the one at `path`, and another process may lock that one; then start over
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """The PID a held lock file names; its holder may not have written it yet."""
+    for _ in range(20):
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return text
+        time.sleep(0.01)
+    return "unknown"
+
+
+def check_folder(run: Path) -> None:
+    """Refuse a run folder that is missing or is a file."""
+    if run.is_file():
+        raise EulerError(f"{run}: is a file, expected a run folder")
+    if not run.is_dir():
+        raise EulerError(f"{run}: run folder not found")
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def new_run_id() -> str:
+    """A fresh run's id: written in run.json and in every checkpoint of the run."""
+    return secrets.token_hex(8)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace the text file `path` through a temporary file beside it and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the file is not
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise EulerError(f"could not write {path}: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_temp_files(run: Path) -> None:
+    """Remove the temporary files a killed save left in the run folder (`.NAME.*.tmp`)."""
+    for name in RUN_FILES:
+        for tmp in run.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
 def claim_run_dir(run: Path, overwrite: bool) -> None:
-    """Create the run folder; refuse one that holds a run unless overwrite (then clear it)."""
+    """Make a locked folder a fresh run's: refuse one that holds a run unless overwrite
+    (then clear it); remove temporary files a killed run left."""
     held = [name for name in RUN_FILES if (run / name).exists()]
     if held and not overwrite:
         what = "a run"
-        try:
-            info = json.loads((run / RUN_FILE).read_text())
-            what = f"a {info['train']['kind']} run ({info['train']['preset']} preset)"
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        with contextlib.suppress(EulerError):
+            tc = read_run(run)[0]
+            what = f"a {tc.kind} run ({tc.preset} preset)"
         raise EulerError(
             f"{run} already holds {what}; continue it with --resume {run}, "
             "or pass --overwrite to replace it"
         )
     for name in held:
         (run / name).unlink()
-    run.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(run)
 
 
-def write_run_files(run: Path, tc: TrainConfig, cfg: ModelConfig, tokenizer_json: str) -> None:
-    """run.json (how the run starts) and the tokenizer copy, in a claimed run folder."""
-    (run / RUN_FILE).write_text(
-        json.dumps({"train": tc.to_dict(), "model": cfg.to_dict()}, indent=2) + "\n"
+def write_run_files(run: Path, info: RunInfo, tokenizer_json: str | None = None) -> None:
+    """run.json (the run's id and settings) and, given one, the tokenizer copy."""
+    doc = {"run_id": info.run_id, "train": info.train.to_dict(), "model": info.model.to_dict()}
+    write_atomic(run / RUN_FILE, json.dumps(doc, indent=2) + "\n")
+    if tokenizer_json is not None:
+        write_atomic(run / TOKENIZER_FILE, tokenizer_json)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read_run_info(run: Path) -> RunInfo:
+    """What RUN/run.json says, every field checked; one line naming the field if not."""
+    path = Path(run) / RUN_FILE
+    if Path(run).is_dir() and not path.exists():
+        raise EulerError(f"{run} is not a run folder (no {RUN_FILE})")
+    f = Fields(read_json(path, "run file"), str(path))
+    f.only(("run_id", "train", "model"))
+    run_id = f.str("run_id")
+    if not run_id.isalnum():
+        f.fail("run_id", "letters and digits", run_id)
+    model = f.obj("model")  # refuses a non-object before ModelConfig reads it
+    return RunInfo(
+        run_id,
+        TrainConfig.from_fields(f.obj("train")),
+        ModelConfig.from_dict(model.data, f"{path}: model"),
     )
-    (run / TOKENIZER_FILE).write_text(tokenizer_json, encoding="ascii")
 
 
 def read_run(run: Path) -> tuple[TrainConfig, ModelConfig]:
-    """The TrainConfig and ModelConfig a run folder was started with."""
-    try:
-        info = json.loads((run / RUN_FILE).read_text())
-        return (
-            TrainConfig.from_dict(info["train"], f"{run / RUN_FILE}"),
-            ModelConfig.from_dict(info["model"], f"{run / RUN_FILE}"),
-        )
-    except FileNotFoundError:
-        raise EulerError(f"{run} is not a run folder (no {RUN_FILE})") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise EulerError(f"{run / RUN_FILE} is corrupt ({e})") from None
+    """The TrainConfig and ModelConfig a run folder runs with."""
+    info = read_run_info(run)
+    return info.train, info.model
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
     """Drop metrics past the checkpoint's step (all: last_step -1); a resumed run logs
-    those steps again."""
+    those steps again. A line that is not a step's record (cut short by a kill) goes too."""
     if not path.exists():
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            if json.loads(line)["step"] <= last_step:
-                keep.append(line)
+            step = json.loads(line)["step"]
         except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a crash
-    path.write_text("".join(line + "\n" for line in keep))
+            continue
+        if isinstance(step, int) and step <= last_step:
+            keep.append(line)
+    write_atomic(path, "".join(line + "\n" for line in keep))
