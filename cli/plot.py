@@ -95,8 +95,8 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     One run: its train, validation and head-0 validation curves. Several: one colour per
     run, over the steps every run reached (so curves of unequal length compare step by step).
     """
-    out = check_out(out)
     curves = [read_curves(r) for r in runs]  # bad input is refused before the import
+    out = check_out(out)
     try:
         import matplotlib
 

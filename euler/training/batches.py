@@ -28,6 +28,8 @@ class Batches:
 
         self.tc, self.K = tc, cfg.n_mtp
         self.T = tc.seq_len or cfg.context
+        if self.T > cfg.context:
+            raise EulerError(f"--seq-len {tc.seq_len} exceeds the model's context ({cfg.context})")
         cfg.check_sequence(self.T)
         if tc.kind == "pretrain":
             folder = Path(tc.data) if tc.data else default_corpus_dir(cfg.vocab_size, log=log)
