@@ -137,7 +137,7 @@ def prepare(
         seed=seed,
         threads=threads or None,
         tokenizer_sample_chars=max(1, int(tokenizer_sample_mb * 1e6)),
-        log=Console(stderr=True).print,
+        log=Console().print,  # progress on stdout: stderr holds errors only
         overwrite=overwrite,
         reads=reads,
     )

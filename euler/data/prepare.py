@@ -132,7 +132,7 @@ def prepare_corpus(
             t0 = time.perf_counter()
             tokenizer = train_tokenizer(sources, vocab_size, work, tokenizer_sample_chars)
             t_tok = round(time.perf_counter() - t0, 3)
-        tokenizer.save(str(work / TOKENIZER_FILE))
+        (work / TOKENIZER_FILE).write_text(tokenizer.to_json(), encoding="utf-8")
         t1 = time.perf_counter()
         entries = [
             _write_source(src, work, tokenizer, val_fraction, seed, threads, shard_tokens, log)

@@ -138,7 +138,7 @@ def prepare_sft(
         raise EulerError(f"no record fits a context of {context} tokens")
     V = tokenizer.vocab_size
     with staged_dir(Path(out_dir), overwrite, reads) as work:
-        tokenizer.save(str(work / TOKENIZER_FILE))
+        (work / TOKENIZER_FILE).write_text(tokenizer.to_json(), encoding="utf-8")
         for split in SPLITS:
             pairs = seqs[split]
             lengths = np.array([len(ids) for ids, _ in pairs], dtype=np.uint64)
@@ -192,18 +192,15 @@ class SFTDataset:
         0 to the number of tokens, and a mask of 0/1 as long as the tokens.
 
         context: the model's context T; data prepared for a longer one is refused (its
-        records would be cut at T + K without a word).
+        records would be cut at T + K without a word), here or else at the first batch.
         """
         if split not in SPLITS:
             raise EulerError(f"split must be 'train' or 'val', got {split!r}")
         folder = Path(folder)
         self.manifest = m = read_manifest(folder, kind="sft")
-        if context is not None and m["context"] > context:
-            raise EulerError(
-                f"{folder}: SFT data prepared for a context of {m['context']} tokens is longer "
-                f"than the model's context of {context}; re-run prepare-sft with --context "
-                f"{context}"
-            )
+        self.folder = folder
+        if context is not None:
+            self.check_context(context)
         V = m["tokenizer"]["vocab_size"]
         if vocab_size is not None and vocab_size != V:
             raise EulerError(
@@ -213,10 +210,8 @@ class SFTDataset:
         arrays = {}
         for what, size in (("tokens", token_dtype(V)().itemsize), ("mask", 1), ("offsets", 8)):
             path = folder / sft_file(split, what)
-            if not path.is_file():
-                raise EulerError(f"shard not found: {path}")
+            arrays[what] = open_shard(path, V, size)  # a foreign file is named as such first
             check_sample(path, m["files"][path.name])
-            arrays[what] = open_shard(path, V, size)
         self.tokens, self.mask = arrays["tokens"], arrays["mask"]
         self.offsets = _checked_offsets(folder / sft_file(split, "offsets"), arrays["offsets"],
                                         len(self.tokens), m["context"])  # fmt: skip
@@ -239,6 +234,15 @@ class SFTDataset:
             )
         self.pad_id = int(m["tokenizer"]["eot_id"])
 
+    def check_context(self, T: int) -> None:
+        """Refuse data prepared for a context longer than the model's T."""
+        if self.manifest["context"] > T:
+            raise EulerError(
+                f"{self.folder}: SFT data prepared for a context of {self.manifest['context']} "
+                f"tokens is longer than the model's context of {T}; re-run prepare-sft with "
+                f"--context {T}"
+            )
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
@@ -256,6 +260,7 @@ class SFTDataset:
 
     def batch(self, step: int, seed: int, B: int, T: int, K: int) -> tuple[np.ndarray, np.ndarray]:
         """(B, T+K) int32 tokens and (B, T+K) uint8 mask, records drawn from (seed, step) alone."""
+        self.check_context(T)
         if len(self) == 0:
             raise EulerError("this SFT split holds no records")
         rng = np.random.default_rng([seed, step])
@@ -263,6 +268,7 @@ class SFTDataset:
 
     def iter_sequential(self, B: int, T: int, K: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Every record once, in order, B per batch; the last batch is filled with padding rows."""
+        self.check_context(T)
         for start in range(0, len(self), B):
             index = np.arange(start, start + B)
             index[index >= len(self)] = -1

@@ -52,7 +52,7 @@ class ShardWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, self._tmp = make_temp(self.path.parent, self.path.name)
         self._f = os.fdopen(fd, "wb")
-        self._f.write(self._header())  # placeholder; rewritten with the final count
+        self._put(self._header())  # placeholder; rewritten with the final count
 
     def _header(self) -> bytes:
         return HEADER.pack(
@@ -64,11 +64,15 @@ class ShardWriter:
         values = np.asarray(values)
         if values.size and (values.min() < 0 or values.max() > np.iinfo(self.dtype).max):
             raise EulerError(f"{self.path.name}: value out of range for {self.dtype}")
-        try:
-            self._f.write(values.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
-        except OSError as e:  # a full disk names no file by itself
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
+        self._put(values.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
         self.count += values.size
+
+    def _put(self, data: bytes) -> None:
+        try:
+            self._f.write(data)
+        except OSError as e:  # a full disk names no file by itself
+            self.abort()
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         """Write the final header, fsync and move the shard into place."""

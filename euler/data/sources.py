@@ -17,7 +17,9 @@ is checked). Files are read as strict UTF-8; newlines are normalised to LF.
 
 from __future__ import annotations
 
+import codecs
 import gzip
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -25,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euler.data.download import download
-from euler.data.files import sha256_file
+from euler.data.files import CHUNK
 from euler.data.gutenberg import DEFAULT_MIRROR, book_urls, normalize_newlines, strip_gutenberg
 from euler.errors import EulerError
 
 KINDS = ("books", "web")
+TEXT_FORMATS = ("gutenberg", "wikiextractor")  # read as strict UTF-8 text (read_text)
 WIKI_DOC = re.compile(r"<doc\b[^>]*>\n?(.*?)</doc>", re.DOTALL)
 ROWS_PER_FETCH = 2048  # DuckDB rows pulled per round trip
 
@@ -43,14 +46,40 @@ class InputFile:
     origin: str  # the path or URL as given
 
     def describe(self) -> dict:
-        """Manifest entry: origin, local path, bytes and SHA-256."""
+        """Manifest entry: origin, local path, bytes and SHA-256. A text input that is not
+        UTF-8 is refused here, before any work (the hash reads every byte anyway)."""
         return {
             "origin": self.origin,
             "path": str(self.path),
             "format": self.format,
             "bytes": self.path.stat().st_size,
-            "sha256": sha256_file(self.path),
+            "sha256": _digest(self.path, text=self.format in TEXT_FORMATS),
         }
+
+
+def _digest(path: Path, text: bool) -> str:
+    """Hex SHA-256 of a file; with text, EulerError at its first byte that is not UTF-8."""
+    h = hashlib.sha256()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            if text:
+                pending = len(utf8.getstate()[0])
+                try:
+                    utf8.decode(chunk)
+                except UnicodeDecodeError as e:
+                    raise EulerError(
+                        f"{path}: not UTF-8 (byte {done - pending + e.start})"
+                    ) from None
+            done += len(chunk)
+    if text:
+        try:
+            utf8.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise EulerError(f"{path}: not UTF-8 (it ends inside a character)") from None
+    return h.hexdigest()
 
 
 def _is_url(item: str) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from euler.data.checksums import check_full
 from euler.data.files import sha256_file
 from euler.data.manifest import SPLITS, read_manifest
-from euler.data.shards import first_out_of_range, open_shard, token_dtype
+from euler.data.shards import first_out_of_range, open_shard, read_header, token_dtype
 from euler.errors import EulerError
 
 
@@ -40,6 +40,7 @@ def verify_folder(folder: Path) -> dict:
         path = folder / name
         if not path.is_file():
             raise EulerError(f"{path}: listed in the manifest but missing")
+        read_header(path)  # a foreign file is named as such before its checksum
         check_full(path, entry)
         n_bytes += entry["bytes"]
     if m["kind"] == "pretrain":
