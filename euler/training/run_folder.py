@@ -68,9 +68,12 @@ def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
         return
     run = Path(run)
     made = False
-    if create and not run.exists():
-        run.mkdir(parents=True)
-        made = True
+    if create:
+        try:
+            run.mkdir(parents=True)
+            made = True
+        except FileExistsError:  # a folder already (or another process made it first)
+            pass
     check_folder(run)
     key = os.path.realpath(run)
     if key in _held:
