@@ -3,10 +3,9 @@ picked their tests, so that their minutes overlap the rest of the session.
 
 NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the simulator
 suites run in pytest subprocesses of their own (the simulator running one Python thread
-per GPU thread). A test marked `simulator_run(file, marks, keyword)` reports such a run of
-the file's tests selected by `-m marks` (and `-k keyword`, if given): its fixture
-`simulator_run_result` waits for it. A long file is split into several runs, so that on
-two cores (CI's) the runs and the main session keep both busy to the end.
+per GPU thread, its block scheduler replaced by simulator_scheduler.py's). A test marked
+`simulator_run(file, marks)` reports such a run of the file's tests selected by `-m marks`:
+its fixture `simulator_run_result` waits for it.
 """
 
 from __future__ import annotations
@@ -23,14 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
 
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    from simulator_scheduler import install
+
+    install()
+
 
 def _start(item: pytest.Item) -> None:
     marker = item.get_closest_marker("simulator_run")
     if marker is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return
-    file, marks, *keyword = marker.args
+    file, marks = marker.args
+    # without hypothesis's plugin: no simulator suite uses it, and its import costs seconds
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    cmd += (["-m", marks] if marks else []) + (["-k", keyword[0]] if keyword else [])
+    cmd += ["-p", "no:hypothesispytest"]
+    cmd += ["-m", marks] if marks else []
     cmd += [str(Path(file))]
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -41,7 +47,7 @@ def _start(item: pytest.Item) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "simulator_run(file, marks, keyword=None): reports a CUDA-simulator pytest run of file",
+        "simulator_run(file, marks): reports a CUDA-simulator pytest run of file",
     )
 
 

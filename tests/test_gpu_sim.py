@@ -20,17 +20,10 @@ import pytest
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 if not IN_SIMULATOR:
-    # two runs of about equal length (conftest.py): the register-tiled attention, the rest
-    @pytest.mark.simulator_run(__file__, "", "attention_register_tiled")
-    def test_register_tiled_attention_in_simulator(simulator_run_result) -> None:
-        """This file's register-tiled attention test (started at collection: conftest.py)."""
-        pytest.importorskip("numba.cuda")
-        rc, out = simulator_run_result
-        assert rc == 0, out
 
-    @pytest.mark.simulator_run(__file__, "", "not attention_register_tiled")
+    @pytest.mark.simulator_run(__file__, "")
     def test_kernels_in_simulator(simulator_run_result) -> None:
-        """This file's other simulator tests (started at collection: conftest.py)."""
+        """This file's simulator tests (started at collection: conftest.py)."""
         pytest.importorskip("numba.cuda")
         rc, out = simulator_run_result
         assert rc == 0, out
@@ -74,6 +67,34 @@ else:
         from euler.gpu.backend import GpuBackend
 
         return GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas())
+
+    from numba import cuda  # a module global: the simulator swaps it per kernel
+
+    @cuda.jit
+    def rotate(out, fail):
+        i = cuda.threadIdx.x
+        tile = cuda.shared.array(64, np.int64)
+        tile[i] = i
+        cuda.syncthreads()
+        if i >= 48:  # these leave; the barriers below still open for the others
+            return
+        v = tile[(i + 1) % 48]
+        cuda.syncthreads()
+        tile[i] = v
+        cuda.syncthreads()
+        if i == fail:
+            raise ValueError("thread failed")
+        out[cuda.blockIdx.x, i] = tile[i]
+
+    def test_scheduler_keeps_the_simulators_barrier_rules() -> None:
+        """simulator_scheduler.py: a barrier opens when every live thread waits (threads that
+        returned count as arrived), shared arrays are one per source line, and one thread's
+        exception aborts the block and reaches the launch."""
+        out = np.zeros((3, 48), np.int64)
+        rotate[3, 64](out, -1)
+        np.testing.assert_array_equal(out, np.tile((np.arange(48) + 1) % 48, (3, 1)))
+        with pytest.raises(ValueError, match="thread failed"):
+            rotate[1, 64](out, 7)
 
     @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
     def test_layer(check, gpu) -> None:

@@ -153,19 +153,9 @@ if not IN_SIMULATOR:
         dkv = sources(TcOptions(16, simulator=False, prep_span=4))["backward_dkv_tc_kernel"]
         assert "if cuda.blockIdx.x % 4:" in dkv and "pb3 = " in dkv
 
-    # two runs of about equal length (conftest.py): the partial tiles at E = 16 and the prep
-    # blocks in one, the rest in the other
-    SPLIT = "tail or prep_blocks"
-
-    @pytest.mark.simulator_run(__file__, "not slow", SPLIT)
-    def test_in_simulator_tails_and_prep_blocks(simulator_run_result) -> None:
-        """This file's simulator tests of partial tiles and prep blocks (a subprocess)."""
-        rc, out = simulator_run_result
-        assert rc == 0, out
-
-    @pytest.mark.simulator_run(__file__, "not slow", f"not ({SPLIT})")
+    @pytest.mark.simulator_run(__file__, "not slow")
     def test_in_simulator(simulator_run_result) -> None:
-        """This file's other simulator tests, in a subprocess started at collection."""
+        """This file's simulator tests, in a subprocess started at collection."""
         rc, out = simulator_run_result
         assert rc == 0, out
 
