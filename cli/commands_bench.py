@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -39,12 +38,14 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[
             Path | None, typer.Option("--json", help="Also write every figure here as JSON.")
         ] = None,
+        overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
     ) -> None:
         """Time training steps, layers, attention and the tokenizer against PyTorch."""
         from rich.console import Console
 
         from euler.bench.report import print_report
         from euler.bench.steps import BenchOptions, run_bench
+        from euler.data.files import write_json_atomic
 
         opts = BenchOptions(
             device=device,
@@ -58,13 +59,18 @@ def register(app: typer.Typer) -> None:
             peak_tflops=peak,
         )
         opts.resolve()  # flag errors before any output
-        if json_out is not None and not json_out.parent.is_dir():
-            raise EulerError(f"--json: folder does not exist: {json_out.parent}")
+        if json_out is not None:
+            if not json_out.parent.is_dir():
+                raise EulerError(f"--json: folder does not exist: {json_out.parent}")
+            if json_out.is_dir():
+                raise EulerError(f"--json: {json_out} is a folder, expected a file name")
+            if json_out.exists() and not overwrite:
+                raise EulerError(f"--json: {json_out} exists (use --overwrite to replace it)")
         console = Console()
         if not console.is_terminal:
             console.width = max(console.width, 140)  # piped output: keep the tables unwrapped
         result = run_bench(opts, log=lambda line: console.print(f"[dim]{line}[/dim]"))
         print_report(result, console)
         if json_out is not None:
-            json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+            write_json_atomic(json_out, result.to_dict())
             console.print(f"wrote {json_out}")

@@ -1,8 +1,10 @@
-"""Engine commands: gradcheck (and, later, train and bench)."""
+"""Engine commands: gradcheck."""
 
 from __future__ import annotations
 
 import typer
+
+from euler.errors import EulerError
 
 
 def register(app: typer.Typer) -> None:
@@ -15,6 +17,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check every analytic gradient against float64 central finite differences."""
         from euler.model.gradcheck import run_gradcheck
+
+        if samples < 1:
+            raise EulerError(f"--samples must be at least 1, got {samples}")
+        if seed < 0:
+            raise EulerError(f"--seed must not be negative, got {seed}")
 
         ok = run_gradcheck(seed=seed, samples=samples)
         raise typer.Exit(0 if ok else 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+import typing
 
 import typer
 
@@ -38,8 +40,10 @@ def info(preset: str = typer.Option("small", help="Preset name: tiny, small or g
     console.print(f"parameters: {cfg.n_params():,}")
 
 
+@functools.cache
 def _register_families() -> None:
-    """Attach the command families that live in their own modules."""
+    """Attach the command families that live in their own modules (once: main() may run
+    many times in one process, as in the tests)."""
     from euler.cli import commands_data, commands_engine
 
     commands_engine.register(app)
@@ -59,24 +63,37 @@ def _register_families() -> None:
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning EulerError into one line on stderr."""
+    """Console-script entry point: run the app; a bad flag, file or disk is one line on
+    stderr and exit status 2 (no traceback)."""
     _register_families()
     try:
         # outside standalone mode click returns a command's typer.Exit code instead of exiting
         code = app(standalone_mode=False)
     except EulerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _refuse(str(e))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as e:  # a full disk, a permission, a folder where a file belongs
+        where = f"{e.filename}: " if e.filename else ""
+        _refuse(f"{where}{e.strerror or e}")
+    except MemoryError:
+        _refuse("out of memory")
     except Exception as e:
         # click's usage errors arrive here outside standalone mode; typer may vendor click,
         # so they are recognised by what they offer, not by class
-        if hasattr(e, "show") and hasattr(e, "exit_code"):
+        if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
             sys.exit(e.exit_code)
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            _refuse(e.format_message(), e.exit_code)
         if type(e).__name__ == "Abort":
             sys.exit(1)
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(message: str, code: int = 2) -> typing.NoReturn:
+    """Print `error: MESSAGE` as one line on stderr and exit."""
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    sys.exit(code)

@@ -262,7 +262,7 @@ def test_bad_inputs_are_refused_before_any_kernel():
     bad_targets = np.full((cfg.n_mtp, 1, 4), cfg.vocab_size, np.int32)
     with pytest.raises(EulerError, match="targets"):
         m.forward(np.zeros((1, 4), np.int32), bad_targets)
-    with pytest.raises(EulerError, match="unknown config field"):
+    with pytest.raises(EulerError, match="bogus: unknown field"):
         ModelConfig.from_dict({"d_model": 32, "bogus": 1})
 
 

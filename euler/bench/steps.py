@@ -37,6 +37,7 @@ from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
+from euler.schema import check_number
 from euler.training import step_graph
 from euler.training.loop import make_backend
 from euler.training.optim import AdamW
@@ -76,8 +77,8 @@ class BenchOptions:
             raise EulerError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.reps < 1:
             raise EulerError(f"reps must be at least 1, got {self.reps}")
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise EulerError(f"--peak must be positive (TFLOP/s), got {self.peak_tflops}")
+        if self.peak_tflops is not None:
+            check_number(self.peak_tflops, "--peak (TFLOP/s)", lo=0.0, lo_open=True)
         if T > cfg.context:
             raise EulerError(
                 f"--seq {T} exceeds the {self.preset} preset's context ({cfg.context})"

@@ -145,15 +145,27 @@ def hf_files(
     }
 
 
-def write_folder(out: Path, files: dict[str, bytes], overwrite: bool) -> None:
-    """Write `files` as the folder `out`, all or nothing (temporary sibling, then rename)."""
+def write_folder(out: Path, files: dict[str, bytes], overwrite: bool, source: Path) -> None:
+    """Write `files` as the folder `out`, all or nothing (temporary sibling, then rename).
+
+    An existing `out` is replaced only with `overwrite`, only if it holds nothing but an
+    earlier export's files, and never if it holds `source` (the file being exported).
+    """
     out = Path(out)
     if not out.parent.is_dir():
-        raise EulerError(f"output folder's parent does not exist: {out.parent}")
-    if out.exists() and not overwrite:
-        raise EulerError(f"{out} already exists (use --overwrite to replace it)")
+        raise EulerError(f"--out: the folder's parent does not exist: {out.parent}")
     if out.exists() and not out.is_dir():
-        raise EulerError(f"{out} exists and is not a folder")
+        raise EulerError(f"--out {out} exists and is not a folder")
+    if Path(source).resolve().is_relative_to(out.resolve()):
+        raise EulerError(f"--out {out} holds the checkpoint being exported; choose another folder")
+    if out.exists() and not overwrite:
+        raise EulerError(f"--out {out} already exists (use --overwrite to replace an export)")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in files) if out.exists() else []
+    if foreign:
+        raise EulerError(
+            f"--out {out} holds {foreign[0]}, which no export writes; --overwrite replaces "
+            "only an earlier export"
+        )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     old = tmp.with_suffix(".old")  # where a replaced folder waits until the new one is in
     umask = os.umask(0)
@@ -188,5 +200,5 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) 
             f"{ck.path}: tokenizer has {tok.vocab_size} ids but vocab_size is {ck.cfg.vocab_size}"
         )
     files = hf_files(ck.cfg, ck.params, tok.to_hf_json(), tok.special)
-    write_folder(Path(out), files, overwrite)
+    write_folder(Path(out), files, overwrite, ck.path)
     return Path(out)

@@ -28,6 +28,7 @@ from euler.errors import EulerError
 from euler.interop.hf_export import HEAD, SIDE_FILE, SIDE_FORMAT, WEIGHTS, hf_name
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, init_params
+from euler.schema import MISSING, Fields, parse_json, read_json
 from euler.training import checkpoint as ckpt
 
 if TYPE_CHECKING:
@@ -36,98 +37,118 @@ if TYPE_CHECKING:
 _DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # all widen to float32 exactly
 
 
-def _field(c: dict, name: str, default=None, required: bool = False):
-    if name not in c or c[name] is None:
-        if required:
-            raise EulerError(f"config.json: missing field {name}")
-        return default
-    return c[name]
-
-
-def config_from_hf(c: dict, n_mtp: int = 1) -> ModelConfig:
-    """ModelConfig for a Llama config.json dict; EulerError naming the first field we cannot
-    express."""
-    if c.get("model_type") != "llama":
-        raise EulerError(f"config.json: model_type is {c.get('model_type')!r}, not 'llama'")
+def config_from_hf(c: Fields, n_mtp: int = 1) -> ModelConfig:
+    """ModelConfig for a Llama config.json; EulerError naming the first field we cannot
+    express or whose value has the wrong type."""
+    if c.get("model_type", None) != "llama":
+        c.fail("model_type", "'llama'", c.get("model_type", MISSING))
     for name, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
-        if _field(c, name, ok) != ok:
-            raise EulerError(f"config.json: {name} is {c[name]!r}; NanoEuler needs {ok!r}")
+        if c.get(name, ok) not in (ok, None):
+            c.fail(name, f"{ok!r} (NanoEuler's block)", c.get(name))
     for name in ("rope_scaling", "sliding_window", "use_sliding_window", "layer_types"):
-        if c.get(name):
-            raise EulerError(f"config.json: {name} is set; NanoEuler has plain RoPE everywhere")
-    rope = _field(c, "rope_parameters", {})
-    if rope.get("rope_type", "default") != "default":
-        raise EulerError(f"config.json: rope_parameters.rope_type is {rope['rope_type']!r}")
+        if c.get(name, None):
+            raise EulerError(f"{c.where}: {name} is set; NanoEuler has plain RoPE everywhere")
+    rope = c.obj("rope_parameters") if c.get("rope_parameters", None) is not None else None
+    if rope is not None and rope.get("rope_type", "default") != "default":
+        rope.fail("rope_type", "'default'", rope.get("rope_type"))
     for where in (c, rope):
-        if where.get("partial_rotary_factor", 1.0) != 1.0:
-            raise EulerError("config.json: partial_rotary_factor is not 1 (partial RoPE)")
-    hidden = _field(c, "hidden_size", required=True)
-    heads = _field(c, "num_attention_heads", required=True)
-    head_dim = _field(c, "head_dim")
+        if where is not None and where.get("partial_rotary_factor", 1.0) != 1.0:
+            where.fail("partial_rotary_factor", "1 (NanoEuler rotates the whole head)",
+                       where.get("partial_rotary_factor"))  # fmt: skip
+    hidden = c.int("hidden_size", lo=1)
+    heads = c.int("num_attention_heads", lo=1)
+    head_dim = c.int("head_dim", lo=1) if c.get("head_dim", None) is not None else None
     if head_dim is not None and head_dim * heads != hidden:
-        raise EulerError(
-            f"config.json: head_dim {head_dim} x {heads} heads != hidden_size {hidden}"
-        )
-    ffn = _field(c, "intermediate_size", required=True)
-    if not isinstance(ffn, int) or ffn < 1:  # our 0 would mean "the default width"
-        raise EulerError(f"config.json: intermediate_size must be positive, got {ffn!r}")
+        raise EulerError(f"{c.where}: head_dim {head_dim} x {heads} heads != hidden_size {hidden}")
+    kv = c.int("num_key_value_heads", lo=1) if c.get("num_key_value_heads", None) else heads
+    theta = 10000.0  # defaults as transformers' LlamaConfig
+    if rope is not None and rope.has("rope_theta"):
+        theta = rope.float("rope_theta")
+    elif c.get("rope_theta", None) is not None:
+        theta = c.float("rope_theta")
+    optional = lambda key, default: c.float(key) if c.get(key, None) is not None else default
     try:
         return ModelConfig(
-            vocab_size=_field(c, "vocab_size", required=True),
+            vocab_size=c.int("vocab_size", lo=1),
             d_model=hidden,
             n_head=heads,
-            n_kv_head=_field(c, "num_key_value_heads", heads),
-            n_layer=_field(c, "num_hidden_layers", required=True),
-            context=_field(c, "max_position_embeddings", required=True),
+            n_kv_head=kv,
+            n_layer=c.int("num_hidden_layers", lo=1),
+            context=c.int("max_position_embeddings", lo=1),
             n_mtp=n_mtp,
-            # defaults as transformers' LlamaConfig
-            rope_base=float(rope.get("rope_theta", _field(c, "rope_theta", 10000.0))),
-            norm_eps=float(_field(c, "rms_norm_eps", 1e-6)),
-            ffn_hidden=ffn,
-            init_std=float(_field(c, "initializer_range", 0.02)),
+            rope_base=theta,
+            norm_eps=optional("rms_norm_eps", 1e-6),
+            ffn_hidden=c.int("intermediate_size", lo=1),  # our 0 would mean "the default"
+            init_std=optional("initializer_range", 0.02),
         )
     except EulerError as e:
-        raise EulerError(f"config.json: {e}") from None
+        raise EulerError(f"{c.where}: {e}") from None
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file as float32 (bfloat16 widened by hand: NumPy has
-    no bfloat16, so safetensors.numpy cannot load it)."""
+    no bfloat16, so safetensors.numpy cannot load it). The header is checked against the
+    file's size before any tensor is read."""
     try:
         data = np.memmap(path, dtype=np.uint8, mode="r")
-        (n,) = struct.unpack("<Q", data[:8].tobytes())
-        header = json.loads(data[8 : 8 + n].tobytes())
-    except (OSError, ValueError, struct.error) as e:
-        raise EulerError(f"{path}: not a readable safetensors file ({e})") from None
+    except (OSError, ValueError) as e:
+        raise EulerError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    if data.size < 10:
+        raise EulerError(f"{path}: not a safetensors file ({data.size} bytes)")
+    (n,) = struct.unpack("<Q", data[:8].tobytes())
+    if n > data.size - 8 or data[8] != ord("{"):
+        raise EulerError(f"{path}: not a safetensors file (its header length or start is wrong)")
+    where = f"{path} header"
+    header = Fields(parse_json(data[8 : 8 + n].tobytes(), where), where)
     out = {}
-    for name, info in header.items():
+    for name in header.data:
         if name == "__metadata__":
             continue
-        dtype = _DTYPES.get(info.get("dtype"))
+        info = header.obj(name)
+        dtype = _DTYPES.get(info.str("dtype"))
         if dtype is None:
-            raise EulerError(f"{path}: tensor {name} has dtype {info.get('dtype')}")
-        begin, end = (8 + n + o for o in info["data_offsets"])
+            info.fail("dtype", "F32, F16 or BF16", info.get("dtype"))
+        shape = info.list("shape")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            info.fail("shape", "a list of sizes", shape)
+        offsets = info.list("data_offsets")
+        if len(offsets) != 2 or not all(isinstance(o, int) and o >= 0 for o in offsets):
+            info.fail("data_offsets", "[begin, end]", offsets)
+        begin, end = (8 + n + o for o in offsets)
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if end > data.size:
             raise EulerError(f"{path}: truncated (tensor {name} runs past the end)")
-        try:
-            a = np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
-        except ValueError:
-            raise EulerError(f"{path}: tensor {name}'s bytes do not fit its shape") from None
-        if info["dtype"] == "BF16":  # bfloat16 is the top half of a float32
+        if end - begin != size:
+            raise EulerError(f"{path}: tensor {name}'s {end - begin} bytes do not fit {shape}")
+        a = np.frombuffer(data[begin:end], dtype=dtype).reshape(shape)
+        if info.get("dtype") == "BF16":  # bfloat16 is the top half of a float32
             a = (a.astype(np.uint32) << 16).view(np.float32)
-        out[name] = a.astype(np.float32)
+        a = a.astype(np.float32)
+        if not np.isfinite(a).all():
+            raise EulerError(f"{path}: tensor {name} holds non-finite values (NaN or inf)")
+        out[name] = a
     return out
 
 
 def read_weights(src: Path) -> dict[str, np.ndarray]:
-    """All tensors of model.safetensors, or of the shards model.safetensors.index.json names."""
+    """All tensors of model.safetensors, or of the shards model.safetensors.index.json names
+    (each a file name inside src)."""
     index = src / (WEIGHTS + ".index.json")
     if (src / WEIGHTS).is_file():
         return read_safetensors(src / WEIGHTS)
     if not index.is_file():
         raise EulerError(f"{src}: no {WEIGHTS} (nor {index.name}); pytorch .bin files are pickle")
+    weight_map = Fields(read_json(index, "weights index"), str(index)).obj("weight_map")
+    shards = set()
+    for tensor in weight_map.data:
+        shard = weight_map.str(tensor)
+        if Path(shard).name != shard or shard in ("", ".", ".."):
+            weight_map.fail(tensor, "a file name inside the folder", shard)
+        shards.add(shard)
     tensors: dict[str, np.ndarray] = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+    for shard in sorted(shards):
+        if not (src / shard).is_file():
+            raise EulerError(f"{index}: names {shard}, which is not in {src}")
         tensors.update(read_safetensors(src / shard))
     return tensors
 
@@ -138,20 +159,25 @@ def tokenizer_from_hf(doc: dict, where: Path) -> Tokenizer:
 
     first = 256 + len(SPECIAL_TOKENS)
     foreign = f"{where}: not a NanoEuler byte-level BPE tokenizer"
-    model = doc.get("model") or {}
+    model = doc.get("model") if isinstance(doc, dict) else None
+    model = model if isinstance(model, dict) else {}
     vocab, merges = model.get("vocab"), model.get("merges")
     if model.get("type") != "BPE" or not isinstance(vocab, dict) or not isinstance(merges, list):
         raise EulerError(f"{foreign} (model is not BPE)")
     names = [m.split(" ") if isinstance(m, str) else m for m in merges]  # "a b" or ["a", "b"]
     pairs = []
     for r, pair in enumerate(names):
-        ids = [vocab.get(x) for x in pair] if len(pair) == 2 else [None]
+        plain = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+        ids = [vocab.get(x) for x in pair] if plain else [None]
         if not all(isinstance(i, int) and (i < 256 or first <= i < first + r) for i in ids):
             raise EulerError(f"{foreign} (merge {r} {pair!r} is not of earlier plain tokens)")
         pairs.append(ids)
     tok = Tokenizer(pairs)
     ours = json.loads(tok.to_hf_json())
-    added = lambda d: {t.get("content"): t.get("id") for t in d.get("added_tokens") or []}
+    added = lambda d: sorted(
+        (str(t.get("content")), str(t.get("id"))) if isinstance(t, dict) else ("?", str(t))
+        for t in (d.get("added_tokens") if isinstance(d.get("added_tokens"), list) else [])
+    )
     checks = {
         "model.vocab": (vocab, ours["model"]["vocab"]),
         "model.merges": (names, [m.split(" ") for m in ours["model"]["merges"]]),
@@ -171,6 +197,8 @@ def _adds_nothing(post: dict | None) -> bool:
     one that only passes the sequence through)."""
     if post is None:
         return True
+    if not isinstance(post, dict):
+        return False
     passthrough = [{"Sequence": {"id": "A", "type_id": 0}}]
     return post.get("type") == "TemplateProcessing" and post.get("single") == passthrough
 
@@ -195,13 +223,14 @@ def import_hf(
     out = Path(out)
     out = out / ckpt.CHECKPOINT_NAME if out.is_dir() else out
     if out.exists() and not overwrite:
-        raise EulerError(f"{out} already exists (use --overwrite to replace it)")
+        raise EulerError(f"--out {out} already exists (use --overwrite to replace it)")
     if not out.parent.is_dir():
-        raise EulerError(f"output folder does not exist: {out.parent}")
-    try:
-        c = json.loads((src / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise EulerError(f"{src / 'config.json'}: cannot read ({e})") from None
+        raise EulerError(f"--out: folder does not exist: {out.parent}")
+    if out.resolve().is_relative_to(src.resolve()):
+        raise EulerError(f"--out {out} is inside the folder being imported; choose another")
+    if (out.parent / "run.json").exists():
+        raise EulerError(f"--out {out.parent} holds a training run; import into another folder")
+    c = Fields(read_json(src / "config.json", "config.json"), str(src / "config.json"))
     tok = _tokenizer(src, tokenizer)
     tensors = read_weights(src)
     side = src / SIDE_FILE
@@ -218,7 +247,7 @@ def import_hf(
     # a tied head is refused unless the folder also holds it (a tied save drops lm_head)
     tied = c.get("tie_word_embeddings", False)
     if tied and not np.array_equal(heads[0], tensors.get(hf_name("tok_emb"))):
-        raise EulerError("config.json: tie_word_embeddings is true; NanoEuler needs an lm_head")
+        raise EulerError(f"{c.where}: tie_word_embeddings is true; NanoEuler needs an lm_head")
     if heads[0] is None:
         raise EulerError(f"{src}: tensor {HEAD} is missing")
     if tok.vocab_size > cfg.vocab_size:
@@ -258,8 +287,6 @@ def _tokenizer(src: Path, path: str | Path | None) -> Tokenizer:
     if path is not None:
         return Tokenizer.load(path)
     hf = src / "tokenizer.json"
-    try:
-        doc = json.loads(hf.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise EulerError(f"{hf}: cannot read ({e}); give --tokenizer") from None
-    return tokenizer_from_hf(doc, hf)
+    if not hf.is_file():
+        raise EulerError(f"{hf}: not found; give --tokenizer")
+    return tokenizer_from_hf(read_json(hf, "tokenizer"), hf)

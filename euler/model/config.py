@@ -100,17 +100,15 @@ class ModelConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config") -> ModelConfig:
-        """Build from a dict (e.g. a checkpoint's JSON); unknown or missing fields are errors."""
-        if not isinstance(d, dict):
-            raise EulerError(f"{source}: expected a JSON object")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise EulerError(f"{source}: unknown config field {unknown[0]!r}")
+    def from_dict(cls, d: object, source: str = "config") -> ModelConfig:
+        """Build from a JSON object (a checkpoint's, run.json's): every field present and of
+        its type, none unknown; EulerError naming `source` and the field otherwise."""
+        from euler.schema import Fields, dataclass_values
+
+        values = dataclass_values(cls, Fields(d, source))
         try:
-            return cls(**d)
-        except TypeError as e:
+            return cls(**values)
+        except EulerError as e:
             raise EulerError(f"{source}: {e}") from None
 
     def n_params(self) -> int:

@@ -33,6 +33,7 @@ from safetensors.numpy import save as st_save
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
+from euler.schema import Fields, parse_json
 
 FORMAT = "nanoeuler-checkpoint"
 FORMAT_VERSION = 1
@@ -57,13 +58,10 @@ class Checkpoint:
         return int(self.state.get("step", 0))
 
     def tokenizer(self):
-        """The embedded tokenizer, validated by Tokenizer.load."""
+        """The embedded tokenizer, validated as Tokenizer.load validates a file."""
         from euler.tokenizer import Tokenizer
 
-        with tempfile.TemporaryDirectory() as d:
-            p = Path(d) / "tokenizer.json"
-            p.write_text(self.tokenizer_json, encoding="ascii")
-            return Tokenizer.load(p)
+        return Tokenizer.loads(self.tokenizer_json, f"{self.path}: tokenizer")
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -167,20 +165,46 @@ def save(
     write_atomic(Path(path), to_bytes(cfg, params, moments, state, train_config, tokenizer_json))
 
 
-def _metadata(data: bytes, where: Path) -> dict:
-    """The __metadata__ of a safetensors byte string (8-byte length, then a JSON header)."""
-    if len(data) < 8:
-        raise EulerError(f"{where}: not a checkpoint (file too short)")
-    (n,) = struct.unpack("<Q", data[:8])
+_FOREIGN = {  # what a file that is not safetensors most likely is, by its first bytes
+    b"\x80": "a Python pickle (never loaded: it can run code)",
+    b"PK\x03\x04": "a zip archive (a PyTorch .pt/.bin save, which holds pickles)",
+    b"\x89HDF": "an HDF5 file",
+}
+
+
+def _metadata(data: bytes, where: Path) -> dict[str, str]:
+    """The __metadata__ of a safetensors byte string (8-byte length, then a JSON header),
+    after checking that the tensors the header lists fit in the file."""
+    n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else 0
+    if len(data) < 10 or data[8:9] != b"{":
+        what = next((w for magic, w in _FOREIGN.items() if data.startswith(magic)), None)
+        if what is not None:
+            raise EulerError(f"{where}: not a checkpoint: this is {what}")
+        raise EulerError(f"{where}: not a checkpoint (no safetensors header)")
     if n > len(data) - 8:
-        raise EulerError(f"{where}: truncated checkpoint (header runs past the end)")
-    try:
-        header = json.loads(data[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise EulerError(f"{where}: not a checkpoint (unreadable header)") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+        raise EulerError(
+            f"{where}: truncated checkpoint (its header claims {n:,} bytes, "
+            f"the file has {len(data) - 8:,} after the length)"
+        )
+    header = Fields(parse_json(data[8 : 8 + n], f"{where} header"), f"{where} header")
+    ends = [
+        info["data_offsets"][1]
+        for key, info in header.data.items()
+        if key != "__metadata__" and isinstance(info, dict)
+        and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+        and isinstance(info["data_offsets"][1], int)
+    ]  # fmt: skip
+    if ends and 8 + n + max(ends) > len(data):
+        raise EulerError(
+            f"{where}: truncated checkpoint (its tensors end at byte {8 + n + max(ends):,}, "
+            f"the file has {len(data):,})"
+        )
+    meta = header.get("__metadata__", None)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise EulerError(f"{where}: not a NanoEuler checkpoint")
+        raise EulerError(f"{where}: not a NanoEuler checkpoint (a safetensors file of weights?)")
+    for key, value in meta.items():
+        if not isinstance(value, str):
+            header.obj("__metadata__").fail(key, "a string", value)
     if meta.get("format_version") != str(FORMAT_VERSION):
         raise EulerError(
             f"{where}: checkpoint format version {meta.get('format_version')}, "
@@ -189,8 +213,21 @@ def _metadata(data: bytes, where: Path) -> dict:
     return meta
 
 
+def _meta_json(meta: dict[str, str], key: str, where: Path) -> Fields:
+    """A metadata entry that holds a JSON object, as Fields named `CHECKPOINT: KEY`."""
+    name = f"{where}: {key}"
+    if key not in meta:
+        raise EulerError(f"{name}: missing from the metadata")
+    return Fields(parse_json(meta[key], name), name)
+
+
 def load(path: str | Path, dtype=np.float32) -> Checkpoint:
-    """Read and verify a checkpoint file (or a run folder's); EulerError in one line if bad."""
+    """Read and verify a checkpoint file (or a run folder's); EulerError in one line if bad.
+
+    Checked before anything is allocated for the model: the header, the config, and that
+    the file's tensors have exactly the shapes the config needs; after: the checksum, and
+    that every value is finite (naming the first tensor that is not).
+    """
     path = resolve(path)
     data = path.read_bytes()
     meta = _metadata(data, path)
@@ -200,32 +237,37 @@ def load(path: str | Path, dtype=np.float32) -> Checkpoint:
         raise EulerError(f"{path}: corrupt checkpoint ({str(e).splitlines()[0]})") from None
     if _checksum(tensors) != meta.get("sha256"):
         raise EulerError(f"{path}: corrupt checkpoint (tensor checksum mismatch)")
-    try:
-        cfg = ModelConfig.from_dict(json.loads(meta["model_config"]), source=f"{path} config")
-        state = json.loads(meta["state"])
-        train_config = json.loads(meta["train_config"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise EulerError(f"{path}: corrupt checkpoint metadata ({e})") from None
+    cfg = ModelConfig.from_dict(
+        _meta_json(meta, "model_config", path).data, f"{path}: model_config"
+    )
+    state = _meta_json(meta, "state", path)
+    state.int("step", lo=0, default=0)
+    train_config = _meta_json(meta, "train_config", path).data
+    if not isinstance(meta.get("tokenizer", ""), str):
+        raise EulerError(f"{path}: tokenizer: expected a string")
     layout = ParamLayout(cfg)
     keys = [k for k in MOMENTS if any(n.startswith(f"adamw.{k}.") for n in tensors)]
-    flats = {k: np.empty(layout.size, dtype=dtype) for k in ["params", *keys]}
-    expected = set()
+    expected = {}
     for name, (off, shape) in layout.offsets.items():
-        n = int(np.prod(shape))
-        for k, flat in flats.items():
-            full = name if k == "params" else f"adamw.{k}.{name}"
-            expected.add(full)
-            t = tensors.get(full)
-            if t is None or t.shape != shape:
-                got = "missing" if t is None else f"shape {t.shape}"
-                raise EulerError(f"{path}: tensor {full} is {got}, the config needs {shape}")
-            flat[off : off + n] = t.reshape(-1)
-    extra = sorted(set(tensors) - expected)
+        for k in ["params", *keys]:
+            expected[name if k == "params" else f"adamw.{k}.{name}"] = (k, off, shape)
+    for full, (_, _, shape) in expected.items():
+        t = tensors.get(full)
+        if t is None or t.shape != shape:
+            got = "missing" if t is None else f"shape {t.shape}"
+            raise EulerError(f"{path}: tensor {full} is {got}, the config needs {shape}")
+    extra = sorted(set(tensors) - set(expected))
     if extra:
         raise EulerError(f"{path}: unexpected tensor {extra[0]} for this config")
+    flats = {k: np.empty(layout.size, dtype=dtype) for k in ["params", *keys]}
+    for full, (k, off, _) in expected.items():
+        t = tensors[full]
+        if not np.isfinite(t).all():
+            raise EulerError(f"{path}: tensor {full} holds non-finite values (NaN or inf)")
+        flats[k][off : off + t.size] = t.reshape(-1)
     moments = {k: flats[k] for k in keys} if keys else None
     return Checkpoint(
-        cfg, flats["params"], moments, state, train_config, meta.get("tokenizer", ""), path
+        cfg, flats["params"], moments, state.data, train_config, meta.get("tokenizer", ""), path
     )
 
 
