@@ -246,6 +246,18 @@ CASES = (
             locked(run_copy(), pid=77),
         ),  # fmt: skip
         Case(
+            "train --nproc 2 into a folder in use",
+            (*TRAIN, "--batch-size", "4", "--nproc", "2"),
+            ("in use by another run (PID 4242)",),
+            locked(),
+        ),
+        Case(
+            "resume --nproc 2 of a run in use",
+            (*RESUME, "--nproc", "2"),
+            ("in use by another run (PID 4242)",),
+            locked(run_copy()),
+        ),
+        Case(
             "train batch not split by nproc",
             (*TRAIN, "--batch-size", "3", "--nproc", "2"),
             ("--batch-size 3", "2 ranks"),
