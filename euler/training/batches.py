@@ -45,8 +45,8 @@ class Batches:
             self.train = TokenLoader(folder, "train", vocab_size=V)
             self.val = TokenLoader(folder, "val", vocab_size=V)
         else:
-            self.train = SFTDataset(folder, "train", vocab_size=V)
-            self.val = SFTDataset(folder, "val", vocab_size=V)
+            self.train = SFTDataset(folder, "train", vocab_size=V, context=self.T)
+            self.val = SFTDataset(folder, "val", vocab_size=V, context=self.T)
             if len(self.val) == 0:
                 raise EulerError(f"{folder}: no held-out records (prepare with --val-fraction > 0)")
 

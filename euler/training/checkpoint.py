@@ -131,6 +131,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a checkpoint private
     try:
         with os.fdopen(fd, "wb") as f:
             _write_bytes(f, data)
