@@ -1,11 +1,15 @@
-"""Session hooks: the CUDA-simulator runs start in the background as soon as collection has
-picked their tests, so that their minutes overlap the rest of the session.
+"""Session hooks: the background runs start as soon as collection has picked their tests,
+so that their minutes overlap the rest of the session on the other core.
 
-NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the simulator
-suites run in pytest subprocesses of their own (the simulator running one Python thread
-per GPU thread, its block scheduler replaced by simulator_scheduler.py's). A test marked
-`simulator_run(file, marks)` reports such a run of the file's tests selected by `-m marks`:
-its fixture `simulator_run_result` waits for it.
+A test marked `background_run(file, marks, simulator)` reports a pytest subprocess that runs
+the file's tests selected by `-m marks` with EULER_TEST_BACKGROUND=1 (the file's own tests
+read it: the session's copy of the file holds only the reporting tests); its fixture
+`background_run_result` waits for it. Two kinds use this:
+- simulator=True: the CUDA-simulator suites. NUMBA_ENABLE_CUDASIM must be set before
+  numba.cuda is first imported, so they need a process of their own anyway (the simulator
+  runs one Python thread per GPU thread, its block scheduler replaced by
+  simulator_scheduler.py's).
+- simulator=False: the sm_90 PTX compiles, a minute or two of NVVM on one core.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
 
+IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"
+
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     from simulator_scheduler import install
 
@@ -29,17 +35,18 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
 
 def _start(item: pytest.Item) -> None:
-    marker = item.get_closest_marker("simulator_run")
-    if marker is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    marker = item.get_closest_marker("background_run")
+    if marker is None or IN_BACKGROUND or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return
-    file, marks = marker.args
-    # without hypothesis's plugin: no simulator suite uses it, and its import costs seconds
+    file, marks, simulator = marker.args
+    # without hypothesis's plugin: no background suite uses it, and its import costs seconds
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
     cmd += ["-p", "no:hypothesispytest"]
     cmd += ["-m", marks] if marks else []
     cmd += [str(Path(file))]
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = dict(os.environ, EULER_TEST_BACKGROUND="1")
+    env["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     _RUNS[item.nodeid] = (proc, out)
 
@@ -47,7 +54,7 @@ def _start(item: pytest.Item) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "simulator_run(file, marks): reports a CUDA-simulator pytest run of file",
+        "background_run(file, marks, simulator): reports a pytest run of file in a subprocess",
     )
 
 
@@ -66,8 +73,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture
-def simulator_run_result(request: pytest.FixtureRequest) -> tuple[int, str]:
-    """(exit status, the last 8,000 characters of output) of the test's simulator run."""
+def background_run_result(request: pytest.FixtureRequest) -> tuple[int, str]:
+    """(exit status, the last 8,000 characters of output) of the test's background run."""
     proc, out = _RUNS[request.node.nodeid]
     try:
         rc = proc.wait(timeout=TIMEOUT_S)

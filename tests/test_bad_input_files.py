@@ -344,6 +344,8 @@ IMPORT_CASES = [
     Case("import-layers-null", IMPORT, ("num_hidden_layers", "null"),
          _hf(config={"num_hidden_layers": None})),
     Case("import-vocab-zero", IMPORT, ("vocab_size",), _hf(config={"vocab_size": 0})),
+    Case("import-vocab-huge", IMPORT, ("model.embed_tokens.weight", "1000000000"),
+         _hf(config={"vocab_size": 10**9})),  # refused before 10^9 rows are allocated
     Case("import-heads-bool", IMPORT, ("num_attention_heads",),
          _hf(config={"num_attention_heads": True})),
     Case("import-head-dim", IMPORT, ("head_dim",), _hf(config={"head_dim": 4})),

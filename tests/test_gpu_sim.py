@@ -21,19 +21,19 @@ IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 if not IN_SIMULATOR:
 
-    @pytest.mark.simulator_run(__file__, "")
-    def test_kernels_in_simulator(simulator_run_result) -> None:
+    @pytest.mark.background_run(__file__, "", True)
+    def test_kernels_in_simulator(background_run_result) -> None:
         """This file's simulator tests (started at collection: conftest.py)."""
         pytest.importorskip("numba.cuda")
-        rc, out = simulator_run_result
+        rc, out = background_run_result
         assert rc == 0, out
 
     @pytest.mark.slow
-    @pytest.mark.simulator_run(__file__, "slow")
-    def test_kernels_in_simulator_slow(simulator_run_result) -> None:
+    @pytest.mark.background_run(__file__, "slow", True)
+    def test_kernels_in_simulator_slow(background_run_result) -> None:
         """This file's slow simulator tests (minutes each)."""
         pytest.importorskip("numba.cuda")
-        rc, out = simulator_run_result
+        rc, out = background_run_result
         assert rc == 0, out
 
 else:

@@ -6,8 +6,9 @@ by the assertions) that carries the instructions the design says, counted: mma.s
 tile product, cp.async copies, ldmatrix, the 4-column dQ atomics, TF32 rounding, ex2.approx
 and the prep blocks' flags, and no float64 or local memory. Head size 16 runs by default
 (its dQ atomics are 4 columns wide, as at the `gpu` preset's 64); 8 and 64 (about three
-minutes of NVVM) with -m slow. Then this file runs again in a subprocess with
-NUMBA_ENABLE_CUDASIM=1 (which must be set before numba.cuda is imported, conftest.py),
+minutes of NVVM) with -m slow; these compiles run in a subprocess beside the session
+(conftest.py). The file runs again in a subprocess with NUMBA_ENABLE_CUDASIM=1 (which must
+be set before numba.cuda is imported),
 where mma.py emulates the warp-wide instructions: there the emulated m16n8k8 equals a
 float64 product of TF32-rounded operands, ldmatrix_x4 hands each lane the words mma.py
 documents, and forward and backward match a float64 NumPy reference within TF32 tolerance
@@ -33,10 +34,68 @@ import pytest
 from tests.numpy_reference import attention_with_grads
 
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"  # conftest.py's runs
 TOL = 2e-3  # of the largest reference value, see the module docstring
 
 
-if not IN_SIMULATOR:
+if not IN_BACKGROUND:  # the session: quick checks, and the reports of the background runs
+    pytest.importorskip("numba.cuda")
+
+    def test_options_are_checked() -> None:
+        """A TcOptions the generator cannot serve fails at construction, naming the field."""
+        from euler.gpu.attention_tc import TcOptions
+
+        for kwargs, field in (
+            ({"head_size": 128}, "head_size"),
+            ({"head_size": 8, "prep_stages": 2}, "prep_stages"),
+            ({"head_size": 64, "prep_stages": 4}, "prep_stages"),  # over dkv's shared memory
+            ({"head_size": 8, "prep_flag_every": 3}, "prep_flag_every"),
+            ({"head_size": 8, "prep_span": 0}, "prep_span"),
+        ):
+            with pytest.raises(ValueError, match=f"TcOptions.{field}"):
+                TcOptions(**kwargs)
+
+    def test_sources_follow_the_options() -> None:
+        """The simulator's source differs from the GPU's only where the module says
+        (quad reductions, the staged stores' barrier, dQ's B loads, the array's alignment),
+        and the prep shape reaches the prep blocks' source."""
+        from euler.gpu.attention_tc import TcOptions, sources
+
+        real, sim = sources(TcOptions(16, simulator=False)), sources(TcOptions(16, simulator=True))
+        assert "shfl_xor_sync" in real["forward_tc_kernel"]
+        assert "shfl_xor_sync" not in sim["forward_tc_kernel"]
+        assert "load2_shared" not in sim["backward_dkv_tc_kernel"]
+        assert "alignment=16" not in sim["backward_dkv_tc_kernel"]
+        dkv = sources(TcOptions(16, simulator=False, prep_span=4))["backward_dkv_tc_kernel"]
+        assert "if cuda.blockIdx.x % 4:" in dkv and "pb3 = " in dkv
+
+    @pytest.mark.background_run(__file__, "not slow", False)
+    def test_ptx_in_background(background_run_result) -> None:
+        """This file's PTX checks at head size 16, in a subprocess started at collection."""
+        rc, out = background_run_result
+        assert rc == 0, out
+
+    @pytest.mark.slow
+    @pytest.mark.background_run(__file__, "slow", False)
+    def test_ptx_in_background_slow(background_run_result) -> None:
+        """The PTX checks at head sizes 8 and 64 (minutes of NVVM)."""
+        rc, out = background_run_result
+        assert rc == 0, out
+
+    @pytest.mark.background_run(__file__, "not slow", True)
+    def test_in_simulator(background_run_result) -> None:
+        """This file's simulator tests, in a subprocess started at collection."""
+        rc, out = background_run_result
+        assert rc == 0, out
+
+    @pytest.mark.slow
+    @pytest.mark.background_run(__file__, "slow", True)
+    def test_in_simulator_slow(background_run_result) -> None:
+        """The partial tiles at E = 8 and the prep blocks' other shapes (a minute or two each)."""
+        rc, out = background_run_result
+        assert rc == 0, out
+
+elif not IN_SIMULATOR:  # the PTX run
     cuda = pytest.importorskip("numba.cuda")
 
     @functools.cache
@@ -124,47 +183,6 @@ if not IN_SIMULATOR:
         """Head size 8 (one column block: dQ's atomics 2 columns a request) and 64, the
         `gpu` preset's (about three minutes of NVVM)."""
         _check_ptx(_ptx(E), E)
-
-    def test_options_are_checked() -> None:
-        """A TcOptions the generator cannot serve fails at construction, naming the field."""
-        from euler.gpu.attention_tc import TcOptions
-
-        for kwargs, field in (
-            ({"head_size": 128}, "head_size"),
-            ({"head_size": 8, "prep_stages": 2}, "prep_stages"),
-            ({"head_size": 64, "prep_stages": 4}, "prep_stages"),  # over dkv's shared memory
-            ({"head_size": 8, "prep_flag_every": 3}, "prep_flag_every"),
-            ({"head_size": 8, "prep_span": 0}, "prep_span"),
-        ):
-            with pytest.raises(ValueError, match=f"TcOptions.{field}"):
-                TcOptions(**kwargs)
-
-    def test_sources_follow_the_options() -> None:
-        """The simulator's source differs from the GPU's only where the module says
-        (quad reductions, the staged stores' barrier, dQ's B loads, the array's alignment),
-        and the prep shape reaches the prep blocks' source."""
-        from euler.gpu.attention_tc import TcOptions, sources
-
-        real, sim = sources(TcOptions(16, simulator=False)), sources(TcOptions(16, simulator=True))
-        assert "shfl_xor_sync" in real["forward_tc_kernel"]
-        assert "shfl_xor_sync" not in sim["forward_tc_kernel"]
-        assert "load2_shared" not in sim["backward_dkv_tc_kernel"]
-        assert "alignment=16" not in sim["backward_dkv_tc_kernel"]
-        dkv = sources(TcOptions(16, simulator=False, prep_span=4))["backward_dkv_tc_kernel"]
-        assert "if cuda.blockIdx.x % 4:" in dkv and "pb3 = " in dkv
-
-    @pytest.mark.simulator_run(__file__, "not slow")
-    def test_in_simulator(simulator_run_result) -> None:
-        """This file's simulator tests, in a subprocess started at collection."""
-        rc, out = simulator_run_result
-        assert rc == 0, out
-
-    @pytest.mark.slow
-    @pytest.mark.simulator_run(__file__, "slow")
-    def test_in_simulator_slow(simulator_run_result) -> None:
-        """The partial tiles at E = 8 and the prep blocks' other shapes (a minute or two each)."""
-        rc, out = simulator_run_result
-        assert rc == 0, out
 
 else:
     from numba import cuda

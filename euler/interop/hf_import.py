@@ -253,23 +253,28 @@ def import_hf(
     if tok.vocab_size > cfg.vocab_size:
         raise EulerError(f"tokenizer has {tok.vocab_size} ids, the model only {cfg.vocab_size}")
     layout = ParamLayout(cfg)
+    # every shape checked before the model's buffer is allocated: the config's sizes are
+    # a stranger's claim, the tensors are what the files hold
+    for name, shape, _ in layout.table:
+        t = tensors.get(hf_name(name)) if name != "mtp_heads" else heads[0]
+        want = shape if name != "mtp_heads" else shape[1:]
+        if t is None or t.shape != want:
+            got = "missing" if t is None else f"shape {t.shape}"
+            what = hf_name(name) if name != "mtp_heads" else HEAD
+            raise EulerError(f"{src}: tensor {what} is {got}; config needs {want}")
+    ours = {hf_name(n) for n, _, _ in layout.table if n != "mtp_heads"}
+    unexpected = sorted(set(tensors) - ours)
+    if unexpected:
+        raise EulerError(f"{src}: unexpected tensor {unexpected[0]}: our block has no such weight")
+    for k, h in enumerate(heads[1:], start=1):
+        if h.shape != (cfg.vocab_size, cfg.d_model):
+            raise EulerError(f"{side}: head {k} has shape {h.shape}, config needs (V, D)")
     params = init_params(layout, seed)  # only heads 1..K-1 keep these values, if unsaved
     views = layout.views(params)
-    for name, shape, _ in layout.table:
-        if name == "mtp_heads":
-            continue
-        t = tensors.pop(hf_name(name), None)
-        if t is None or t.shape != shape:
-            got = "missing" if t is None else f"shape {t.shape}"
-            raise EulerError(f"{src}: tensor {hf_name(name)} is {got}; config needs {shape}")
-        views[name][...] = t
-    if tensors:
-        raise EulerError(
-            f"{src}: unexpected tensor {sorted(tensors)[0]}: our block has no such weight"
-        )
+    for name, _, _ in layout.table:
+        if name != "mtp_heads":
+            views[name][...] = tensors[hf_name(name)]
     for k, h in enumerate(heads):
-        if h.shape != views["mtp_heads"].shape[1:]:
-            raise EulerError(f"{src}: head {k} has shape {h.shape}, config needs (V, D)")
         views["mtp_heads"][k] = h
     if cfg.n_mtp > len(heads):
         notes.append(
