@@ -320,8 +320,8 @@ def _check_text(text: str, what: str) -> str:
 def _decoder_factory(ck, device: str):
     """A function making fresh decoders of checkpoint ck on device (cpu or cuda): with a KV
     cache where the backend has one (the CPU's), else recomputing the context (the GPU's)."""
+    from euler.backend import make_backend
     from euler.inference.decode_device import make_decoder
-    from euler.training.loop import make_backend
 
     backend = make_backend(device)
     return lambda: make_decoder(ck.cfg, ck.params, backend)

@@ -22,6 +22,8 @@ from typing import Any, Protocol, SupportsFloat, runtime_checkable
 
 import numpy as np
 
+from euler.errors import EulerError
+
 Array = Any  # np.ndarray on the CPU, a numba DeviceNDArray on the GPU
 # a deferred product: (out, a, b, trans_a, trans_b, accumulate), as matmul takes them
 Product = tuple[Array, Array, Array, bool, bool, bool]
@@ -174,3 +176,16 @@ class Backend(Protocol):
         """Append the keys and values of qkv (n, (H + 2G) E) (RoPE applied) to k_cache,
         v_cache (G, C, E) at positions pos0..pos0+n-1, then out (n, H E): row i attends to
         cached positions 0..pos0+i, alone (independent of n). EulerError without kv_cache."""
+
+
+def make_backend(device: str, tf32: bool = True, exact_attention: bool = False) -> Backend:
+    """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
+    if device == "cpu":
+        from euler.cpu.backend import CpuBackend
+
+        return CpuBackend()
+    try:
+        from euler.gpu.backend import GpuBackend
+    except ImportError as e:
+        raise EulerError(f"--device cuda: the GPU backend cannot be imported ({e})") from None
+    return GpuBackend(tf32=tf32, tc_attention=not exact_attention)

@@ -14,7 +14,9 @@ their next barrier and re-raised by the launch.
 `cuda.shared.array(shape, dtype)` names an allocation by the file and line of its caller;
 the simulator finds them with `traceback.extract_stack`, which reads the source of every
 frame of the stack from the line cache, per call and per thread. The replacement reads the
-same two fields off the caller's frame.
+same two fields off the caller's frame, and publishes a new array with one atomic
+`dict.setdefault` (the simulator's own get-then-store lets two threads that arrive together
+each keep an array of their own).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def install() -> None:
         if res is None:
             if isinstance(dtype, kernelapi.types.Type):
                 dtype = kernelapi.numpy_support.as_dtype(dtype)
-            res = self._allocations[key] = np.empty(shape, dtype)
+            # setdefault, not a store: the block's threads arrive here together, and one
+            # that lost the race must take the first thread's array, not keep its own
+            res = self._allocations.setdefault(key, np.empty(shape, dtype))
         return res
 
     kernelapi.FakeCUDAShared.array = shared_array

@@ -70,13 +70,13 @@ def test_bad_checkpoints_are_one_line(run, monkeypatch, capsys, tmp_path):
 
 def test_device_cuda_decodes_by_recompute(run, monkeypatch, capsys):
     """--device cuda takes the recompute decoder (given a CPU backend here): same answer."""
-    import euler.training.loop
+    import euler.backend
     from euler.cpu.backend import CpuBackend
 
     args = ["--prompt", "Say dog twice.", "--max-tokens", "6", "--temperature", "0"]
     code, cpu_out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
     assert code == 0, err
-    monkeypatch.setattr(euler.training.loop, "make_backend", lambda device: CpuBackend())
+    monkeypatch.setattr(euler.backend, "make_backend", lambda device: CpuBackend())
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                              "--device", "cuda", "--speculative")  # fmt: skip
     assert code == 0, err

@@ -31,6 +31,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from euler.backend import make_backend
 from euler.bench.kernels import attention_batch, compare_attention, time_layers, tokenizer_speed
 from euler.bench.peer import LR, load_torch_peer, time_peer_in_own_process
 from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
@@ -39,7 +40,6 @@ from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
 from euler.schema import check_number
 from euler.training import step_graph
-from euler.training.loop import make_backend
 from euler.training.optim import AdamW
 
 # (batch, seq) per preset when --batch / --seq are not given

@@ -53,16 +53,16 @@ from typing import IO
 
 import numpy as np
 
-from euler.backend import Backend
+from euler.backend import Backend, make_backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, arena_bytes
-from euler.schema import MISSING, Fields, describe
 from euler.training import checkpoint, distributed, run_folder, step_graph
 from euler.training.batches import Batches
-from euler.training.config import RESUME_FLAGS, TrainConfig, flag_name, lr_at
+from euler.training.config import TrainConfig, lr_at
 from euler.training.optim import AdamW, AdamWConfig
-from euler.training.run_folder import METRICS_FILE, RunInfo
+from euler.training.resume import resume_run, start_fresh
+from euler.training.run_folder import METRICS_FILE
 from euler.training.terminal import Display, StopRequest
 
 MEMORY_SLACK = 512 * 2**20  # cuBLAS workspace, kernel scratch, allocator rounding
@@ -88,19 +88,6 @@ def check_device_memory(backend: Backend, cfg: ModelConfig, B: int, T: int) -> N
             f"for activations and scratch, {free / 2**20:.1f} MiB is free: lower --batch-size "
             "(--grad-accum keeps the tokens per step) or --seq-len"
         )
-
-
-def make_backend(device: str, tf32: bool = True, exact_attention: bool = False) -> Backend:
-    """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
-    if device == "cpu":
-        from euler.cpu.backend import CpuBackend
-
-        return CpuBackend()
-    try:
-        from euler.gpu.backend import GpuBackend
-    except ImportError as e:
-        raise EulerError(f"--device cuda: the GPU backend cannot be imported ({e})") from None
-    return GpuBackend(tf32=tf32, tc_attention=not exact_attention)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -155,7 +142,7 @@ class _Snapshot:
 
 
 @dataclass
-class _Run:
+class RunState:
     """One run's pieces, as train() and its parts use them."""
 
     tc: TrainConfig
@@ -220,7 +207,7 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
         return _train(r, console, log)
 
 
-def _train(r: _Run, console, log: Callable) -> dict:
+def _train(r: RunState, console, log: Callable) -> dict:
     """The steps of a run that is set up, from r.start to r.total; train()'s summary."""
     tc = r.tc
     graphs = step_graph.StepGraphs(r.model.be, enabled=tc.cuda_graph, log=log)
@@ -269,7 +256,7 @@ def _train(r: _Run, console, log: Callable) -> dict:
 
 def _set_up(
     tc: TrainConfig, comm: distributed.Comm, resume: bool, overwrite: bool, log: Callable
-) -> _Run:
+) -> RunState:
     """Build the run: model config, backend, data, model and AdamW; then its folder (a fresh
     run claims it, a resumed run loads its checkpoint) and every rank's starting state."""
     folder = Path(tc.out_dir)
@@ -283,13 +270,13 @@ def _set_up(
     model = Model(cfg, backend, seed=tc.seed)
     opt = AdamW(model, AdamWConfig(tc.beta1, tc.beta2, 1e-8, tc.weight_decay, tc.grad_clip))
     check_device_memory(backend, cfg, tc.batch_size, data.T)
-    r = _Run(tc, folder, comm, cfg, data, model, opt, data.tokenizer.to_json(),
+    r = RunState(tc, folder, comm, cfg, data, model, opt, data.tokenizer.to_json(),
              total=tc.total_steps(data.T),
              tokens_per_step=tc.batch_size * data.T * tc.grad_accum)  # fmt: skip
     if resume:
-        _resume(r, log)
+        resume_run(r, log)
     else:
-        _start_fresh(r, overwrite, init)
+        start_fresh(r, overwrite, init)
     for buf in (model.params, opt.m, opt.v):  # every rank starts from rank 0's state
         comm.broadcast(buf)
     metrics = folder / METRICS_FILE if comm.rank == 0 else Path(os.devnull)
@@ -335,83 +322,7 @@ def _fit_to_tokenizer(
     return cfg
 
 
-def _start_fresh(r: _Run, overwrite: bool, init: checkpoint.Checkpoint | None) -> None:
-    """Claim the run folder and write run.json; SFT starts from init's weights."""
-    if r.comm.rank == 0:  # the other ranks never write to the run folder
-        run_folder.claim_run_dir(r.folder, overwrite)
-        r.run_id = run_folder.new_run_id()
-        run_folder.write_run_files(r.folder, RunInfo(r.run_id, r.tc, r.cfg), r.tokenizer_json)
-    if init is not None:
-        r.model.be.copy_(r.model.params, init.params.astype(r.model.dtype))
-
-
-def _resume(r: _Run, log: Callable) -> None:
-    """Load the run's checkpoint (weights, moments, step), or start at step 0 without one;
-    refuse a checkpoint of another run or settings run.json does not allow to change; drop
-    the metrics logged after the checkpoint and the temporary files of a killed save."""
-    run, be = r.folder, r.model.be
-    info = run_folder.read_run_info(run)
-    _check_resumed_settings(info.train, r.tc, run)
-    r.run_id = info.run_id
-    ck = None
-    if (run / checkpoint.CHECKPOINT_NAME).exists():
-        ck = checkpoint.load(run)
-        _check_resumable(r, ck, info)
-        be.copy_(r.model.params, ck.params)
-        be.copy_(r.opt.m, ck.moments["m"])
-        be.copy_(r.opt.v, ck.moments["v"])
-        r.opt.step_count = ck.state["adam_step"]
-        r.start = r.saved_step = ck.step
-    if r.comm.rank == 0:
-        run_folder.remove_temp_files(run)
-        if r.tc != info.train:  # a longer --steps, another --ckpt-every: run.json says so
-            run_folder.write_run_files(run, RunInfo(info.run_id, r.tc, info.model))
-        run_folder.trim_metrics(run / METRICS_FILE, r.start if ck else -1)
-    if ck is None:
-        log(f"{run} has no checkpoint yet: starting it from step 0")
-    else:
-        log(f"resuming {run} at step {r.start}")
-
-
-def _check_resumed_settings(saved: TrainConfig, tc: TrainConfig, run: Path) -> None:
-    """Refuse settings for a resumed run that differ from its run.json's, but for those
-    --resume may change (RESUME_FLAGS) and the folder itself (it may have moved)."""
-    fixed = [f.name for f in dataclasses.fields(TrainConfig)
-             if f.name not in (*RESUME_FLAGS, "out_dir")]  # fmt: skip
-    changed = [flag_name(name) for name in fixed if getattr(saved, name) != getattr(tc, name)]
-    if changed:
-        raise EulerError(
-            f"{run / run_folder.RUN_FILE} holds the settings of the run; resuming cannot "
-            f"change {', '.join(changed)}"
-        )
-
-
-def _check_resumable(r: _Run, ck: checkpoint.Checkpoint, info: RunInfo) -> None:
-    """Refuse a checkpoint that cannot continue this run: another architecture, another
-    run's (its run id), weights only, another tokenizer, or past the run's last step."""
-    run = r.folder
-    checkpoint.check_compatible(ck, r.cfg, f"run {run}")
-    state = Fields(ck.state, str(ck.path), "state")
-    found = state.get("run_id", MISSING)
-    if found != info.run_id:
-        raise EulerError(
-            f"{ck.path}: state.run_id: expected {info.run_id!r} (the run id in "
-            f"{run / run_folder.RUN_FILE}), found {describe(found)}: the checkpoint is "
-            "another run's"
-        )
-    state.int("adam_step", lo=0)
-    if ck.moments is None:
-        raise EulerError(f"{ck.path} holds weights only; it cannot resume training")
-    if ck.tokenizer_sha256 != r.data.tokenizer.sha256:
-        raise EulerError(f"{ck.path} was trained with another tokenizer than {r.data.folder}'s")
-    if ck.step > r.total:
-        raise EulerError(
-            f"--steps {r.tc.steps}: {ck.path} is at step {ck.step} already; "
-            f"give --steps {ck.step} or more"
-        )
-
-
-def _banner(r: _Run, graphs_active: bool) -> str:
+def _banner(r: RunState, graphs_active: bool) -> str:
     """The line that opens a run: what trains, where, for how many steps, on what data."""
     tc = r.tc
     on = f"{tc.device} (CUDA graphs)" if graphs_active else tc.device
@@ -426,7 +337,7 @@ def _banner(r: _Run, graphs_active: bool) -> str:
 
 
 def _optimizer_step(
-    r: _Run, graphs: step_graph.StepGraphs, step: int, batch: tuple, lr: float
+    r: RunState, graphs: step_graph.StepGraphs, step: int, batch: tuple, lr: float
 ) -> tuple[float, float, tuple]:
     """Optimizer step `step` (0-based) at learning rate lr, over grad_accum micro-batches of
     which `batch` (tokens (B, T), targets (K, B, T)) is the first: forward and backward of
@@ -468,13 +379,13 @@ def _optimizer_step(
     return loss, norm, batch
 
 
-def _stop_nonfinite(what: str, value: float, step: int, r: _Run) -> typing.NoReturn:
+def _stop_nonfinite(what: str, value: float, step: int, r: RunState) -> typing.NoReturn:
     """Stop the run on a loss or norm that is not finite; the pending checkpoint is dropped."""
     r.pending = None
     raise EulerError(f"{what} is {value} at step {step}: training stopped; {_kept(r)}")
 
 
-def _kept(r: _Run) -> str:
+def _kept(r: RunState) -> str:
     """What a stopped run leaves: the step of the checkpoint on disk, if any."""
     if r.saved_step is None:
         return "no checkpoint whose loss was finite had been written"
@@ -488,7 +399,7 @@ def _kept(r: _Run) -> str:
 
 
 def _log_step(
-    r: _Run, step: int, loss: float, lr: float, norm: float, dt: float, tps: float
+    r: RunState, step: int, loss: float, lr: float, norm: float, dt: float, tps: float
 ) -> None:
     """Record finished step `step` (1-based) in metrics.jsonl and show it; dt: its seconds,
     tps: the run's tokens per second so far."""
@@ -498,7 +409,7 @@ def _log_step(
     r.display.step(step, r.total, loss, lr, tps, eta)
 
 
-def _evaluate_and_log(r: _Run, step: int) -> list[float]:
+def _evaluate_and_log(r: RunState, step: int) -> list[float]:
     """Validation loss and a text sample after step `step`, recorded and shown; returns
     [the objective (mean over heads), then each head's loss], in nats."""
     tc = r.tc
@@ -512,7 +423,7 @@ def _evaluate_and_log(r: _Run, step: int) -> list[float]:
     return [val, *heads]
 
 
-def _snapshot(r: _Run, step: int) -> _Snapshot:
+def _snapshot(r: RunState, step: int) -> _Snapshot:
     """The checkpoint after step `step`, copied to the host (on rank 0: the ranks hold the
     same state, one of them writes it): weights, moments and the state that resumes it."""
     tc, be = r.tc, r.model.be
@@ -537,7 +448,7 @@ def _host_copy(be: Backend, x) -> np.ndarray:
     return host.copy() if isinstance(x, np.ndarray) and np.shares_memory(host, x) else host
 
 
-def _write(r: _Run, snap: _Snapshot) -> None:
+def _write(r: RunState, snap: _Snapshot) -> None:
     """Write a snapshot whose parameters' loss was finite as the run's checkpoint."""
     if r.comm.rank == 0:
         checkpoint.save(r.folder / checkpoint.CHECKPOINT_NAME, r.cfg, snap.params,
@@ -545,14 +456,14 @@ def _write(r: _Run, snap: _Snapshot) -> None:
     r.saved_step = snap.step
 
 
-def _write_pending(r: _Run) -> None:
+def _write_pending(r: RunState) -> None:
     """The step just taken measured the pending checkpoint's parameters finite: write it."""
     if r.pending is not None:
         _write(r, r.pending)
         r.pending = None
 
 
-def _save_checked(r: _Run, step: int, val_loss: float) -> None:
+def _save_checked(r: RunState, step: int, val_loss: float) -> None:
     """Checkpoint the parameters after step `step`, whose validation loss is val_loss:
     written if finite, else the run stops keeping the checkpoint on disk."""
     if not math.isfinite(val_loss):
@@ -560,7 +471,7 @@ def _save_checked(r: _Run, step: int, val_loss: float) -> None:
     _write(r, _snapshot(r, step))
 
 
-def _save_and_stop(r: _Run, step: int) -> None:
+def _save_and_stop(r: RunState, step: int) -> None:
     """Ctrl-C after step `step`: checkpoint it (unless just done) and say how to continue."""
     r.pending = None  # a snapshot of this step: written below once its loss is known
     if r.saved_step != step:
@@ -571,7 +482,7 @@ def _save_and_stop(r: _Run, step: int) -> None:
 
 
 def _summary(
-    r: _Run, loss: float, val: list[float], tokens: int, seconds: float, interrupted: bool,
+    r: RunState, loss: float, val: list[float], tokens: int, seconds: float, interrupted: bool,
     graph_nodes: int, log: Callable,
 ) -> dict:  # fmt: skip
     """train()'s result (and, for a run that finished, its closing line); tokens and seconds:
