@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
+BACKGROUND_NICE = 5
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
 
 IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"
@@ -47,7 +48,10 @@ def _start(item: pytest.Item) -> None:
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     env = dict(os.environ, EULER_TEST_BACKGROUND="1")
     env["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    # niced: the session is the longest chain of tests, so it keeps a core while the
+    # background runs share what is left
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=lambda: os.nice(BACKGROUND_NICE))  # fmt: skip
     _RUNS[item.nodeid] = (proc, out)
 
 
