@@ -231,7 +231,7 @@ def check_number(value: float, flag: str, lo: float | None = None, hi: float | N
         if lo_open and hi is None:
             want = f"greater than {lo:g}"
         elif lo is not None and hi is not None:
-            want = f"in [{lo:g}, {hi:g}]"
+            want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
         elif lo is not None:
             want = f"at least {lo:g}"
         else:

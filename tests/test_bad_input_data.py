@@ -199,6 +199,9 @@ def _set(value, *keys: str | int) -> Callable[[dict], None]:
 CASES = [
     # ------------------------------------------------ euler data prepare: flags
     Case("prepare-vocab-small", (*PREP, "--vocab-size", "100"), ("--vocab-size", "100"), BOOK_FILE),
+    # one document: one of the splits is left empty, which no training could use
+    Case("prepare-a-split-empty", (*PREP, "--tokenizer", "{data}/pre"), ("split", "1 document"),
+         BOOK_FILE),  # fmt: skip
     Case("prepare-vocab-huge", (*PREP, "--vocab-size", "99999999"), ("--vocab-size",), BOOK_FILE),
     Case("prepare-val-one", (*PREP_V, "--val-fraction", "1"), ("--val-fraction", "[0, 1)"),
          BOOK_FILE),

@@ -90,6 +90,18 @@ def test_resume_after_a_crash_drops_the_unsaved_steps(data_root, tmp_path, monke
     assert steps == list(range(1, 9))
 
 
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(data_root, tmp_path, capsys):
+    """A run at its last step, resumed: no step, no new metrics, a line saying why."""
+    run = tmp_path / "done"
+    train(tiny_config(run, data_root / "pre", steps=2, eval_every=2))
+    before = (run / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    summary = train(read_run(run)[0], resume=True)
+    assert summary["train_tokens"] == 0 and summary["steps"] == 2
+    assert "at step 2 of 2 already: nothing to train" in capsys.readouterr().out
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+
 def test_lr_schedule_warmup_then_cosine():
     tc = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=4, steps=14)
     lrs = [lr_at(s, tc, 14) for s in range(14)]

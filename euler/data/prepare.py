@@ -140,6 +140,15 @@ def prepare_corpus(
         ]
         seconds = time.perf_counter() - t1
         total = {s: sum(e["tokens"][s] for e in entries) for s in SPLITS}
+        docs = sum(e["documents"][s] for e in entries for s in SPLITS)
+        if val_fraction > 0 and total["val"] == 0:  # training would fail at its first eval
+            raise EulerError(
+                f"--val-fraction {val_fraction:g}: the validation split is empty "
+                f"({_documents(docs)} in all; a hash of each document's text decides its "
+                "split): give more documents, a larger --val-fraction or another --seed"
+            )
+        if total["train"] == 0:
+            raise EulerError(f"the training split is empty ({_documents(docs)} in all)")
         text_bytes = sum(e["text_bytes"][s] for e in entries for s in SPLITS)
         manifest = {
             "kind": "pretrain",
@@ -165,6 +174,11 @@ def prepare_corpus(
         shards = [name for e in entries for split in SPLITS for name in e["shards"][split]]
         write_manifest(work, manifest, shards)
     return manifest
+
+
+def _documents(n: int) -> str:
+    """'1 document', '30 documents'."""
+    return "1 document" if n == 1 else f"{n} documents"
 
 
 def _write_source(

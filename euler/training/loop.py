@@ -500,7 +500,10 @@ def _summary(
         "interrupted": interrupted,
         "graph_nodes": graph_nodes,  # kernels and copies in the captured CUDA graphs (0: none)
     }
-    if not interrupted:
+    if not interrupted and r.start == r.total:
+        log(f"{r.folder} is at step {r.total} of {r.total} already: nothing to train "
+            "(a larger --steps continues it)")  # fmt: skip
+    elif not interrupted:
         log(
             f"done: step {r.saved_step}, train loss {loss:.4f}, val loss {val[0]:.4f} "
             f"(head 0: {val[1]:.4f}), {summary['tokens_per_second']:,.0f} tokens/s; "
