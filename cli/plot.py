@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from euler.data.files import atomic_open
 from euler.errors import EulerError
 from euler.schema import Fields, parse_json
 
@@ -127,15 +126,9 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    # through a temporary file and a rename: a kill leaves the old plot or the new one
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    try:  # a kill leaves the old plot or the new one
+        with atomic_open(out, "wb") as f:
             fig.savefig(f, format="png", dpi=120)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     finally:
         plt.close(fig)
     return out

@@ -50,8 +50,9 @@ F64_SCALAR_READS = {"cross_entropy_forward_backward_kernel"}
 F64_READ = re.compile(r"^(\.reg \.f64|ld\.global\.f64|cvt\.rn\.f32\.f64)\b")
 
 
-def _launches(monkeypatch) -> list[tuple[object, tuple]]:
-    """(kernel, args) of every launch made by each launcher on small host arrays."""
+def _record_launches(monkeypatch) -> list[tuple[object, tuple]]:
+    """The list that every kernel launch from now on appends (kernel, args) to, instead of
+    launching."""
     calls: list[tuple[object, tuple]] = []
     monkeypatch.setattr(
         dispatcher.CUDADispatcher,
@@ -60,6 +61,12 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     )
     # raising a kernel's shared-memory limit needs a loaded module, so a GPU: skip it here
     monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)
+    return calls
+
+
+def _launches(monkeypatch) -> list[tuple[object, tuple]]:
+    """(kernel, args) of every launch made by each launcher on small host arrays."""
+    calls = _record_launches(monkeypatch)
     f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     N, D, F, V, K, B, T = 6, 8, 12, 10, 4, 2, 3
     tokens = np.zeros(N, np.int32)
@@ -164,27 +171,22 @@ if IN_BACKGROUND:  # conftest.py's run of this file, beside the session on the o
     def test_tiled_attention_gpu_preset(monkeypatch) -> None:
         """The generated kernels at the `gpu` preset's head size 64 (a minute of NVVM time; the
         default run compiles them at E = 8, test_every_kernel_compiles_for_sm90)."""
-        calls: list[tuple[object, tuple]] = []
-        monkeypatch.setattr(
-            dispatcher.CUDADispatcher,
-            "__getitem__",
-            lambda self, cfg: lambda *args: calls.append((self, args)),
-        )
-        monkeypatch.setattr(attention, "_raise_shared_limit", lambda *a: None)
+        calls = _record_launches(monkeypatch)
         _attention_launches(64, 0, 2, 3)
         _compile_all(monkeypatch, [c for c in calls if "tiled" in c[0].py_func.__name__])
 
 else:
+    from tests.background import background_test
 
-    @pytest.mark.background_run(__file__, "not slow", False)
-    def test_ptx_in_background(background_run_result) -> None:
-        """This file's PTX compiles, in a subprocess started at collection (conftest.py)."""
-        rc, out = background_run_result
-        assert rc == 0, out
-
-    @pytest.mark.slow
-    @pytest.mark.background_run(__file__, "slow", False)
-    def test_ptx_in_background_slow(background_run_result) -> None:
-        """The generated attention kernels at head size 64 (a minute of NVVM)."""
-        rc, out = background_run_result
-        assert rc == 0, out
+    test_ptx_in_background = background_test(
+        __file__,
+        "not slow",
+        False,
+        "This file's PTX compiles, in a subprocess started at collection (conftest.py).",
+    )
+    test_ptx_in_background_slow = background_test(
+        __file__,
+        "slow",
+        False,
+        "The generated attention kernels at head size 64 (a minute of NVVM).",
+    )

@@ -20,21 +20,14 @@ import pytest
 IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 if not IN_SIMULATOR:
+    from tests.background import background_test
 
-    @pytest.mark.background_run(__file__, "", True)
-    def test_kernels_in_simulator(background_run_result) -> None:
-        """This file's simulator tests (started at collection: conftest.py)."""
-        pytest.importorskip("numba.cuda")
-        rc, out = background_run_result
-        assert rc == 0, out
-
-    @pytest.mark.slow
-    @pytest.mark.background_run(__file__, "slow", True)
-    def test_kernels_in_simulator_slow(background_run_result) -> None:
-        """This file's slow simulator tests (minutes each)."""
-        pytest.importorskip("numba.cuda")
-        rc, out = background_run_result
-        assert rc == 0, out
+    test_kernels_in_simulator = background_test(
+        __file__, "", True, "This file's simulator tests (started at collection: conftest.py)."
+    )
+    test_kernels_in_simulator_slow = background_test(
+        __file__, "slow", True, "This file's slow simulator tests (minutes each)."
+    )
 
 else:
     from backward_twins import BACKWARD_CHECKS

@@ -40,6 +40,7 @@ TOL = 2e-3  # of the largest reference value, see the module docstring
 
 if not IN_BACKGROUND:  # the session: quick checks, and the reports of the background runs
     pytest.importorskip("numba.cuda")
+    from tests.background import background_test
 
     def test_options_are_checked() -> None:
         """A TcOptions the generator cannot serve fails at construction, naming the field."""
@@ -69,31 +70,28 @@ if not IN_BACKGROUND:  # the session: quick checks, and the reports of the backg
         dkv = sources(TcOptions(16, simulator=False, prep_span=4))["backward_dkv_tc_kernel"]
         assert "if cuda.blockIdx.x % 4:" in dkv and "pb3 = " in dkv
 
-    @pytest.mark.background_run(__file__, "not slow", False)
-    def test_ptx_in_background(background_run_result) -> None:
-        """This file's PTX checks at head size 16, in a subprocess started at collection."""
-        rc, out = background_run_result
-        assert rc == 0, out
+    test_ptx_in_background = background_test(
+        __file__,
+        "not slow",
+        False,
+        "This file's PTX checks at head size 16, in a subprocess started at collection.",
+    )
+    test_ptx_in_background_slow = background_test(
+        __file__, "slow", False, "The PTX checks at head sizes 8 and 64 (minutes of NVVM)."
+    )
+    test_in_simulator = background_test(
+        __file__,
+        "not slow",
+        True,
+        "This file's simulator tests, in a subprocess started at collection.",
+    )
+    test_in_simulator_slow = background_test(
+        __file__,
+        "slow",
+        True,
+        "The partial tiles at E = 8 and the prep blocks' other shapes (a minute or two each).",
+    )
 
-    @pytest.mark.slow
-    @pytest.mark.background_run(__file__, "slow", False)
-    def test_ptx_in_background_slow(background_run_result) -> None:
-        """The PTX checks at head sizes 8 and 64 (minutes of NVVM)."""
-        rc, out = background_run_result
-        assert rc == 0, out
-
-    @pytest.mark.background_run(__file__, "not slow", True)
-    def test_in_simulator(background_run_result) -> None:
-        """This file's simulator tests, in a subprocess started at collection."""
-        rc, out = background_run_result
-        assert rc == 0, out
-
-    @pytest.mark.slow
-    @pytest.mark.background_run(__file__, "slow", True)
-    def test_in_simulator_slow(background_run_result) -> None:
-        """The partial tiles at E = 8 and the prep blocks' other shapes (a minute or two each)."""
-        rc, out = background_run_result
-        assert rc == 0, out
 
 elif not IN_SIMULATOR:  # the PTX run
     cuda = pytest.importorskip("numba.cuda")

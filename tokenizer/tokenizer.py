@@ -311,23 +311,19 @@ class Tokenizer:
 
 def _write(path: Path, text: str) -> None:
     """Write text to a temporary file beside path, then rename it: never half a file."""
+    from euler.data.files import default_mode  # euler.data imports this module
+
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except OSError as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise EulerError(f"cannot write {path}: {e.strerror}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _is_pair(m: object) -> bool:

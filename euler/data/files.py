@@ -23,8 +23,9 @@ from euler.errors import EulerError
 CHUNK = 1 << 20  # bytes read per step when hashing or copying
 
 
-def _default_mode(directory: bool = False) -> int:
-    """Permissions a plain open()/mkdir() would give under the current umask."""
+def default_mode(directory: bool = False) -> int:
+    """Permissions a plain open()/mkdir() would give under the current umask (for files
+    made by mkstemp/mkdtemp, which are private)."""
     umask = os.umask(0)
     os.umask(umask)
     return (0o777 if directory else 0o666) & ~umask
@@ -33,7 +34,7 @@ def _default_mode(directory: bool = False) -> int:
 def make_temp(folder: Path, name: str) -> tuple[int, str]:
     """mkstemp next to `name` in `folder`, with the umask's usual permissions (not 0600)."""
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".tmp-{name}.")
-    os.chmod(tmp, _default_mode())
+    os.chmod(tmp, default_mode())
     return fd, tmp
 
 
@@ -148,7 +149,7 @@ def staged_dir(out: Path, overwrite: bool = False, reads: Iterable[Path] = ()) -
     check_output(out, overwrite, reads)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}.{os.getpid()}."))
-    os.chmod(tmp, _default_mode(directory=True))
+    os.chmod(tmp, default_mode(directory=True))
     try:
         yield tmp
         if out.exists():

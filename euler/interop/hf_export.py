@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
+from euler.data.files import default_mode
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
@@ -168,10 +169,8 @@ def write_folder(out: Path, files: dict[str, bytes], overwrite: bool, source: Pa
         )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     old = tmp.with_suffix(".old")  # where a replaced folder waits until the new one is in
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+        tmp.chmod(default_mode(directory=True))  # mkdtemp's is private; an export is not
         for name, data in files.items():
             with open(tmp / name, "wb") as f:
                 f.write(data)

@@ -30,6 +30,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from euler.data.files import default_mode
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
@@ -123,17 +124,16 @@ def _write_bytes(f, data: bytes) -> None:
     f.write(data)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` via a fsynced temporary file and a rename.
+def write_atomic(path: Path, data: bytes, what: str = "checkpoint") -> None:
+    """Replace `path` with `data` via a fsynced temporary file (`.NAME.*.tmp`) and a rename.
 
     On any failure (a full disk, an interrupt) the temporary file is removed and the old
-    file is untouched; the error names what happened.
+    file is untouched; the error names what happened and says that the previous `what` is
+    kept.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a checkpoint private
+    os.chmod(tmp, default_mode())  # mkstemp's 0600 would make the file private
     try:
         with os.fdopen(fd, "wb") as f:
             _write_bytes(f, data)
@@ -143,7 +143,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            kept = "the previous checkpoint is kept" if path.exists() else "nothing was written"
+            kept = f"the previous {what} is kept" if path.exists() else "nothing was written"
             raise EulerError(f"could not write {path}: {e.strerror or e}; {kept}") from None
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,24 +145,7 @@ def new_run_id() -> str:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace the text file `path` through a temporary file beside it and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the file is not
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise EulerError(f"could not write {path}: {e.strerror or e}") from None
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it, then put back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    checkpoint.write_atomic(path, text.encode("utf-8"), what=path.name)
 
 
 def remove_temp_files(run: Path) -> None:
