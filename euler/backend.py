@@ -9,6 +9,12 @@ D the model width, V the vocabulary, F the MLP hidden width, H query heads, G ke
 heads, E the head size, K the prediction heads. Shapes that a kernel would overrun raise
 ValueError (check_shapes).
 
+Every float array is float32 (float64 for the gradient check) or bf16, stored as uint16
+bits (euler.precision.BF16). A method reads each array's dtype: bf16 inputs are widened
+to float32 for the arithmetic, bf16 outputs rounded to nearest even where they are
+stored; accumulation is float32 throughout. Which tensors are bf16 under --precision bf16
+is euler.precision.BF16_TENSORS; the two operands of a product share a dtype.
+
 Capabilities that only some backends have are declared here, with the honest answer where
 absent: can_capture (CUDA graphs; capture refuses without it), kv_cache (the decode_*
 methods; they refuse without it, and inference recomputes the context instead),
@@ -23,6 +29,7 @@ from typing import Any, Protocol, SupportsFloat, runtime_checkable
 import numpy as np
 
 from euler.errors import EulerError
+from euler.precision import check_precision
 
 Array = Any  # np.ndarray on the CPU, a numba DeviceNDArray on the GPU
 # a deferred product: (out, a, b, trans_a, trans_b, accumulate), as matmul takes them
@@ -113,9 +120,11 @@ class Backend(Protocol):
         pos0..pos0+T-1; cos, sin (context, E/2)."""
 
     def rope_backward(
-        self, dqkv: Array, cos: Array, sin: Array, H: int, G: int, E: int, pos0: int = 0
-    ) -> None:
-        """Rotate the q and k gradients of dqkv (B, T, (H + 2G) E) back, in place."""
+        self, dqkv: Array, cos: Array, sin: Array, H: int, G: int, E: int, pos0: int = 0,
+        out: Array | None = None,
+    ) -> None:  # fmt: skip
+        """Rotate the q and k gradients of dqkv (B, T, (H + 2G) E) back, in place; with out
+        (dqkv's shape; bf16 where dqkv is float32), into out, dqkv only read."""
 
     def attention_forward(self, out: Array, lse: Array, qkv: Array, H: int, G: int, E: int) -> None:
         """Causal attention: out (B, T, H E) and log-sum-exp lse (B, H, T) from qkv
@@ -152,10 +161,12 @@ class Backend(Protocol):
         """Global L2 norm of the flat gradient (P,) (waits for the device)."""
 
     def adamw_step(
-        self, params: Array, grads: Array, m: Array, v: Array, hp, hyper: Array, n_decay: int
-    ) -> SupportsFloat:
+        self, params: Array, grads: Array, m: Array, v: Array, hp, hyper: Array, n_decay: int,
+        lowp: Array | None = None,
+    ) -> SupportsFloat:  # fmt: skip
         """Clip grads (P,) by global norm to hp.grad_clip, then AdamW on params, m, v (P,) in
         place, weight decay on [0, n_decay); hyper the staged (lr, 1 - beta1^t, 1 - beta2^t).
+        lowp (P,) bf16, if given, receives the new params rounded to bf16 in the same pass.
         Returns the norm before clipping."""
 
     # ------------------------------------------------------------ CUDA graphs
@@ -178,14 +189,24 @@ class Backend(Protocol):
         cached positions 0..pos0+i, alone (independent of n). EulerError without kv_cache."""
 
 
-def make_backend(device: str, tf32: bool = True, exact_attention: bool = False) -> Backend:
-    """The CpuBackend or GpuBackend for --device (cpu or cuda); one-line error without a GPU."""
+def make_backend(device: str, precision: str = "tf32", exact_attention: bool = False) -> Backend:
+    """The CpuBackend or GpuBackend for --device (cpu or cuda) and --precision (fp32, tf32,
+    bf16; euler.precision); one-line errors without a GPU, or without bf16 on it.
+
+    On the GPU, fp32 makes every product and attention exact, tf32 runs them on TF32 tensor
+    cores (exact_attention: attention in fp32), and bf16 runs bf16 products and attention
+    (the model stores bf16 tensors; the backend reads their dtype). On the CPU every
+    precision computes in fp32; bf16's tensors are emulated (euler.cpu.backend).
+    """
+    check_precision(precision)
     if device == "cpu":
         from euler.cpu.backend import CpuBackend
 
         return CpuBackend()
     try:
-        from euler.gpu.backend import GpuBackend
+        from euler.gpu.backend import GpuBackend, check_bf16_support
     except ImportError as e:
         raise EulerError(f"--device cuda: the GPU backend cannot be imported ({e})") from None
-    return GpuBackend(tf32=tf32, tc_attention=not exact_attention)
+    if precision == "bf16":
+        check_bf16_support()
+    return GpuBackend(tf32=precision != "fp32", tc_attention=not exact_attention)

@@ -3,10 +3,18 @@
 It implements euler.backend.Backend, as the GPU's does, so euler.model.transformer runs
 unchanged on either device. Its capabilities: a KV cache for generation (the decode_*
 methods, euler/cpu/decode.py), no CUDA graphs, no device-memory figures (None).
+
+bf16 tensors (uint16 bits, euler.precision) are emulated: a method given one widens it to
+float32, runs the float32 kernel, and rounds each bf16 output to nearest even once, where
+the GPU's kernel stores it. Products of bf16 operands are exact in float32, so a product
+accumulates in float32 as cuBLAS's does. It is the reference the GPU's bf16 kernels are
+compared with, and slow (every bf16 argument is copied twice).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -27,6 +35,42 @@ from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
 from euler.cpu.blas import SplitMatmul
 from euler.errors import EulerError
 from euler.layer_math import clip_scale
+from euler.precision import from_bf16, is_bf16, to_bf16
+
+
+def _bf16_emulated(*outputs: str):
+    """Decorate a method so that it takes bf16 arrays: each is widened to a float32 copy
+    (one copy per distinct array, so `dx` passed as `dres` too stays one buffer), the
+    float32 method runs, and the copies of the arguments named in `outputs` are rounded
+    back into their bf16 arrays."""
+
+    def wrap(method):
+        signature = inspect.signature(method)
+
+        @functools.wraps(method)
+        def emulated(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            originals = dict(bound.arguments)
+            wide: list[tuple[np.ndarray, np.ndarray]] = []  # (bf16 array, its float32 copy)
+            for name, value in bound.arguments.items():
+                if isinstance(value, np.ndarray) and is_bf16(value):
+                    copy = next((w for a, w in wide if a is value), None)
+                    if copy is None:
+                        copy = from_bf16(value)
+                        wide.append((value, copy))
+                    bound.arguments[name] = copy
+            if not wide:
+                return method(self, *args, **kwargs)
+            result = method(*bound.args, **bound.kwargs)
+            for name in outputs:
+                original = originals.get(name)
+                if isinstance(original, np.ndarray) and is_bf16(original):
+                    original[...] = to_bf16(bound.arguments[name])
+            return result
+
+        return emulated
+
+    return wrap
 
 
 class CpuBackend:
@@ -77,10 +121,12 @@ class CpuBackend:
         return None
 
     # ------------------------------------------------------------ matrix products
+    @_bf16_emulated("out")
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
         self._matmul(out, a, b, trans_a, trans_b, accumulate)
 
+    @_bf16_emulated("out")
     def matmul_residual(self, out, res, a, b) -> None:
         """out (M, N) = res (M, N) + a (M, K) @ b^T, b a weight (N, K); out may not overlap res.
 
@@ -98,7 +144,11 @@ class CpuBackend:
 
     def matmul_pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run
-        concurrently; both are done when it returns."""
+        concurrently; both are done when it returns (with bf16 operands, one after the other)."""
+        if any(is_bf16(x) for x in (*first[:3], *second[:3])):
+            self.matmul(*first)
+            self.matmul(*second)
+            return
         self._matmul.pair(first, second)
 
     def wait_deferred(self, keep: int = 0) -> None:
@@ -106,24 +156,28 @@ class CpuBackend:
 
     # ------------------------------------------------------------ layers
     # Numba does not check bounds, so each launcher checks the shapes its kernel trusts.
+    @_bf16_emulated("x")
     def embedding_forward(self, x, tokens, wte) -> None:
         """x (N, D) = wte (V, D)[tokens (N,)]."""
         check_shapes("embedding_forward", tokens=(tokens, x.shape[:1]),
                      x=(x, (x.shape[0], wte.shape[1])))  # fmt: skip
         embedding.embedding_forward(x, tokens, wte)
 
+    @_bf16_emulated("dwte")
     def embedding_backward(self, dwte, dx, tokens, accumulate) -> None:
         """dwte (V, D) (+)= scatter of dx (N, D) by tokens (N,)."""
         check_shapes("embedding_backward", tokens=(tokens, dx.shape[:1]),
                      dx=(dx, (dx.shape[0], dwte.shape[1])))  # fmt: skip
         embedding.embedding_backward(dwte, dx, tokens, accumulate)
 
+    @_bf16_emulated("y")
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
         """y (N, D), rstd (N,) from x (N, D), w (D,)."""
         check_shapes("rmsnorm_forward", y=(y, x.shape), rstd=(rstd, x.shape[:1]),
                      w=(w, x.shape[1:]))  # fmt: skip
         rmsnorm.rmsnorm_forward(y, rstd, x, w, eps)
 
+    @_bf16_emulated("dx")
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
         """dx (N, D) = dres + J^T dy; dw (D,) (+)=."""
         check_shapes("rmsnorm_backward", dx=(dx, x.shape), dy=(dy, x.shape), dres=(dres, x.shape),
@@ -131,16 +185,25 @@ class CpuBackend:
         inplace = np.may_share_memory(dx, dres)
         rmsnorm.rmsnorm_backward(dx, dw, dy, dres, x, w, rstd, accumulate, inplace)
 
+    @_bf16_emulated("qkv")
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
         """Rotate the q and k heads of qkv (B, T, (H + 2G) E) in place."""
         _rope_shapes(qkv, cos, sin, H, G, E, pos0)
         rope.rope_forward(qkv, cos, sin, H, G, E, pos0)
 
-    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
-        """Rotate the q and k gradients of dqkv (B, T, (H + 2G) E) back, in place."""
+    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0, out=None) -> None:
+        """Rotate the q and k gradients of dqkv (B, T, (H + 2G) E) back, in place; with out
+        (dqkv's shape, float32 or bf16), into out instead, dqkv left as it is."""
         _rope_shapes(dqkv, cos, sin, H, G, E, pos0)
-        rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
+        if out is None:
+            rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
+            return
+        check_shapes("rope_backward", out=(out, dqkv.shape))
+        work = np.array(from_bf16(dqkv) if is_bf16(dqkv) else dqkv, dtype=np.float32)
+        rope.rope_backward(work, cos, sin, H, G, E, pos0)
+        out[...] = to_bf16(work) if is_bf16(out) else work
 
+    @_bf16_emulated("out")
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
         """out (B, T, H E), lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
         B, T = qkv.shape[:2]
@@ -151,6 +214,7 @@ class CpuBackend:
         else:
             attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
 
+    @_bf16_emulated("dqkv")
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         """dqkv (B, T, (H + 2G) E) from dout (B, T, H E) and the saved qkv, out, lse."""
         B, T = qkv.shape[:2]
@@ -162,27 +226,32 @@ class CpuBackend:
         else:
             attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
 
+    @_bf16_emulated("h")
     def swiglu_forward(self, h, gu) -> None:
         """h (N, F) = silu(gate) * up from gu (N, 2F)."""
         check_shapes("swiglu_forward", gu=(gu, (h.shape[0], 2 * h.shape[1])))
         swiglu.swiglu_forward(h, gu)
 
+    @_bf16_emulated("dgu")
     def swiglu_backward(self, dgu, dh, gu) -> None:
         """dgu (N, 2F) from dh (N, F) and gu (N, 2F)."""
         check_shapes("swiglu_backward", gu=(gu, (dh.shape[0], 2 * dh.shape[1])),
                      dgu=(dgu, gu.shape))  # fmt: skip
         swiglu.swiglu_backward(dgu, dh, gu)
 
+    @_bf16_emulated("out")
     def residual_forward(self, out, a, b) -> None:
         """out (N, D) = a + b."""
         check_shapes("residual_forward", a=(a, out.shape), b=(b, out.shape))
         residual.residual_forward(out, a, b)
 
+    @_bf16_emulated("losses")
     def cross_entropy_forward(self, losses, logits, targets) -> None:
         """losses (N,) from logits (N, V) and targets (N,) (-1 = none)."""
         _cross_entropy_shapes("cross_entropy_forward", losses, logits, targets)
         cross_entropy.cross_entropy_forward(losses, logits, targets)
 
+    @_bf16_emulated("logits")
     def cross_entropy_forward_backward(self, losses, logits, targets, scales, k) -> None:
         """losses (N,); logits (N, V) becomes scales[k] * dloss/dlogits (scales staged, (K,))."""
         _cross_entropy_shapes("cross_entropy_forward_backward", losses, logits, targets)
@@ -210,10 +279,11 @@ class CpuBackend:
         """Global L2 norm of the flat gradient."""
         return math.sqrt(adamw.grad_sumsq(grads))
 
-    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay) -> float:
+    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay, lowp=None) -> float:
         """Clip by global norm, then AdamW in place; returns the norm before clipping.
 
-        hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step).
+        hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step). lowp (P,) bf16, if given,
+        receives the updated parameters rounded to bf16 (the products' weight copies).
         """
         check_shapes("adamw_step", grads=(grads, params.shape), m=(m, params.shape),
                      v=(v, params.shape))  # fmt: skip
@@ -224,6 +294,9 @@ class CpuBackend:
             params, grads, m, v, lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
             scale, n_decay,
         )  # fmt: skip
+        if lowp is not None:
+            check_shapes("adamw_step", lowp=(lowp, params.shape))
+            lowp[...] = to_bf16(params)
         return norm
 
     # ------------------------------------------------------------ CUDA graphs

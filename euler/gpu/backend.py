@@ -23,6 +23,7 @@ import numpy as np
 from euler.errors import EulerError
 from euler.gpu.cublas import INSTALL_HINT, Cublas
 from euler.gpu.cublaslt import CublasLt
+from euler.precision import check_bf16_capability, is_bf16
 
 try:
     from numba import cuda
@@ -43,6 +44,14 @@ def _require_gpu() -> None:
             f"GPU backend: no CUDA GPU found (driver or device missing); {INSTALL_HINT} "
             "on a machine with an NVIDIA GPU"
         )
+
+
+def check_bf16_support() -> None:
+    """EulerError unless the current GPU runs bf16 (compute capability 8.0 or later)."""
+    _require_gpu()
+    device = cuda.get_current_device()
+    name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
+    check_bf16_capability(device.compute_capability, name)
 
 
 def _event():
@@ -170,7 +179,8 @@ class GpuBackend:
         self._side_pending: list = []  # events of the deferred products not yet waited for
         self._side_count = 0  # deferred products so far: their events go round the ring
         self._scratch: dict[tuple, object] = {}
-        self._lt = None  # matmul_residual's cuBLASLt handle (options.fused_residual), made on use
+        self._lt = None  # the stream's cuBLASLt (fused residuals, bf16 products), made on use
+        self._side_lt = None  # the side stream's, for deferred bf16 products
 
     @property
     def can_capture(self) -> bool:
@@ -261,8 +271,20 @@ class GpuBackend:
 
     # ------------------------------------------------------------ matrix products
     def matmul(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
-        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional transpose."""
-        self.blas.gemm(out, a, b, trans_a, trans_b, accumulate)
+        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op is an optional
+        transpose. bf16 operands go to cuBLASLt (fp32 accumulation, out bf16 or fp32)."""
+        self._library(a, side=False).gemm(out, a, b, trans_a, trans_b, accumulate)
+
+    def _library(self, a, side: bool):
+        """What runs a product whose operand is a: cuBLAS for float32, the stream's (or the
+        side stream's) cuBLASLt for bf16; a stand-in blas (the simulator's) for both."""
+        if not (is_bf16(a) and self._cublas):
+            return self.side[1] if side else self.blas
+        if not side:
+            return self._fused_blas()
+        if self._side_lt is None:
+            self._side_lt = _on_stream(CublasLt, self.side[0], self.blas.tf32)
+        return self._side_lt
 
     def matmul_residual(self, out, res, a, b) -> None:
         """out (M, N) = res (M, N) + a (M, K) @ b^T, b a weight (N, K); out may not overlap res.
@@ -282,7 +304,7 @@ class GpuBackend:
     def _fused_blas(self):
         """The CublasLt on the stream, with its own workspace, made on first use: the first
         forward of a step runs eagerly (step_graph.py), so neither the workspace nor a
-        product's heuristic query happens inside a captured graph."""
+        product's heuristic query happens inside a captured graph (so is the side stream's)."""
         if self._lt is None:
             self._lt = _on_stream(CublasLt, self.stream, self.blas.tf32)
         return self._lt
@@ -303,14 +325,16 @@ class GpuBackend:
         written and out not read. Without a side stream, matmul."""
         scratch = self._transposed_operand(out, a, trans_a, trans_b)
         if self.side is None:
-            self._gemm(self.blas, self.stream, scratch, out, a, b, trans_a, trans_b, accumulate)
+            blas = self._library(a, side=False)
+            self._gemm(blas, self.stream, scratch, out, a, b, trans_a, trans_b, accumulate)
             return
-        side, side_blas, fork, done = self.side
+        side, _, fork, done = self.side
+        blas = self._library(a, side=True)  # made before the fork: it allocates a workspace
         if len(self._side_pending) == len(done) - 1:
             self.wait_deferred()  # the next event round the ring may still be waited for
         fork.record(self.stream)
         fork.wait(side)
-        self._gemm(side_blas, side, scratch, out, a, b, trans_a, trans_b, accumulate)
+        self._gemm(blas, side, scratch, out, a, b, trans_a, trans_b, accumulate)
         event = done[self._side_count % len(done)]
         event.record(side)
         self._side_pending.append(event)
@@ -375,24 +399,39 @@ class GpuBackend:
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
         self.k_rope.rope_forward(qkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
 
-    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0) -> None:
-        self.k_rope.rope_backward(dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
+    def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0, out=None) -> None:
+        self.k_rope.rope_backward(
+            dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads, out=out
+        )
 
-    def _tensor_cores(self, E: int) -> bool:
+    def _tensor_cores(self, qkv, E: int) -> bool:
+        """Whether attention on qkv runs on the tensor-core kernels: always for bf16 (no
+        other kernel reads it), else with TF32 where the head size allows."""
+        if is_bf16(qkv):
+            from euler.gpu import attention_tc
+
+            if not attention_tc.supports(E):
+                raise EulerError(
+                    f"bf16 attention: head size {E} is not one of {attention_tc.HEAD_SIZES}; "
+                    "use --precision tf32"
+                )
+            return True
         return self.k_attention_tc is not None and self.k_attention_tc.supports(E)
 
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
-        if self._tensor_cores(E):
-            self.k_attention_tc.attention_forward(out, lse, qkv, H, G, E, self.stream)
+        if self._tensor_cores(qkv, E):
+            from euler.gpu import attention_tc
+
+            attention_tc.attention_forward(out, lse, qkv, H, G, E, self.stream)
             return
         self.k_attention.attention_forward(out, lse, qkv, H, G, E, self.stream, self.tile)
 
     def attention_backward(self, dqkv, dout, qkv, out, lse, H, G, E) -> None:
         dsum = self.scratch("attention_dsum", lse.shape, lse.dtype)
-        if self._tensor_cores(E):
-            self.k_attention_tc.attention_backward(
-                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream
-            )
+        if self._tensor_cores(qkv, E):
+            from euler.gpu import attention_tc
+
+            attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream)
             return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile
@@ -438,16 +477,17 @@ class GpuBackend:
         stats = self._norm_stats(grads, 0.0)
         return float(self.memory.DeviceScalar(stats[0:1], self.stream))
 
-    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay):
+    def adamw_step(self, params, grads, m, v, hp, hyper, n_decay, lowp=None):
         """Clip by global norm, then AdamW in place; returns the norm before clipping.
 
         hyper: the staged (lr, 1 - beta1^step, 1 - beta2^step). The norm and the clip factor
-        stay on the device: the result is a DeviceScalar.
+        stay on the device: the result is a DeviceScalar. lowp (P,) bf16, if given, gets
+        the new params rounded to bf16 by the same kernel.
         """
         stats = self._norm_stats(grads, hp.grad_clip)
         self.k_adamw.adamw_update(
             params, grads, m, v, stats, hyper, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
-            n_decay, self.stream, self.threads,
+            n_decay, self.stream, self.threads, lowp=lowp,
         )  # fmt: skip
         return self.memory.DeviceScalar(stats[0:1], self.stream)
 

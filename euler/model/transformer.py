@@ -8,6 +8,10 @@ final RMSNorm feeds K multi-token-prediction heads (head k predicts token t+1+k)
 The heads' backward is fused into the forward: as soon as head k's logits are turned into
 dlogits by the fused cross-entropy, its weight gradient and its share of dxf are computed,
 so only one head's logits ever exist.
+
+Under --precision bf16 the buffers euler.precision.BF16_TENSORS names are bf16 (the
+products' inputs and most of their outputs) and the products read bf16 copies of the
+weights (params_lp), which AdamW refreshes; everything else stays float32.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, init_params
+from euler.precision import as_float32, check_precision, storage_dtype, to_bf16
 
 
 def rope_tables(cfg: ModelConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -59,41 +64,51 @@ def head_scales(targets: np.ndarray) -> np.ndarray:
 
 
 class Activations:
-    """Every buffer one forward/backward at (B, T) needs, allocated once by the backend."""
+    """Every buffer one forward/backward at (B, T) needs, allocated once by the backend;
+    each in dtype, or bf16 where precision bf16 stores it (euler.precision.BF16_TENSORS)."""
 
-    def __init__(self, cfg: ModelConfig, backend, dtype, B: int, T: int):
+    def __init__(self, cfg: ModelConfig, backend, dtype, B: int, T: int, precision="fp32"):
         D, F, V, K = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size, cfg.n_mtp
         H, QKV = cfg.n_head, cfg.qkv_dim
         L = cfg.n_layer
-        z = lambda *shape: backend.zeros(shape, dtype)  # noqa: E731
+
+        def z(name, *shape, n=None):
+            dt = storage_dtype(precision, name, dtype)
+            if n is None:
+                return backend.zeros(shape, dt)
+            return [backend.zeros(shape, dt) for _ in range(n)]
+
         self.B, self.T = B, T
-        self.x = [z(B, T, D) for _ in range(L + 1)]  # residual stream at each layer input
-        self.xn1 = [z(B, T, D) for _ in range(L)]  # attention norm output
-        self.rstd1 = [z(B, T) for _ in range(L)]
-        self.qkv = [z(B, T, QKV) for _ in range(L)]  # q, k after RoPE
-        self.att = [z(B, T, cfg.q_dim) for _ in range(L)]
-        self.lse = [z(B, H, T) for _ in range(L)]
-        self.xmid = [z(B, T, D) for _ in range(L)]  # after the attention residual
-        self.xn2 = [z(B, T, D) for _ in range(L)]
-        self.rstd2 = [z(B, T) for _ in range(L)]
-        self.gu = [z(B, T, 2 * F) for _ in range(L)]  # gate | up
-        self.h = [z(B, T, F) for _ in range(L)]  # silu(gate) * up
-        self.xf = z(B, T, D)
-        self.rstdf = z(B, T)
-        self.logits = z(B * T, V)  # one head at a time
-        self.losses = z(K, B * T)
+        self.x = z("x", B, T, D, n=L + 1)  # residual stream at each layer input
+        self.xn1 = z("xn1", B, T, D, n=L)  # attention norm output
+        self.rstd1 = z("rstd1", B, T, n=L)
+        self.qkv = z("qkv", B, T, QKV, n=L)  # q, k after RoPE
+        self.att = z("att", B, T, cfg.q_dim, n=L)
+        self.lse = z("lse", B, H, T, n=L)
+        self.xmid = z("xmid", B, T, D, n=L)  # after the attention residual
+        self.xn2 = z("xn2", B, T, D, n=L)
+        self.rstd2 = z("rstd2", B, T, n=L)
+        self.gu = z("gu", B, T, 2 * F, n=L)  # gate | up
+        self.h = z("h", B, T, F, n=L)  # silu(gate) * up
+        self.xf = z("xf", B, T, D)
+        self.rstdf = z("rstdf", B, T)
+        self.logits = z("logits", B * T, V)  # one head at a time
+        self.losses = z("losses", K, B * T)
         # inputs staged into fixed buffers, so a step uploads without allocating
         self.tokens = backend.zeros((B * T,), np.int32)
         self.targets = backend.zeros((K, B * T), np.int32)
         # backward scratch
-        self.dx = z(B, T, D)
-        self.dxn = z(B, T, D)
-        self.dxf = z(B, T, D)
-        self.zero_bt_d = z(B, T, D)
-        self.dqkv = z(B, T, QKV)
-        self.datt = z(B, T, cfg.q_dim)
-        self.dgu = z(B, T, 2 * F)
-        self.dh = z(B, T, F)
+        self.dx = z("dx", B, T, D)
+        self.dxn = z("dxn", B, T, D)
+        self.dxf = z("dxf", B, T, D)
+        self.zero_bt_d = z("zero_bt_d", B, T, D)
+        self.dqkv = z("dqkv", B, T, QKV)
+        # bf16: RoPE's backward writes the products' bf16 copy of dqkv (attention's dQ
+        # adds up in float32); float32 rotates dqkv in place
+        self.dqkv_lp = z("dqkv_lp", B, T, QKV) if precision == "bf16" else self.dqkv
+        self.datt = z("datt", B, T, cfg.q_dim)
+        self.dgu = z("dgu", B, T, 2 * F)
+        self.dh = z("dh", B, T, F)
 
 
 class _ByteCounter:
@@ -106,10 +121,10 @@ class _ByteCounter:
         self.total += int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
-def arena_bytes(cfg: ModelConfig, dtype, B: int, T: int) -> int:
+def arena_bytes(cfg: ModelConfig, dtype, B: int, T: int, precision: str = "fp32") -> int:
     """Bytes of the activation arena for micro-batches (B, T), counted without allocating."""
     counter = _ByteCounter()
-    Activations(cfg, counter, dtype, B, T)
+    Activations(cfg, counter, dtype, B, T, precision)
     return counter.total
 
 
@@ -119,7 +134,12 @@ def _2d(a):
 
 
 class Model:
-    """Parameters, gradients and the forward/backward schedule of one model on one backend."""
+    """Parameters, gradients and the forward/backward schedule of one model on one backend.
+
+    precision "bf16" keeps float32 master weights (params) and gives the products bf16
+    copies (params_lp, refreshed by AdamW and by sync_lowp); "fp32" and "tf32" are the
+    same model (TF32 is the GPU backend's choice of product).
+    """
 
     def __init__(
         self,
@@ -128,6 +148,7 @@ class Model:
         dtype=np.float32,
         seed: int = 0,
         flat_params: np.ndarray | None = None,
+        precision: str = "fp32",
     ):
         if backend is None:
             from euler.cpu.backend import CpuBackend
@@ -142,10 +163,18 @@ class Model:
             raise EulerError(
                 f"parameters: expected {self.layout.size} values for this config, got {host.size}"
             )
+        self.precision = check_precision(precision)
+        if precision == "bf16" and self.dtype != np.float32:
+            raise EulerError(f"precision bf16 keeps float32 master weights, not {self.dtype}")
         self.params = backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
         self.grads = backend.zeros((self.layout.size,), self.dtype)
         self.p = self.layout.views(self.params)
         self.g = self.layout.views(self.grads)
+        self.params_lp = None  # bf16: the weights the products read
+        self.w = self.p  # the products' weight views: p, or params_lp's under bf16
+        if precision == "bf16":
+            self.params_lp = backend.to_device(to_bf16(host))
+            self.w = self.layout.views(self.params_lp)
         cos, sin = rope_tables(cfg, self.dtype)
         self.cos, self.sin = backend.to_device(cos), backend.to_device(sin)
         self.acts: Activations | None = None
@@ -155,10 +184,16 @@ class Model:
         self.arena_version = 0  # counts arena allocations: a captured step holds its addresses
 
     # ------------------------------------------------------------------ helpers
+    def sync_lowp(self) -> None:
+        """Refresh the bf16 weight copies from params after params were written from
+        outside (a checkpoint loaded, a broadcast); nothing to do without them."""
+        if self.params_lp is not None:
+            self.be.copy_(self.params_lp, to_bf16(self.be.to_host(self.params)))
+
     def _arena(self, B: int, T: int) -> Activations:
         if self.acts is None or (self.acts.B, self.acts.T) != (B, T):
             self.acts = None  # free the old arena before the new one is allocated
-            self.acts = Activations(self.cfg, self.be, self.dtype, B, T)
+            self.acts = Activations(self.cfg, self.be, self.dtype, B, T, self.precision)
             self.arena_version += 1
         return self.acts
 
@@ -225,7 +260,7 @@ class Model:
 
         On the GPU the loss is a DeviceScalar: float() waits for it.
         """
-        cfg, be, a, p = self.cfg, self.be, self.acts, self.p
+        cfg, be, a, p, wt = self.cfg, self.be, self.acts, self.p, self.w
         H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
         self._tokens = a.tokens
         be.embedding_forward(_2d(a.x[0]), self._tokens, p["tok_emb"])
@@ -236,21 +271,21 @@ class Model:
                 _2d(a.xn1[layer]), a.rstd1[layer].reshape(-1), _2d(a.x[layer]),
                 p[w + "attn_norm"], cfg.norm_eps,
             )  # fmt: skip
-            be.matmul(_2d(a.qkv[layer]), _2d(a.xn1[layer]), p[w + "attn.wqkv"], trans_b=True)
+            be.matmul(_2d(a.qkv[layer]), _2d(a.xn1[layer]), wt[w + "attn.wqkv"], trans_b=True)
             be.rope_forward(a.qkv[layer], self.cos, self.sin, H, G, E)
             be.attention_forward(a.att[layer], a.lse[layer], a.qkv[layer], H, G, E)
             # xmid = x + att Wo^T (one cuBLASLt call where the GPU fuses it)
             be.matmul_residual(_2d(a.xmid[layer]), _2d(a.x[layer]), _2d(a.att[layer]),
-                               p[w + "attn.wo"])  # fmt: skip
+                               wt[w + "attn.wo"])  # fmt: skip
             # MLP block: (B, T, D) -> gate|up (B, T, 2F) -> h (B, T, F) -> (B, T, D)
             be.rmsnorm_forward(
                 _2d(a.xn2[layer]), a.rstd2[layer].reshape(-1), _2d(a.xmid[layer]),
                 p[w + "mlp_norm"], cfg.norm_eps,
             )  # fmt: skip
-            be.matmul(_2d(a.gu[layer]), _2d(a.xn2[layer]), p[w + "mlp.w_gateup"], trans_b=True)
+            be.matmul(_2d(a.gu[layer]), _2d(a.xn2[layer]), wt[w + "mlp.w_gateup"], trans_b=True)
             be.swiglu_forward(_2d(a.h[layer]), _2d(a.gu[layer]))
             be.matmul_residual(_2d(a.x[layer + 1]), _2d(a.xmid[layer]), _2d(a.h[layer]),
-                               p[w + "mlp.w_down"])  # fmt: skip
+                               wt[w + "mlp.w_down"])  # fmt: skip
         be.rmsnorm_forward(
             _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
         )
@@ -264,7 +299,7 @@ class Model:
         xf = _2d(a.xf)
         for k in range(self.cfg.n_mtp):
             tk = a.targets[k]
-            w = self.p["mtp_heads"][k]  # (V, D)
+            w = self.w["mtp_heads"][k]  # (V, D)
             be.matmul(a.logits, xf, w, trans_b=True)  # (B T, V)
             if not need_grad:
                 be.cross_entropy_forward(a.losses[k], a.logits, tk)
@@ -281,13 +316,13 @@ class Model:
     def head_logits(self, k: int = 0) -> np.ndarray:
         """Logits (B, T, V) of head k for the last forward's input, as a host array."""
         a = self.acts
-        self.be.matmul(a.logits, _2d(a.xf), self.p["mtp_heads"][k], trans_b=True)
-        return self.be.to_host(a.logits).reshape(a.B, a.T, -1).copy()
+        self.be.matmul(a.logits, _2d(a.xf), self.w["mtp_heads"][k], trans_b=True)
+        return as_float32(self.be.to_host(a.logits)).reshape(a.B, a.T, -1).copy()
 
     # ------------------------------------------------------------------ backward
     def backward(self) -> None:
         """Gradients of the last forward(need_grad=True)'s loss, into self.grads (= or +=)."""
-        cfg, be, a, p, g = self.cfg, self.be, self.acts, self.p, self.g
+        cfg, be, a, p, g, wt = self.cfg, self.be, self.acts, self.p, self.g, self.w
         acc = self._accumulate
         H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
         dx, dxn = _2d(a.dx), _2d(a.dxn)
@@ -303,12 +338,12 @@ class Model:
             w = f"layers.{layer}."
             # MLP block, dx is d(loss)/d(x[layer + 1])
             be.matmul_pair(
-                (_2d(a.dh), dx, p[w + "mlp.w_down"], False, False, False),
+                (_2d(a.dh), dx, wt[w + "mlp.w_down"], False, False, False),
                 (g[w + "mlp.w_down"], dx, _2d(a.h[layer]), True, False, acc),
             )
             be.swiglu_backward(_2d(a.dgu), _2d(a.dh), _2d(a.gu[layer]))
             be.matmul_pair(
-                (dxn, _2d(a.dgu), p[w + "mlp.w_gateup"], False, False, False),
+                (dxn, _2d(a.dgu), wt[w + "mlp.w_gateup"], False, False, False),
                 (g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), True, False, acc),
             )
             be.wait_deferred(keep=1)  # dW_down has read dx, which the norm overwrites next
@@ -318,14 +353,16 @@ class Model:
             )  # fmt: skip
             # attention block, dx is now d(loss)/d(xmid[layer])
             be.matmul_pair(
-                (_2d(a.datt), dx, p[w + "attn.wo"], False, False, False),
+                (_2d(a.datt), dx, wt[w + "attn.wo"], False, False, False),
                 (g[w + "attn.wo"], dx, _2d(a.att[layer]), True, False, acc),
             )
             be.attention_backward(a.dqkv, a.datt, a.qkv[layer], a.att[layer], a.lse[layer], H, G, E)
-            be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E)
+            dqkv = a.dqkv_lp  # a.dqkv itself, rotated in place, unless bf16
+            be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E,
+                             out=None if dqkv is a.dqkv else dqkv)  # fmt: skip
             be.matmul_pair(
-                (dxn, _2d(a.dqkv), p[w + "attn.wqkv"], False, False, False),
-                (g[w + "attn.wqkv"], _2d(a.dqkv), _2d(a.xn1[layer]), True, False, acc),
+                (dxn, _2d(dqkv), wt[w + "attn.wqkv"], False, False, False),
+                (g[w + "attn.wqkv"], _2d(dqkv), _2d(a.xn1[layer]), True, False, acc),
             )
             be.wait_deferred(keep=1)  # dW_o has read dx (and dW_gateup dgu), as above
             be.rmsnorm_backward(

@@ -15,9 +15,10 @@ from typing import Any
 
 from euler.errors import EulerError
 from euler.model.config import get_preset
+from euler.precision import check_precision
 from euler.schema import Fields, check_number, dataclass_values
 
-TRAIN_CONFIG_VERSION = 1
+TRAIN_CONFIG_VERSION = 2  # 2: `precision` replaced version 1's `tf32`
 KINDS = ("pretrain", "sft")  # `euler train` runs kind pretrain, `euler sft` kind sft
 _SAME = object()  # Flag.sft_default: the same default as pretraining
 
@@ -68,11 +69,13 @@ class TrainConfig:
     )  # fmt: skip
     kind: str = no_flag("pretrain")  # "pretrain" (token shards) or "sft": set by the command
     device: str = setting("cpu", "cpu, or cuda (needs the gpu extra and a GPU).")
-    tf32: bool = setting(
-        True, "cuda: TF32 tensor cores for matrix products (--no-tf32: exact fp32)."
-    )
+    precision: str | None = setting(  # None: tf32 on cuda, fp32 on cpu (run.json: resolved)
+        None, "fp32, tf32 (cuda) or bf16: exact products; TF32 tensor cores; bf16 "
+        "products, attention and activations with fp32 master weights (on cpu: emulated, "
+        "slow). Default: tf32 on cuda, fp32 on cpu.",
+    )  # fmt: skip
     exact_attention: bool = setting(
-        False, "cuda with TF32: attention in exact fp32 instead of on tensor cores."
+        False, "cuda with --precision tf32: attention in exact fp32 instead of on tensor cores."
     )
     cuda_graph: bool = setting(
         True, "cuda: capture each step's kernels once as CUDA graphs and replay them; "
@@ -110,6 +113,18 @@ class TrainConfig:
             raise EulerError(f"kind must be 'pretrain' or 'sft', got {self.kind!r}")
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.precision is None:  # frozen: the resolved default is set once, here
+            object.__setattr__(self, "precision", "tf32" if self.device == "cuda" else "fp32")
+        check_precision(self.precision)
+        if self.precision == "tf32" and self.device == "cpu":
+            raise EulerError(
+                "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
+            )
+        if self.exact_attention and self.precision == "bf16":
+            raise EulerError(
+                "--exact-attention: bf16 attention runs on tensor cores; it applies to "
+                "--precision tf32"
+            )
         if self.kind == "pretrain":
             get_preset(self.preset)  # sft takes its architecture from --from instead
         if self.kind == "sft" and not self.data:
@@ -135,7 +150,15 @@ class TrainConfig:
     @classmethod
     def from_fields(cls, f: Fields) -> TrainConfig:
         """Read from a JSON object (run.json's `train`): every field present and of its type,
-        none unknown, then the flags' checks; EulerError naming the file and the field."""
+        none unknown, then the flags' checks; EulerError naming the file and the field.
+        A version 1 object (`tf32`, no `precision`) reads as the precision it ran in."""
+        if f.get("version", None) == 1 and isinstance(f.get("tf32", None), bool):
+            old = dict(f.data)
+            tf32 = old.pop("tf32")
+            on_gpu = old.get("device") == "cuda"
+            old["precision"] = "tf32" if tf32 and on_gpu else "fp32"
+            old["version"] = TRAIN_CONFIG_VERSION
+            f = Fields(old, f.where, f.prefix)
         values = dataclass_values(cls, f)
         try:
             return cls(**values)
@@ -170,7 +193,9 @@ INT_RANGES = {
     "seed": (0, 2**63 - 1),
 }
 # what `--resume` may change; every other setting is the run's own, from its run.json
-RESUME_FLAGS = ("steps", "ckpt_every", "log_every")
+# (checkpoints hold fp32 master weights: a run resumes in another precision, or device)
+RESUME_FLAGS = ("steps", "ckpt_every", "log_every", "device", "precision", "exact_attention",
+                "cuda_graph")  # fmt: skip
 
 
 def check_int(value: object, flag: str, lo: int, hi: int) -> int:

@@ -72,7 +72,9 @@ EVAL_SEED = 1_000_003  # evaluation batches are the same at every evaluation, in
 # ---------------------------------------------------------------------------- device
 
 
-def check_device_memory(backend: Backend, cfg: ModelConfig, B: int, T: int) -> None:
+def check_device_memory(
+    backend: Backend, cfg: ModelConfig, B: int, T: int, precision: str = "fp32"
+) -> None:
     """Refuse, before the first step, a micro-batch whose activations do not fit on the device.
 
     Runs after the parameters and optimizer state are allocated, so the free memory the
@@ -81,7 +83,7 @@ def check_device_memory(backend: Backend, cfg: ModelConfig, B: int, T: int) -> N
     free = backend.free_memory()
     if free is None:
         return
-    need = arena_bytes(cfg, np.float32, B, T) + MEMORY_SLACK
+    need = arena_bytes(cfg, np.float32, B, T, precision) + MEMORY_SLACK
     if need > free:
         raise EulerError(
             f"--batch-size {B} x --seq-len {T} needs {need / 2**20:.1f} MiB of device memory "
@@ -262,14 +264,14 @@ def _set_up(
     folder = Path(tc.out_dir)
     cfg, init = _model_config(tc, folder, resume)
     # first: a missing GPU fails before any data work
-    backend = make_backend(tc.device, tc.tf32, tc.exact_attention)
+    backend = make_backend(tc.device, tc.precision, tc.exact_attention)
     comm.bind(backend)
     with distributed.rank0_first(comm):  # rank 0 alone builds a missing default corpus
         data = Batches(tc, cfg, log=log)
     cfg = _fit_to_tokenizer(tc, cfg, init, data, log)
-    model = Model(cfg, backend, seed=tc.seed)
+    model = Model(cfg, backend, seed=tc.seed, precision=tc.precision)
     opt = AdamW(model, AdamWConfig(tc.beta1, tc.beta2, 1e-8, tc.weight_decay, tc.grad_clip))
-    check_device_memory(backend, cfg, tc.batch_size, data.T)
+    check_device_memory(backend, cfg, tc.batch_size, data.T, tc.precision)
     r = RunState(tc, folder, comm, cfg, data, model, opt, data.tokenizer.to_json(),
              total=tc.total_steps(data.T),
              tokens_per_step=tc.batch_size * data.T * tc.grad_accum)  # fmt: skip
@@ -279,6 +281,7 @@ def _set_up(
         start_fresh(r, overwrite, init)
     for buf in (model.params, opt.m, opt.v):  # every rank starts from rank 0's state
         comm.broadcast(buf)
+    model.sync_lowp()  # the bf16 weight copies of what was loaded or broadcast
     metrics = folder / METRICS_FILE if comm.rank == 0 else Path(os.devnull)
     try:
         r.metrics = metrics.open("a", encoding="utf-8")

@@ -44,7 +44,8 @@ class AdamW:
         """
         m = self.model
         return m.be.adamw_step(
-            m.params, m.grads, self.m, self.v, self.hp, self._hyper, m.layout.n_decay
+            m.params, m.grads, self.m, self.v, self.hp, self._hyper, m.layout.n_decay,
+            lowp=m.params_lp,
         )
 
     def step(self, lr: float):

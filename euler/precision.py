@@ -1,0 +1,99 @@
+"""Precisions (--precision fp32, tf32, bf16), bfloat16 storage, and which tensors are bf16.
+
+bfloat16 values are stored as their 16 bits in uint16 arrays (`BF16`) on both backends:
+NumPy has no bfloat16, and the GPU kernels move the bits and widen them by a shift. A
+backend method reads the dtype of each array it is given: float32 arrays are fp32 tensors,
+BF16 arrays bf16 tensors, widened to float32 for the arithmetic and rounded to nearest even
+when stored (`to_bf16`; the same rounding as `euler.layer_math.bf16_round` in kernels).
+
+`BF16_TENSORS` is the one table of what is bf16 under --precision bf16 (docs/gpu.md shows
+it; a test keeps the two equal). Everything it does not name stays float32: the master
+weights, their gradients and AdamW's moments, the residual stream, the losses, the softmax
+statistics (lse) and RMSNorm's rstd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from euler.errors import EulerError
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+BF16 = np.dtype(np.uint16)  # the storage dtype of a bf16 tensor: its bits
+QUIET_NAN = 0x7FC0  # what every NaN rounds to
+BF16_MIN_CAPABILITY = (8, 0)  # bf16 tensor-core products and conversions: Ampere and later
+
+# name (an Activations buffer, or a parameter copy), why it is bf16
+BF16_TENSORS: tuple[tuple[str, str], ...] = (
+    ("params_lp", "weight copies the products read; AdamW writes them beside the fp32 masters"),
+    ("xn1", "attention norm output: feeds the qkv product and its weight gradient"),
+    ("qkv", "product output, RoPE in place; attention's Q, K, V operands"),
+    ("att", "attention output: feeds the output projection and its weight gradient"),
+    ("xn2", "MLP norm output: feeds the gate|up product and its weight gradient"),
+    ("gu", "product output; SwiGLU's input, saved for its backward"),
+    ("h", "SwiGLU output: feeds the down projection and its weight gradient"),
+    ("xf", "final norm output: feeds the heads' products and their weight gradients"),
+    ("logits", "product output; cross-entropy turns it into dlogits in place, which feed "
+               "two products"),
+    ("dx", "the residual stream's gradient (as llm.c keeps it): feeds the dX and dW "
+           "products of the layer below"),
+    ("zero_bt_d", "the zero residual gradient the final norm's backward adds"),
+    ("datt", "product output: attention backward's dO operand"),
+    ("dqkv_lp", "RoPE backward's output: feeds the qkv dX and dW products"),
+    ("dh", "product output: SwiGLU backward's input"),
+    ("dgu", "SwiGLU backward's output: feeds the gate|up dX and dW products"),
+)  # fmt: skip
+BF16_NAMES = frozenset(name for name, _ in BF16_TENSORS)
+
+
+def check_precision(precision: str, flag: str = "--precision") -> str:
+    """precision itself, or an EulerError listing the choices."""
+    if precision not in PRECISIONS:
+        raise EulerError(f"{flag}: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def storage_dtype(precision: str, name: str, dtype=np.float32) -> np.dtype:
+    """The dtype of buffer `name` under precision: BF16 where bf16 stores it, else dtype."""
+    return BF16 if precision == "bf16" and name in BF16_NAMES else np.dtype(dtype)
+
+
+def is_bf16(a) -> bool:
+    """Whether array a (host or device) holds bf16 bits."""
+    return np.dtype(a.dtype) == BF16
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 (any shape) -> bf16 bits (uint16), round to nearest even; NaN -> quiet NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(QUIET_NAN), bits)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16, any shape) -> float32, exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bf16, as float32 (the value a bf16 store keeps)."""
+    return from_bf16(to_bf16(x))
+
+
+def as_float32(a: np.ndarray) -> np.ndarray:
+    """A host array as float32 values: bf16 bits widened, anything else cast."""
+    return from_bf16(a) if is_bf16(a) else np.asarray(a, dtype=np.float32)
+
+
+def check_bf16_capability(capability: Sequence[int], name: str = "this GPU") -> None:
+    """EulerError naming the compute capability and the fallback, below BF16_MIN_CAPABILITY."""
+    if tuple(capability) < BF16_MIN_CAPABILITY:
+        major, minor = capability
+        need = ".".join(map(str, BF16_MIN_CAPABILITY))
+        raise EulerError(
+            f"--precision bf16: {name} has compute capability {major}.{minor}; bf16 needs "
+            f"{need} or later (Ampere); use --precision tf32 or fp32"
+        )
