@@ -431,10 +431,10 @@ CASES = (
             set_train("colour", "red"),
         ),  # fmt: skip
         Case(
-            "run.json train.version 2",
+            "run.json train.version 3",
             RESUME,
-            ("run/run.json", "version 2"),
-            set_train("version", 2),
+            ("run/run.json", "version 3"),
+            set_train("version", 3),
         ),  # fmt: skip
         Case("run.json no model", RESUME, ("run/run.json", "model", "missing"), drop("model")),
         Case(
@@ -454,7 +454,18 @@ CASES = (
         ),  # fmt: skip
         Case("resume with --out", (*RESUME, "--out", "{root}/other"), ("--out",), run_copy()),
         Case("resume with --data", (*RESUME, "--data", "{data}/pre"), ("--data",), run_copy()),
-        Case("resume with --no-tf32", (*RESUME, "--no-tf32"), ("--tf32",), run_copy()),
+        Case(
+            "resume with --exact-attention in bf16",
+            (*RESUME, "--precision", "bf16", "--exact-attention"),
+            ("--exact-attention", "--precision tf32"),
+            run_copy(),
+        ),
+        Case(
+            "resume with --precision tf32 on the cpu",
+            (*RESUME, "--precision", "tf32"),
+            ("--precision tf32", "--precision fp32"),
+            run_copy(),
+        ),
         Case(
             "resume with --overwrite",
             (*RESUME, "--overwrite"),

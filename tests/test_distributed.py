@@ -306,7 +306,7 @@ def test_nccl_one_rank_on_a_gpu():
 @pytest.mark.gpu
 @needs_mpi
 def test_two_gpu_ranks_train_as_one_gpu(data_root, tmp_path):
-    """`--device cuda --nproc 2` (NCCL) against one GPU, exact fp32 (--no-tf32)."""
+    """`--device cuda --nproc 2` (NCCL) against one GPU, exact fp32 (--precision fp32)."""
     pytest.importorskip("numba.cuda")
     from numba import cuda
 
@@ -314,8 +314,8 @@ def test_two_gpu_ranks_train_as_one_gpu(data_root, tmp_path):
         pytest.skip("needs 2 CUDA GPUs")
     _nccl_or_skip()
     tc = tiny_config(tmp_path / "one", data_root / "pre", batch_size=4, steps=6,
-                     device="cuda", tf32=False)  # fmt: skip
+                     device="cuda", precision="fp32")  # fmt: skip
     train(tc)
-    args = [*_cli_args(tc), "--device", "cuda", "--no-tf32"]
+    args = [*_cli_args(tc), "--device", "cuda", "--precision", "fp32"]
     _euler(tmp_path, *args, "--out", str(tmp_path / "two"), "--nproc", "2")
     _assert_same_run(tmp_path / "two", tmp_path / "one")

@@ -212,7 +212,9 @@ def test_bad_settings_are_refused(data_root, tmp_path):
         train(tiny_config(tmp_path / "r", tmp_path / "nowhere"))
 
 
-def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
+def test_precision_flags_reach_the_gpu_backend(monkeypatch, capsys):
+    """--precision (default tf32 on cuda) and --exact-attention choose the GpuBackend's
+    products and attention; bf16 asks the GPU for bf16 support first."""
     import euler.gpu.backend as gpu_backend
 
     seen = []
@@ -223,11 +225,31 @@ def test_tf32_and_attention_flags_reach_the_gpu_backend(monkeypatch, capsys):
             raise EulerError("stop here")
 
     monkeypatch.setattr(gpu_backend, "GpuBackend", FakeGpu)
-    for flags in ([], ["--no-tf32"], ["--exact-attention"]):
+    monkeypatch.setattr(gpu_backend, "check_bf16_support", lambda: seen.append("bf16?"))
+    for flags in ([], ["--precision", "fp32"], ["--exact-attention"], ["--precision", "bf16"]):
         code, _, err = run_cli(monkeypatch, capsys, "train", "--device", "cuda", *flags)
         assert code == 2 and err == "error: stop here\n"
-    assert seen == [(True, True), (False, True), (True, False)]
-    assert TrainConfig().tf32 is True and TrainConfig().exact_attention is False
+    assert seen == [(True, True), (False, True), (True, False), "bf16?", (True, True)]
+    assert TrainConfig().precision == "fp32" and TrainConfig(device="cuda").precision == "tf32"
+
+
+def test_bf16_below_compute_capability_8_is_refused_naming_it(monkeypatch):
+    from euler.precision import check_bf16_capability
+
+    with pytest.raises(EulerError, match=r"compute capability 7\.5; bf16 needs 8\.0 .* tf32"):
+        check_bf16_capability((7, 5), "Tesla T4")
+    check_bf16_capability((9, 0))
+
+
+def test_version_1_run_json_reads_its_tf32_as_a_precision():
+    old = dataclasses.asdict(TrainConfig(device="cuda"))
+    del old["precision"]
+    old.update(version=1, tf32=False)
+    assert TrainConfig.from_dict(old).precision == "fp32"
+    old["tf32"] = True
+    assert TrainConfig.from_dict(old).precision == "tf32"
+    old["device"] = "cpu"
+    assert TrainConfig.from_dict(old).precision == "fp32"
 
 
 def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_root, monkeypatch):
