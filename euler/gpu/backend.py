@@ -400,9 +400,7 @@ class GpuBackend:
         self.k_rope.rope_forward(qkv, cos, sin, H, G, E, pos0, self.stream, self.threads)
 
     def rope_backward(self, dqkv, cos, sin, H, G, E, pos0=0, out=None) -> None:
-        self.k_rope.rope_backward(
-            dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads, out=out
-        )
+        self.k_rope.rope_backward(dqkv, cos, sin, H, G, E, pos0, self.stream, self.threads, out=out)
 
     def _tensor_cores(self, qkv, E: int) -> bool:
         """Whether attention on qkv runs on the tensor-core kernels: always for bf16 (no
