@@ -17,6 +17,7 @@ import pytest
 from euler.cpu.backend import CpuBackend
 from euler.model.config import PRESETS
 from euler.model.transformer import Model, make_targets
+from euler.precision import as_float32, is_bf16
 
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
 
@@ -25,9 +26,10 @@ RTOL, ATOL = 2e-5, 2e-6
 
 
 def report(name: str, got: np.ndarray, want: np.ndarray, rtol=RTOL, atol=ATOL) -> None:
-    """Fail naming the tensor and its worst element if any |got - want| > atol + rtol |want|."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
+    """Fail naming the tensor and its worst element if any |got - want| > atol + rtol |want|
+    (bf16 bits compare as their values)."""
+    got = as_float32(got).astype(np.float64) if is_bf16(got) else np.asarray(got, np.float64)
+    want = as_float32(want).astype(np.float64) if is_bf16(want) else np.asarray(want, np.float64)
     assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
     excess = np.abs(got - want) - (atol + rtol * np.abs(want))
     if not np.all(np.isfinite(got)) or excess.max(initial=-1.0) > 0:

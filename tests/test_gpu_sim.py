@@ -31,6 +31,7 @@ if not IN_SIMULATOR:
 
 else:
     from backward_twins import BACKWARD_CHECKS
+    from bf16_checks import BF16_CHECKS
     from test_gpu_device import (
         LAYER_CHECKS,
         check_adamw,
@@ -91,6 +92,11 @@ else:
 
     @pytest.mark.parametrize("check", LAYER_CHECKS, ids=lambda f: f.__name__[6:])
     def test_layer(check, gpu) -> None:
+        check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
+
+    @pytest.mark.parametrize("check", BF16_CHECKS, ids=lambda f: f.__name__[6:])
+    def test_layer_bf16(check, gpu) -> None:
+        """bf16 tensors against the CPU's emulation of them (bf16_checks.py)."""
         check(CpuBackend(), gpu, np.random.default_rng(0), SIM_SIZES)
 
     def test_training_steps() -> None:
