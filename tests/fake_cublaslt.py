@@ -3,10 +3,14 @@
 FakeLt has the cublasLt* functions euler/gpu/cublaslt.py calls, and reads their arguments
 as the real library would: handles and descriptors written through the pointers given,
 matrices found by address through their column-major layouts (rows, cols, leading
-dimension), TRANSA and TRANSB applied to cuBLASLt's A and B, alpha and beta read from host
-scalars, D = alpha op(A) op(B) + beta C computed in float64 and stored through D's address.
-So a wrong mapping of a row-major product (operands, transposes, layouts, C or D) gives a
-wrong result or an invalid-value status, as it would on the device. Every call is logged.
+dimension, data type), TRANSA and TRANSB applied to cuBLASLt's A and B, alpha and beta
+read from host scalars, D = alpha op(A) op(B) + beta C computed in float64 from the
+widened values and stored through D's address in D's type (rounded to float32, then, for
+bf16, to nearest even, as an fp32 accumulator is). Only the type combinations of
+cublasLtMatmul's table that the binding may use are accepted (TYPES); others are
+CUBLAS_STATUS_NOT_SUPPORTED. So a wrong mapping of a row-major product (operands,
+transposes, layouts, data types, C or D) gives a wrong result or an error status, as it
+would on the device. Every call is logged.
 """
 
 from __future__ import annotations
@@ -16,7 +20,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from euler.precision import from_bf16, to_bf16
+
 SUCCESS, INVALID_VALUE, NOT_SUPPORTED = 0, 7, 15
+R_32F, R_16BF = 0, 14  # cudaDataType_t
+COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77
+# (compute type, A and B type, C and D type) accepted, the scale type being CUDA_R_32F
+TYPES = {
+    (COMPUTE_32F, R_32F, R_32F),
+    (COMPUTE_32F_FAST_TF32, R_32F, R_32F),
+    (COMPUTE_32F, R_16BF, R_16BF),
+    (COMPUTE_32F, R_16BF, R_32F),
+}
+ELEMENT = {R_32F: ctypes.c_float, R_16BF: ctypes.c_uint16}  # a matrix's elements in memory
 DESC_ATTRS = {3: "TRANSA", 4: "TRANSB"}  # cublasLtMatmulDescAttributes_t
 PREF_MAX_WORKSPACE_BYTES, CAP_OUT_OF_PLACE = 1, 4
 
@@ -57,11 +73,25 @@ def _target(ref):
 
 
 def _matrix(address: int, layout) -> np.ndarray:
-    """The (rows, cols) column-major float32 matrix at address, as a writable view."""
-    n = layout.ld * (layout.cols - 1) + layout.rows
-    flat = np.ctypeslib.as_array((ctypes.c_float * n).from_address(address))
-    strides = (4, 4 * layout.ld)  # column-major: down a column, then across
+    """The (rows, cols) column-major matrix at address as stored (float32, or uint16 bf16
+    bits), as a writable view."""
+    element = ELEMENT[layout.dtype]
+    n, size = layout.ld * (layout.cols - 1) + layout.rows, ctypes.sizeof(element)
+    flat = np.ctypeslib.as_array((element * n).from_address(address))
+    strides = (size, size * layout.ld)  # column-major: down a column, then across
     return np.lib.stride_tricks.as_strided(flat, (layout.rows, layout.cols), strides)
+
+
+def _read(address: int, layout) -> np.ndarray:
+    """The matrix at address, widened to float64."""
+    m = _matrix(address, layout)
+    return (from_bf16(m) if layout.dtype == R_16BF else m).astype(np.float64)
+
+
+def _write(address: int, layout, values: np.ndarray) -> None:
+    """Store float64 values at address in the layout's type: float32, then bf16 (RNE)."""
+    values = values.astype(np.float32)
+    _matrix(address, layout)[...] = to_bf16(values) if layout.dtype == R_16BF else values
 
 
 class FakeLt:
@@ -128,11 +158,11 @@ class FakeLt:
         return self._free(desc, "desc")
 
     def cublasLtMatrixLayoutCreate(self, ref, dtype: int, rows: int, cols: int, ld: int):
-        # CUDA_R_32F; the binding passes whole C-contiguous arrays, so packed columns (ld =
-        # rows): a wrong ld fails here rather than reading past a buffer and crashing
-        if dtype != 0 or ld != rows:
+        # the binding passes whole C-contiguous arrays, so packed columns (ld = rows): a
+        # wrong ld fails here rather than reading past a buffer and crashing
+        if dtype not in ELEMENT or ld != rows:
             return INVALID_VALUE
-        return self._new(ref, "layout", rows=rows, cols=cols, ld=ld)
+        return self._new(ref, "layout", dtype=dtype, rows=rows, cols=cols, ld=ld)
 
     def cublasLtMatrixLayoutDestroy(self, layout):
         return self._free(layout, "layout")
@@ -153,6 +183,8 @@ class FakeLt:
     # --------------------------------------------------------- products
     def _shapes(self, desc, a, b, c, d):
         """(m, n, k) of D = op(A) op(B) + C, or None where the layouts disagree."""
+        if a.dtype != b.dtype or c.dtype != d.dtype:
+            return None
         m, ka = (a.cols, a.rows) if desc.TRANSA else (a.rows, a.cols)
         kb, n = (b.cols, b.rows) if desc.TRANSB else (b.rows, b.cols)
         if ka != kb or (c.rows, c.cols) != (m, n) or (d.rows, d.cols) != (m, n):
@@ -166,6 +198,8 @@ class FakeLt:
         layouts = [self._get(x, "layout") for x in (a, b, c, d)]
         if self._shapes(desc, *layouts) is None:
             return INVALID_VALUE
+        if (desc.compute, layouts[0].dtype, layouts[3].dtype) not in TYPES:
+            return NOT_SUPPORTED
         n = 0
         for i, algo in enumerate(self.algos[:requested]):
             if algo.workspace > pref.max_workspace:
@@ -190,20 +224,23 @@ class FakeLt:
         a, b, c, d = (self._get(x, "layout") for x in (a, b, c, d))
         if self._shapes(desc, a, b, c, d) is None:
             return INVALID_VALUE
+        if (desc.compute, a.dtype, d.dtype) not in TYPES:
+            return NOT_SUPPORTED
         alpha, beta = _target(alpha_ref).value, _target(beta_ref).value
         algo = _target(algo_ref).data[0]
         if c_ptr != d_ptr and not self.algos[algo - 1].out_of_place:
             return NOT_SUPPORTED
-        A, B = _matrix(a_ptr, a), _matrix(b_ptr, b)
+        A, B = _read(a_ptr, a), _read(b_ptr, b)
         A = A.T if desc.TRANSA else A
         B = B.T if desc.TRANSB else B
-        result = alpha * (A.astype(np.float64) @ B.astype(np.float64))
+        result = alpha * (A @ B)
         if beta != 0:  # beta = 0: C is not read
-            result += beta * _matrix(c_ptr, c)
-        _matrix(d_ptr, d)[...] = result
+            result += beta * _read(c_ptr, c)
+        _write(d_ptr, d, result)
         self.matmuls.append(SimpleNamespace(
             compute=desc.compute, alpha=alpha, beta=beta, c=c_ptr, d=d_ptr, algo=algo,
             workspace=workspace, workspace_bytes=workspace_bytes,
             stream=getattr(stream, "value", stream),
+            types=(a.dtype, b.dtype, c.dtype, d.dtype),
         ))  # fmt: skip
         return SUCCESS

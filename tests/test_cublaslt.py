@@ -3,7 +3,8 @@
 The device run is in test_gpu_device.py; here FakeLt (fake_cublaslt.py) reads the ctypes
 arguments as cuBLASLt would and computes D on host arrays reached through their
 addresses, so the row-major to column-major mapping (operands swapped, TRANSA from
-trans_b, layouts, C and D pointers, alpha and beta) is checked without a GPU.
+trans_b, layouts and their data types, compute type, C and D pointers, alpha and beta) is
+checked without a GPU, for float32 and bf16 (uint16 bits) products.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from fake_cublaslt import FakeLt, HostArray
 
 from euler.gpu import cublaslt
 from euler.gpu.cublas import CublasError
+from euler.precision import BF16, from_bf16, to_bf16
 
 STREAM = 0xABC0
 M, N, K = 5, 3, 7  # all different, so a swapped operand or transpose cannot fit
+F32, BF = cublaslt.CUDA_R_32F, cublaslt.CUDA_R_16BF
 
 
 def make(monkeypatch, fake: FakeLt, tf32: bool = True, workspace_bytes: int = 1 << 20):
@@ -62,8 +65,96 @@ def test_gemm_is_the_row_major_product(monkeypatch, trans_a, trans_b, with_c) ->
     assert (call.stream, call.workspace, call.workspace_bytes) == (
         STREAM, addr(workspace), workspace.nbytes)  # fmt: skip
     assert call.compute == cublaslt.COMPUTE_32F_FAST_TF32
+    assert call.types == (F32, F32, F32, F32)
     lt.close()
     assert fake.objects == {}
+
+
+@pytest.mark.parametrize("mode", ["assign", "accumulate", "c"])
+@pytest.mark.parametrize("out_dtype", [np.float32, BF16], ids=["out_f32", "out_bf16"])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, True), (True, False)])
+def test_bf16_operands(monkeypatch, trans_a, trans_b, out_dtype, mode) -> None:
+    """bf16 A and B (16BF layouts, CUBLAS_COMPUTE_32F even with tf32 on, float scalars), out
+    float32 or bf16 (C and D in out's type), assigned, accumulated in place (beta 1,
+    C = D = out) or plus c (C = c)."""
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake, tf32=True)
+    rng = np.random.default_rng(10 + int(trans_a))
+    a, b = (to_bf16(x) for x in operands(rng, trans_a, trans_b))
+    init = rng.standard_normal((M, N)).astype(np.float32)
+    init = to_bf16(init) if out_dtype == BF16 else init
+    A, B, out = HostArray(a.copy()), HostArray(b.copy()), HostArray(init.copy())
+    C = HostArray(init[::-1].copy()) if mode == "c" else None
+    lt.gemm(out, A, B, trans_a, trans_b, accumulate=mode == "accumulate", c=C)
+    wide = lambda x: from_bf16(x).astype(np.float64) if x.dtype == BF16 else x.astype(np.float64)
+    want = (wide(a).T if trans_a else wide(a)) @ (wide(b).T if trans_b else wide(b))
+    want += {"assign": 0, "accumulate": wide(init), "c": wide(init[::-1])}[mode]
+    if out_dtype == BF16:  # fp32 accumulators rounded once to nearest even
+        np.testing.assert_array_equal(out.host, to_bf16(want.astype(np.float32)))
+    else:
+        np.testing.assert_allclose(out.host, want, rtol=1e-6, atol=1e-6)
+    (call,) = fake.matmuls
+    out_type = BF if out_dtype == BF16 else F32
+    assert call.types == (BF, BF, out_type, out_type)
+    assert call.compute == cublaslt.COMPUTE_32F
+    assert (call.alpha, call.beta) == (1.0, 0.0 if mode == "assign" else 1.0)
+    assert call.d == addr(out) and call.c == (addr(C) if C is not None else addr(out))
+    lt.close()
+    assert fake.objects == {}
+
+
+def test_plans_are_keyed_by_dtypes(monkeypatch) -> None:
+    """One plan (a heuristic query) per operand and output dtype of a shape; accumulating
+    reuses the assigning call's plan (same layouts, only beta differs)."""
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake, tf32=False)
+    a, b = operands(np.random.default_rng(5), False, True)
+    f32 = lambda: HostArray(np.zeros((M, N), np.float32))
+    bf = lambda: HostArray(np.zeros((M, N), BF16))
+    products = [
+        (f32(), HostArray(a), HostArray(b)),
+        (f32(), HostArray(to_bf16(a)), HostArray(to_bf16(b))),
+        (bf(), HostArray(to_bf16(a)), HostArray(to_bf16(b))),
+    ]
+    for n, args in enumerate(products, 1):
+        lt.gemm(*args, trans_b=True)
+        assert fake.heuristic_calls() == n
+    for args in products:
+        lt.gemm(*args, trans_b=True)
+        lt.gemm(*args, trans_b=True, accumulate=True)
+    assert fake.heuristic_calls() == 3 and len(fake.matmuls) == 9
+    computes = [m.compute for m in fake.matmuls[:3]]
+    assert computes == [cublaslt.COMPUTE_32F] * 3  # exact fp32, then bf16's fp32 accumulate
+    assert [m.types[3] for m in fake.matmuls[:3]] == [F32, F32, BF]
+    lt.close()
+    assert fake.objects == {}
+
+
+def test_dtype_refusals(monkeypatch) -> None:
+    """Mixed operands, dtypes other than float32 and bf16, a bf16 out of float32 operands,
+    c of another dtype than out, and c with accumulate: ValueErrors naming the argument,
+    before anything reaches the library."""
+    fake = FakeLt()
+    lt, _ = make(monkeypatch, fake)
+    a, b = operands(np.random.default_rng(6), False, False)
+    fa, fb, ba, bb = HostArray(a), HostArray(b), HostArray(to_bf16(a)), HostArray(to_bf16(b))
+    f32, bf = HostArray(np.zeros((M, N), np.float32)), HostArray(np.zeros((M, N), BF16))
+    refusals = [
+        ((f32, ba, fb), {}, "b is float32 but a is uint16"),
+        ((f32, fa, bb), {}, "b is uint16 but a is float32"),
+        ((f32, HostArray(a.astype(np.float64)), fb), {}, "a is float64"),
+        ((f32, fa, HostArray(b.astype(np.float16))), {}, "b is float16"),
+        ((HostArray(np.zeros((M, N), np.int32)), ba, bb), {}, "out is int32"),
+        ((bf, fa, fb), {}, "out is bf16 but a and b are float32"),
+        ((f32, ba, bb), {"c": bf}, "must match out"),
+        ((f32, ba, bb), {"c": HostArray(np.ones((M, N), np.float32)), "accumulate": True},
+         "c and accumulate"),
+    ]  # fmt: skip
+    for args, kwargs, msg in refusals:
+        with pytest.raises(ValueError, match=msg):
+            lt.gemm(*args, **kwargs)
+    assert fake.heuristic_calls() == 0 and fake.matmuls == []
+    lt.close()
 
 
 def test_descriptors_and_algorithm_are_chosen_once_per_product(monkeypatch) -> None:

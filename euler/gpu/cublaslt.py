@@ -1,37 +1,53 @@
-"""A thin ctypes binding of cuBLASLt: row-major float32 GEMMs whose C input is not D.
+"""A thin ctypes binding of cuBLASLt: row-major float32 and bf16 GEMMs, C input apart from D.
 
-Legacy cuBLAS (cublas.py) computes C = alpha op(A) op(B) + beta C: the matrix added is the
-one written. cublasLtMatmul reads C and writes D through separate pointers, so
-out = res + a @ w^T, a residual add after an output projection, is one call that leaves res
-as it was: no product into a temporary, no add kernel reading it back
-(bench/labs/cublaslt_lab_gpu.py measured it on an H200; GpuBackend.matmul_residual uses it).
+cublasLtMatmul computes D = alpha op(A) op(B) + beta C, reading C and writing D through
+separate pointers, with each matrix's data type in its layout. GpuBackend uses it for two
+things legacy cuBLAS (cublas.py) cannot do:
+- out = res + a @ w^T, a residual add after an output projection, in one call that leaves
+  res as it was (C = res, D = out): no product into a temporary, no add kernel reading it
+  back (bench/labs/cublaslt_lab_gpu.py measured it on an H200);
+- the bf16 products of --precision bf16: A and B bf16 (uint16 bits, euler.precision), D
+  bf16 or float32 as its consumer needs, accumulated in fp32 (CUBLAS_COMPUTE_32F), as
+  llm.c's are. out += a @ b (a weight gradient into the fp32 gradient buffer) is beta = 1
+  with C = D = out, which cuBLASLt allows.
+
+float32 operands take TF32 tensor cores or exact fp32 (the tf32 flag), as Cublas does;
+cuBLASLt has no float32 x float32 -> bf16 product, so a bf16 out needs bf16 operands.
 
 The row-major to column-major mapping is cublas.py's: row-major out (M, N) = op(a) @ op(b)
 is the column-major out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b, its B our a, m = N,
 n = M; a row-major (r, c) array is the column-major (c, r) one with leading dimension c.
 
-Each distinct product (shape, transposes, with or without C) gets its descriptor, layouts
-and the heuristic's first usable algorithm once, on its first call; later calls reuse them.
-So a call captured into a CUDA graph queries nothing (the trainer runs a step eagerly
-before capturing it: euler/training/step_graph.py), and the workspace is the caller's device buffer,
-so cuBLASLt allocates nothing either.
+Each distinct product (shape, transposes, with or without a separate C, operand and output
+dtypes) gets its descriptor, layouts and the heuristic's first usable algorithm once, on its
+first call; later calls reuse them (an accumulating call shares the plain call's plan: the
+heuristic sees layouts, not beta). So a call captured into a CUDA graph queries nothing
+(the trainer runs a step eagerly before capturing it: euler/training/step_graph.py), and
+the workspace is the caller's device buffer, so cuBLASLt allocates nothing either.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-from euler.gpu.cublas import _STATUS, Cublas, CublasError, _ptr
+import numpy as np
+
+from euler.gpu.cublas import _STATUS, CublasError, _ptr
 from euler.gpu.libs import library_candidates
+from euler.precision import BF16
 
 # ---------------------------------------------------------------- header values (ABI)
 # cublas_api.h: cublasOperation_t CUBLAS_OP_N = 0, CUBLAS_OP_T = 1; cublasComputeType_t
-# CUBLAS_COMPUTE_32F = 68 (exact fp32), CUBLAS_COMPUTE_32F_FAST_TF32 = 77 (fp32 in and out,
-# TF32 tensor cores, fp32 accumulate).
+# CUBLAS_COMPUTE_32F = 68 (fp32 accumulate: exact fp32 for float32 operands, bf16 tensor
+# cores for bf16 ones), CUBLAS_COMPUTE_32F_FAST_TF32 = 77 (float32 in and out, TF32 tensor
+# cores, fp32 accumulate).
 OP_N, OP_T = 0, 1
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77
-# library_types.h: cudaDataType_t CUDA_R_32F = 0 (the matrices' type and alpha/beta's).
-CUDA_R_32F = 0
+# library_types.h: cudaDataType_t CUDA_R_32F = 0, CUDA_R_16BF = 14 (a layout's matrix type;
+# alpha and beta are CUDA_R_32F in every product here, the scale type of COMPUTE_32F).
+CUDA_R_32F, CUDA_R_16BF = 0, 14
+# the dtype of each array a product takes -> its layout's data type
+DATA_TYPES = {np.dtype(np.float32): CUDA_R_32F, BF16: CUDA_R_16BF}
 # cublasLt.h: cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA = 3, _TRANSB = 4
 # (int32_t holding a cublasOperation_t).
 DESC_TRANSA, DESC_TRANSB = 3, 4
@@ -118,9 +134,13 @@ def _declare(lib) -> None:
 
 
 class _Plan:
-    """One product's matmul descriptor, its three layouts and the algorithm chosen."""
+    """One product's matmul descriptor, its three layouts and the algorithm chosen.
 
-    def __init__(self):
+    ab_type: A's and B's data type (CUDA_R_32F or CUDA_R_16BF); out_type: C's and D's.
+    """
+
+    def __init__(self, ab_type: int = CUDA_R_32F, out_type: int = CUDA_R_32F):
+        self.ab_type, self.out_type = ab_type, out_type
         self.desc = ctypes.c_void_p()
         self.a_layout = ctypes.c_void_p()  # cuBLASLt's A: our b
         self.b_layout = ctypes.c_void_p()  # cuBLASLt's B: our a
@@ -133,7 +153,8 @@ class CublasLt:
 
     stream_handle: the CUstream (an int) every product is enqueued on. workspace: a device
     buffer (uint8; the backend gives 32 MiB) kept referenced here and used by every call.
-    tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else exact fp32 (CUBLAS_COMPUTE_32F).
+    tf32: float32 products in CUBLAS_COMPUTE_32F_FAST_TF32, else exact fp32
+    (CUBLAS_COMPUTE_32F); bf16 products are CUBLAS_COMPUTE_32F either way.
     """
 
     def __init__(self, stream_handle: int, workspace, tf32: bool = True):
@@ -146,7 +167,7 @@ class CublasLt:
         _declare(self.lib)
         self.stream = ctypes.c_void_p(stream_handle)
         self.workspace, self.tf32 = workspace, tf32
-        self.compute = COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F
+        self.compute = COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F  # of float32 operands
         # alpha and beta are read from host memory (the default pointer mode) when a call is
         # enqueued, and captured by value into a graph
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -173,41 +194,57 @@ class CublasLt:
             "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
         )
 
-    def gemm(self, out, a, b, trans_a=False, trans_b=False, c=None) -> None:
-        """out (M, N) = op(a) (M, K) @ op(b) (K, N), plus c (M, N) when given; row-major
-        float32, C-contiguous. c is only read and may not overlap out (C != D is the point:
-        for out += ... use Cublas.gemm(accumulate=True))."""
-        for name, x in (("out", out), ("a", a), ("b", b)):
-            if len(x.shape) != 2:  # the layouts describe one matrix each
-                raise ValueError(f"gemm: {name} must be 2-D, got shape {x.shape}")
-        M, N, K = Cublas._dims(out, a, b, trans_a, trans_b)
+    def gemm(
+        self,
+        out,
+        a,
+        b,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        accumulate: bool = False,
+        *,
+        c=None,
+    ) -> None:
+        """out (M, N) = op(a) (M, K) @ op(b) (K, N), assigned, accumulated (+=) or plus c
+        (M, N); all row-major and C-contiguous, on the stream, fp32 accumulation.
+
+        a and b: both float32 or both bf16 (uint16 bits); out float32 or (with bf16
+        operands) bf16; c, when given, out's shape and dtype, only read, and may not overlap
+        out (C != D); accumulate is C = D = out, so the two cannot be combined.
+        """
+        ab_type, out_type = _types(out, a, b)
+        M, N, K = _dims(out, a, b, trans_a, trans_b)
         if c is not None:
+            if accumulate:
+                raise ValueError("gemm: c and accumulate together (accumulate is C = out)")
             if c.shape != out.shape or c.dtype != out.dtype or not c.is_c_contiguous():
                 raise ValueError(f"gemm: c {c.shape} {c.dtype} must match out {out.shape}")
             if overlaps(c, out):
                 raise ValueError("gemm: c may not overlap out")
-        plan = self._plan(M, N, K, trans_a, trans_b, c is not None)
+        plan = self._plan((M, N, K, trans_a, trans_b, c is not None, ab_type, out_type))
+        beta = self._zero if c is None and not accumulate else self._one
         _check(
             self.lib.cublasLtMatmul(
                 self.handle, plan.desc, ctypes.byref(self._one),
                 _ptr(b), plan.a_layout, _ptr(a), plan.b_layout,
-                ctypes.byref(self._zero if c is None else self._one),
-                _ptr(out if c is None else c), plan.cd_layout, _ptr(out), plan.cd_layout,
+                ctypes.byref(beta), _ptr(out if c is None else c), plan.cd_layout,
+                _ptr(out), plan.cd_layout,
                 ctypes.byref(plan.algo), _ptr(self.workspace), self.workspace.nbytes, self.stream,
             ),
             "cublasLtMatmul",
         )  # fmt: skip
 
-    def _plan(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool, has_c: bool) -> _Plan:
-        """The cached plan of this product, made (and its algorithm chosen) on first use."""
-        key = (M, N, K, trans_a, trans_b, has_c)
+    def _plan(self, key: tuple) -> _Plan:
+        """The cached plan of the product key = (M, N, K, trans_a, trans_b, has_c, ab_type,
+        out_type), made (and its algorithm chosen) on first use."""
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        plan = _Plan()
+        M, N, K, trans_a, trans_b, has_c, ab_type, out_type = key
+        plan = _Plan(ab_type, out_type)
         try:
             self._describe(plan, M, N, K, trans_a, trans_b)
-            self._choose(plan, key)
+            self._choose(plan, key, has_c)
         except BaseException:
             self._destroy(plan)
             raise
@@ -216,8 +253,9 @@ class CublasLt:
 
     def _describe(self, plan: _Plan, M: int, N: int, K: int, trans_a: bool, trans_b: bool):
         lib = self.lib
+        compute = COMPUTE_32F if plan.ab_type == CUDA_R_16BF else self.compute
         _check(
-            lib.cublasLtMatmulDescCreate(ctypes.byref(plan.desc), self.compute, CUDA_R_32F),
+            lib.cublasLtMatmulDescCreate(ctypes.byref(plan.desc), compute, CUDA_R_32F),
             "cublasLtMatmulDescCreate",
         )
         # swapped operands (see the module doc): cuBLASLt's op(A) is our op(b)^T
@@ -231,17 +269,17 @@ class CublasLt:
         # each operand as stored: row-major (r, c) is column-major c x r with ld = c
         b_rows, b_cols = (N, K) if trans_b else (K, N)
         a_rows, a_cols = (K, M) if trans_a else (M, K)
-        for layout, rows, cols in (
-            (plan.a_layout, b_cols, b_rows),
-            (plan.b_layout, a_cols, a_rows),
-            (plan.cd_layout, N, M),
+        for layout, dtype, rows, cols in (
+            (plan.a_layout, plan.ab_type, b_cols, b_rows),
+            (plan.b_layout, plan.ab_type, a_cols, a_rows),
+            (plan.cd_layout, plan.out_type, N, M),
         ):
             _check(
-                lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), CUDA_R_32F, rows, cols, rows),
+                lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), dtype, rows, cols, rows),
                 "cublasLtMatrixLayoutCreate",
             )
 
-    def _choose(self, plan: _Plan, key: tuple) -> None:
+    def _choose(self, plan: _Plan, key: tuple, has_c: bool) -> None:
         """plan.algo = the heuristic's first result that can run (state 0), fits the
         workspace and, with c, writes D out of place."""
         results = (HeuristicResult * HEURISTIC_RESULTS)()
@@ -256,13 +294,13 @@ class CublasLt:
         for r in results[: found.value]:
             if r.state != 0 or r.workspaceSize > self.workspace.nbytes:
                 continue
-            if key[-1] and not self._out_of_place(r.algo):
+            if has_c and not self._out_of_place(r.algo):
                 continue
             ctypes.memmove(ctypes.byref(plan.algo), ctypes.byref(r.algo), ctypes.sizeof(r.algo))
             return
         raise CublasError(
             f"cublasLtMatmulAlgoGetHeuristic failed: {_STATUS[15]} (none of {found.value} "
-            f"algorithms runs (M, N, K, trans_a, trans_b, with_c) = {key})"
+            f"algorithms runs (M, N, K, trans_a, trans_b, with_c, ab_type, out_type) = {key})"
         )
 
     def _out_of_place(self, algo: MatmulAlgo) -> bool:
@@ -294,6 +332,38 @@ class CublasLt:
         if self.handle:
             self.lib.cublasLtDestroy(self.handle)
             self.handle = ctypes.c_void_p()
+
+
+def _types(out, a, b) -> tuple[int, int]:
+    """(A's and B's data type, out's) of a product, or a ValueError naming the argument."""
+    for name, x in (("a", a), ("b", b), ("out", out)):
+        if np.dtype(x.dtype) not in DATA_TYPES:
+            raise ValueError(f"gemm: {name} is {x.dtype}; float32 or bf16 ({BF16} bits)")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gemm: b is {b.dtype} but a is {a.dtype}; the operands share a dtype")
+    ab_type, out_type = DATA_TYPES[np.dtype(a.dtype)], DATA_TYPES[np.dtype(out.dtype)]
+    if out_type == CUDA_R_16BF and ab_type != CUDA_R_16BF:
+        raise ValueError("gemm: out is bf16 but a and b are float32 (cuBLASLt has no such product)")
+    return ab_type, out_type
+
+
+def _dims(out, a, b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """(M, N, K) of out (M, N) = op(a) (M, K) @ op(b) (K, N), each a C-contiguous matrix."""
+    for name, x in (("out", out), ("a", a), ("b", b)):
+        if len(x.shape) != 2:  # the layouts describe one matrix each
+            raise ValueError(f"gemm: {name} must be 2-D, got shape {x.shape}")
+        if not x.is_c_contiguous():
+            raise ValueError(f"gemm: {name} must be C-contiguous")
+    # plain tuples: the CUDA simulator's shapes refuse negative indices
+    (ra, ca), (rb, cb) = tuple(a.shape), tuple(b.shape)
+    M, K = (ca, ra) if trans_a else (ra, ca)
+    Kb, N = (cb, rb) if trans_b else (rb, cb)
+    if K != Kb or tuple(out.shape) != (M, N):
+        raise ValueError(
+            f"gemm shapes: out {out.shape} = op(a {a.shape}, T={trans_a}) "
+            f"@ op(b {b.shape}, T={trans_b})"
+        )
+    return M, N, K
 
 
 def overlaps(x, y) -> bool:
