@@ -29,7 +29,7 @@ ROW_FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @intrinsic
-def _f32_from_bits(typingctx, i):
+def _f32_from_bits_ir(typingctx, i):
     """Reinterpret an int32's bits as a float32 (a free bitcast on CPU and GPU)."""
     sig = types.float32(types.int32)
 
@@ -37,6 +37,17 @@ def _f32_from_bits(typingctx, i):
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
+
+
+def _f32_from_bits(i):
+    """_f32_from_bits_ir in compiled code; NumPy's view where kernels run as Python (the
+    CUDA simulator), which cannot call an intrinsic."""
+    return np.int32(i).view(np.float32)
+
+
+@overload(_f32_from_bits)
+def _f32_from_bits_overload(i):
+    return lambda i: _f32_from_bits_ir(i)
 
 
 def exp_(x):
@@ -91,7 +102,7 @@ def _exp_overload_cuda(x):
 
 
 @intrinsic
-def _bits_from_f32(typingctx, x):
+def _bits_from_f32_ir(typingctx, x):
     """Reinterpret a float32's bits as an int32 (a free bitcast on CPU and GPU)."""
     sig = types.int32(types.float32)
 
@@ -99,6 +110,16 @@ def _bits_from_f32(typingctx, x):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return sig, codegen
+
+
+def _bits_from_f32(x):
+    """_bits_from_f32_ir in compiled code; NumPy's view in pure Python (the simulator)."""
+    return np.float32(x).view(np.int32)
+
+
+@overload(_bits_from_f32)
+def _bits_from_f32_overload(x):
+    return lambda x: _bits_from_f32_ir(x)
 
 
 @register_jitable
