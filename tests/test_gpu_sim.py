@@ -191,6 +191,85 @@ else:
         assert not any(k[0] == "matmul_residual" for k in gpu._scratch)
         assert gpu._lt.workspace.nbytes == backend.CUBLAS_WORKSPACE
 
+    def bf16_products(be, v: dict) -> None:
+        """The bf16 products of a training step on the arrays v (x, w, dy bf16), each out
+        as the model has it: bf16 assigned (qkv) and accumulated, float32 accumulated (a
+        head's dX), a pair of a bf16 dX and a float32 weight gradient accumulated (deferred),
+        and the float32 residual output of an output projection."""
+        be.matmul(v["y"], v["x"], v["w"], trans_b=True)
+        be.matmul(v["y_acc"], v["x"], v["w"], False, True, True)
+        be.matmul(v["dx"], v["dy"], v["w"], accumulate=True)
+        be.matmul_pair(
+            (v["dh"], v["dy"], v["w"], False, False, False),
+            (v["dw"], v["dy"], v["x"], True, False, True),
+        )
+        be.wait_deferred()
+        be.matmul_residual(v["res_out"], v["res"], v["x"], v["w"])
+
+    @pytest.mark.parametrize("route", ["stand_in", "cublaslt"])
+    def test_bf16_products_match_the_cpu_emulation(route, monkeypatch) -> None:
+        """bf16_products on uint16 device arrays equal the CPU backend's emulation bit for
+        bit: the values are multiples of 1/4 below 4, so every float32 sum is exact and only
+        the bf16 stores round. stand_in: NumpyBlas (the CPU's own products) behind the
+        backend's routing, side stream included; cublaslt: the backend's CublasLt objects on
+        the stream and on the side stream, their library the host-memory FakeLt."""
+        from fake_cublaslt import R_16BF, R_32F, FakeLt
+        from numba import cuda
+
+        from euler.gpu import backend, cublaslt
+        from euler.gpu.cublas import Cublas
+        from euler.precision import from_bf16, to_bf16
+
+        fake, blas = FakeLt(), NumpyBlas()
+        if route == "cublaslt":
+            blas, real_on_stream = CublasLikeNumpyBlas(), backend._on_stream
+            handles = iter(range(0x5EA, 0x600))
+
+            def on_stream(library, stream, tf32):
+                """The simulator's streams get a CUstream number; cuBLAS is the stand-in."""
+                if not hasattr(stream, "handle"):
+                    stream.handle = next(handles)
+                return blas if library is Cublas else real_on_stream(library, stream, tf32)
+
+            monkeypatch.setattr(backend, "_on_stream", on_stream)
+            monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
+            monkeypatch.setattr(cublaslt, "_ptr", lambda x: x._ary.ctypes.data)
+        options = backend.GpuOptions(transpose_weight_grads=False)
+        gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=blas, options=options)
+        rng = np.random.default_rng(7)
+        quarters = lambda *shape: (rng.integers(-15, 16, shape) / 4).astype(np.float32)
+        T, K, N = 12, 8, 10
+        shapes = {"x": (T, K), "w": (N, K), "dy": (T, N), "y": (T, N), "y_acc": (T, N),
+                  "dx": (T, K), "dh": (T, K), "dw": (N, K), "res_out": (T, N),
+                  "res": (T, N)}  # fmt: skip
+        bf16 = {"x", "w", "dy", "y", "y_acc", "dh"}
+        host = {k: to_bf16(quarters(*s)) if k in bf16 else quarters(*s) for k, s in shapes.items()}
+        want = {k: a.copy() for k, a in host.items()}
+        bf16_products(CpuBackend(), want)
+        exact = from_bf16(host["x"]) @ from_bf16(host["w"]).T
+        assert (from_bf16(want["y"]) != exact).any()  # some stores rounded
+        dev = {k: cuda.to_device(a) for k, a in host.items()}  # no fill kernel: faster
+        bf16_products(gpu, dev)
+        for name, a in want.items():
+            got = gpu.to_host(dev[name])
+            assert got.dtype == a.dtype and np.array_equal(got, a), name
+        if route == "stand_in":
+            assert gpu._lt is None and gpu._side_lt is None
+            return
+        main, side = gpu.stream.handle, gpu.side[0].handle
+        F, B = R_32F, R_16BF
+        assert [(m.types[2:], m.beta, m.c == m.d, m.stream) for m in fake.matmuls] == [
+            ((B, B), 0.0, True, main),  # y
+            ((B, B), 1.0, True, main),  # y_acc: C = D = out
+            ((F, F), 1.0, True, main),  # dx
+            ((B, B), 0.0, True, main),  # dh
+            ((F, F), 1.0, True, side),  # dw, deferred
+            ((F, F), 1.0, False, main),  # res_out: C = res
+        ]
+        assert all(m.types[:2] == (B, B) and m.compute == cublaslt.COMPUTE_32F
+                   for m in fake.matmuls)  # fmt: skip
+        assert main != side and gpu._side_lt.stream.value == side
+
     @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32), (128, 192), (132, 200)])
     def test_transpose(shape) -> None:
         """Tails in both directions of the 64 x 64 tiles; whole tiles by 16-byte pieces
