@@ -33,6 +33,28 @@ The element pointer is computed without numba's negative-index wraparound; i mus
 multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`, or
 async_copy.check_aligned for the 3-d arrays, whose rows must hold a multiple of 4 too).
 In the CUDA simulator they are plain element loops.
+
+bf16 tensors are uint16 arrays of their bits (euler.precision). Their 16-byte accesses move
+8 elements as 4 uint32 words (ld.global.v4.u32 / st.global.v4.u32), word k holding element
+2k in its low half and 2k + 1 in its high half; the 8-byte forms 4 elements as 2 words:
+
+    w0, .., w3 = load4_u32(ary, i)           the bits of ary[i : i + 8] (1-d uint16 array)
+    store4_u32(ary, i, w0, .., w3)           and back (a copy: transpose)
+    load2_u32 / store2_u32(ary, i, w0, w1)   ary[i : i + 4], 8 bytes
+    load4_u32_3d / store4_u32_3d(ary, i0, i1, i2, ...)    ary[i0, i1, i2 : i2 + 8]
+
+and as float32, widened by layer_math.bf16_widen (NVVM folds it to a shift for a low half,
+a mask for a high one) or rounded to nearest even by layer_math.bf16_round and packed:
+
+    v0, .., v7 = load8_bf16(ary, i)          ary[i : i + 8] as 8 float32, 16 bytes
+    store8_bf16(ary, i, v0, .., v7)          ary[i : i + 8] = bf16(v0 .. v7), 16 bytes
+    load4_bf16 / store4_bf16(ary, i, ...)    4 elements, 8 bytes (4 float32 of one load4)
+    load8_bf16_3d / store8_bf16_3d(ary, i0, i1, i2, ...)  ary[i0, i1, i2 : i2 + 8]
+
+i (i2) must be a multiple of 8 (of 4 for the 8-byte forms) and the data 16-byte aligned
+(launchers check with `aligned8_bf16`; 3-d rows a multiple of 8 elements). In the
+simulator the word accesses are element loops and the widening and packing run as
+they are, so the simulator checks them.
 """
 
 from __future__ import annotations
@@ -42,6 +64,7 @@ from numba import cuda, types
 from numba.core.errors import TypingError
 
 from euler.gpu.reduce import SIMULATOR
+from euler.layer_math import bf16_round, bf16_widen
 
 
 def aligned4(*arrays) -> bool:
@@ -49,6 +72,19 @@ def aligned4(*arrays) -> bool:
     16 bytes: the condition for the load4/store4 kernels (device or host arrays)."""
     for a in arrays:
         if a.dtype != np.float32 or a.size % 4 or not a.flags["C_CONTIGUOUS"]:
+            return False
+        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+        if iface["data"][0] % 16:
+            return False
+    return True
+
+
+def aligned8_bf16(*arrays) -> bool:
+    """Whether every array is bf16 (uint16 bits), C-contiguous, of a size divisible by 8 and
+    starts on 16 bytes: the condition for the load8_bf16/store8_bf16 kernels (device or host
+    arrays)."""
+    for a in arrays:
+        if a.dtype != np.uint16 or a.size % 8 or not a.flags["C_CONTIGUOUS"]:
             return False
         iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
         if iface["data"][0] % 16:
@@ -219,6 +255,85 @@ if not SIMULATOR:
         """ary[i0, i1, i2 : i2 + 4] += (a0, .., a3) where k = (i0 n1 + i1) n2 + i2 (C order)."""
         return _atomic_add_typing(ary, (k,), (a0, a1, a2, a3))
 
+    def _check_words(name: str, ary, indices, values=()) -> None:
+        ok = (
+            isinstance(ary, types.Array)
+            and ary.ndim == len(indices)
+            and ary.dtype == types.uint16
+            and all(isinstance(i, types.Integer) for i in (*indices, *values))
+        )
+        if not ok:
+            n = len(indices)
+            raise TypingError(f"{name} takes a {n}-d uint16 array, {n} integer indices and "
+                              "integer words")  # fmt: skip
+
+    def _words_ptr(context, builder, sig, args, n: int, words: int):
+        """<words x i32> global pointer to the uint16 element at args[1 : 1 + n]."""
+        p = element_ptr(context, builder, sig.args[0], args[0], list(args[1 : 1 + n]),
+                        list(sig.args[1 : 1 + n]))  # fmt: skip
+        p = builder.addrspacecast(p, ir.PointerType(p.type.pointee, 1))
+        return builder.bitcast(p, ir.PointerType(ir.VectorType(ir.IntType(32), words), 1))
+
+    def _load_words_typing(name: str, ary, indices, words: int):
+        _check_words(name, ary, indices)
+        ret = types.UniTuple(types.uint32, words)
+        n = len(indices)
+
+        def codegen(context, builder, sig, args):
+            vec = builder.load(_words_ptr(context, builder, sig, args, n, words), align=4 * words)
+            items = [
+                builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(words)
+            ]
+            return context.make_tuple(builder, ret, items)
+
+        return ret(ary, *indices), codegen
+
+    def _store_words_typing(name: str, ary, indices, values):
+        _check_words(name, ary, indices, values)
+        n, words = len(indices), len(values)
+        i32 = ir.IntType(32)
+
+        def codegen(context, builder, sig, args):
+            vec = ir.Constant(ir.VectorType(i32, words), ir.Undefined)
+            for k in range(words):
+                v = context.cast(builder, args[1 + n + k], sig.args[1 + n + k], types.uint32)
+                vec = builder.insert_element(vec, v, ir.Constant(i32, k))
+            ptr = _words_ptr(context, builder, sig, args, n, words)
+            builder.store(vec, ptr, align=4 * words)
+            return context.get_dummy_value()
+
+        return types.void(ary, *indices, *values), codegen
+
+    @intrinsic
+    def load4_u32(typingctx, ary, i):
+        """The bits of ary[i : i + 8] (uint16) as 4 uint32 words, one 16-byte load."""
+        return _load_words_typing("load4_u32", ary, (i,), 4)
+
+    @intrinsic
+    def load2_u32(typingctx, ary, i):
+        """The bits of ary[i : i + 4] (uint16) as 2 uint32 words, one 8-byte load."""
+        return _load_words_typing("load2_u32", ary, (i,), 2)
+
+    @intrinsic
+    def load4_u32_3d(typingctx, ary, i0, i1, i2):
+        """The bits of ary[i0, i1, i2 : i2 + 8] (uint16) as 4 uint32 words, one 16-byte load."""
+        return _load_words_typing("load4_u32_3d", ary, (i0, i1, i2), 4)
+
+    @intrinsic
+    def store4_u32(typingctx, ary, i, w0, w1, w2, w3):
+        """ary[i : i + 8] (uint16) = the bits of words w0 .. w3, one 16-byte store."""
+        return _store_words_typing("store4_u32", ary, (i,), (w0, w1, w2, w3))
+
+    @intrinsic
+    def store2_u32(typingctx, ary, i, w0, w1):
+        """ary[i : i + 4] (uint16) = the bits of words w0, w1, one 8-byte store."""
+        return _store_words_typing("store2_u32", ary, (i,), (w0, w1))
+
+    @intrinsic
+    def store4_u32_3d(typingctx, ary, i0, i1, i2, w0, w1, w2, w3):
+        """ary[i0, i1, i2 : i2 + 8] (uint16) = the bits of words w0 .. w3, one 16-byte store."""
+        return _store_words_typing("store4_u32_3d", ary, (i0, i1, i2), (w0, w1, w2, w3))
+
 else:
     from euler.gpu.async_copy import unravel3
 
@@ -286,3 +401,107 @@ else:
         """The simulator's atomic_add4_flat: atomic_add4 at the 3-d index of k."""
         i0, i1, i2 = unravel3(ary, k)
         atomic_add4(ary, i0, i1, i2, a0, a1, a2, a3)
+
+    @cuda.jit(device=True)
+    def _word(lo, hi):
+        """The uint32 word of uint16 elements lo (low half), hi (high half)."""
+        return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+
+    @cuda.jit(device=True)
+    def load4_u32(ary, i):
+        """The simulator's load4_u32: eight element loads, packed in words."""
+        return (_word(ary[i], ary[i + 1]), _word(ary[i + 2], ary[i + 3]),
+                _word(ary[i + 4], ary[i + 5]), _word(ary[i + 6], ary[i + 7]))  # fmt: skip
+
+    @cuda.jit(device=True)
+    def load2_u32(ary, i):
+        """The simulator's load2_u32: four element loads, packed in words."""
+        return _word(ary[i], ary[i + 1]), _word(ary[i + 2], ary[i + 3])
+
+    @cuda.jit(device=True)
+    def load4_u32_3d(ary, i0, i1, i2):
+        """The simulator's load4_u32_3d: load4_u32 of the row ary[i0, i1]."""
+        return load4_u32(ary[i0, i1], i2)
+
+    @cuda.jit(device=True)
+    def store2_u32(ary, i, w0, w1):
+        """The simulator's store2_u32: four element stores."""
+        for k, w in ((0, w0), (2, w1)):
+            ary[i + k], ary[i + k + 1] = np.uint16(w & np.uint32(0xFFFF)), np.uint16(w >> 16)
+
+    @cuda.jit(device=True)
+    def store4_u32(ary, i, w0, w1, w2, w3):
+        """The simulator's store4_u32: eight element stores."""
+        store2_u32(ary, i, w0, w1)
+        store2_u32(ary, i + 4, w2, w3)
+
+    @cuda.jit(device=True)
+    def store4_u32_3d(ary, i0, i1, i2, w0, w1, w2, w3):
+        """The simulator's store4_u32_3d: store4_u32 into the row ary[i0, i1]."""
+        store4_u32(ary[i0, i1], i2, w0, w1, w2, w3)
+
+
+# ---------------------------------------------------------------- bf16 as float32: both targets
+
+
+@cuda.jit(device=True, inline=True)
+def widen_low(w):
+    """The float32 of the bf16 in the low half of word w (uint32)."""
+    return bf16_widen(np.uint16(w & np.uint32(0xFFFF)))
+
+
+@cuda.jit(device=True, inline=True)
+def widen_high(w):
+    """The float32 of the bf16 in the high half of word w (uint32)."""
+    return bf16_widen(np.uint16(w >> np.uint32(16)))
+
+
+@cuda.jit(device=True, inline=True)
+def pack_bf16(lo, hi):
+    """The uint32 word of bf16(lo) (low half) and bf16(hi) (high half), each rounded to
+    nearest even from float32."""
+    return np.uint32(bf16_round(lo)) | (np.uint32(bf16_round(hi)) << np.uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def load8_bf16(ary, i):
+    """ary[i : i + 8] of a 1-d bf16 (uint16) array as 8 float32, one 16-byte load."""
+    w0, w1, w2, w3 = load4_u32(ary, i)
+    return (widen_low(w0), widen_high(w0), widen_low(w1), widen_high(w1),
+            widen_low(w2), widen_high(w2), widen_low(w3), widen_high(w3))  # fmt: skip
+
+
+@cuda.jit(device=True, inline=True)
+def load8_bf16_3d(ary, i0, i1, i2):
+    """ary[i0, i1, i2 : i2 + 8] of a 3-d bf16 array as 8 float32, one 16-byte load."""
+    w0, w1, w2, w3 = load4_u32_3d(ary, i0, i1, i2)
+    return (widen_low(w0), widen_high(w0), widen_low(w1), widen_high(w1),
+            widen_low(w2), widen_high(w2), widen_low(w3), widen_high(w3))  # fmt: skip
+
+
+@cuda.jit(device=True, inline=True)
+def load4_bf16(ary, i):
+    """ary[i : i + 4] of a 1-d bf16 array as 4 float32, one 8-byte load (i % 4 == 0)."""
+    w0, w1 = load2_u32(ary, i)
+    return widen_low(w0), widen_high(w0), widen_low(w1), widen_high(w1)
+
+
+@cuda.jit(device=True, inline=True)
+def store8_bf16(ary, i, v0, v1, v2, v3, v4, v5, v6, v7):
+    """ary[i : i + 8] of a 1-d bf16 array = float32 v0 .. v7 rounded to nearest even, one
+    16-byte store."""
+    store4_u32(ary, i, pack_bf16(v0, v1), pack_bf16(v2, v3), pack_bf16(v4, v5),
+               pack_bf16(v6, v7))  # fmt: skip
+
+
+@cuda.jit(device=True, inline=True)
+def store8_bf16_3d(ary, i0, i1, i2, v0, v1, v2, v3, v4, v5, v6, v7):
+    """ary[i0, i1, i2 : i2 + 8] of a 3-d bf16 array = bf16(v0 .. v7), one 16-byte store."""
+    store4_u32_3d(ary, i0, i1, i2, pack_bf16(v0, v1), pack_bf16(v2, v3), pack_bf16(v4, v5),
+                  pack_bf16(v6, v7))  # fmt: skip
+
+
+@cuda.jit(device=True, inline=True)
+def store4_bf16(ary, i, v0, v1, v2, v3):
+    """ary[i : i + 4] of a 1-d bf16 array = bf16(v0 .. v3), one 8-byte store (i % 4 == 0)."""
+    store2_u32(ary, i, pack_bf16(v0, v1), pack_bf16(v2, v3))
