@@ -222,11 +222,15 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         device: Device = "cpu",
+        precision: Annotated[
+            str | None,
+            typer.Option(help="cuda: fp32, tf32 or bf16 (default tf32); the cpu decodes in fp32."),
+        ] = None,
     ) -> None:
         """Chat with a checkpoint: a REPL (/reset, Ctrl-D to quit) or one --prompt.
 
-        --device cuda recomputes the whole context per step on the GPU (no KV cache there);
-        the CPU decoder keeps a KV cache.
+        --device cuda recomputes the whole context per step on the GPU (no KV cache there),
+        in --precision; the CPU decoder keeps a KV cache and decodes in fp32.
 
         Long prompts: the newest turns that fit in the context minus the room kept for the
         answer (min(max tokens, context/2)) are kept; a single prompt longer than that keeps
@@ -246,11 +250,12 @@ def register(app: typer.Typer) -> None:
             sampling = SamplingConfig(0.0, top_k, top_p)
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+        precision = chat_precision(device, precision)
         if prompt is not None:
             prompt = _check_text(prompt, "--prompt")
         ck = ckpt.load(checkpoint)
         tok = ck.tokenizer()
-        decoder = _decoder_factory(ck, device)
+        decoder = _decoder_factory(ck, device, precision)
         session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:
@@ -317,14 +322,31 @@ def _check_text(text: str, what: str) -> str:
     return text
 
 
-def _decoder_factory(ck, device: str):
+def chat_precision(device: str, precision: str | None) -> str:
+    """The precision `euler chat` decodes in: tf32 on cuda and fp32 on cpu by default; the
+    CPU's KV-cache decoder only in fp32. EulerError naming the flag otherwise."""
+    from euler.precision import check_precision
+
+    if precision is None:
+        return "tf32" if device == "cuda" else "fp32"
+    check_precision(precision)
+    if device == "cpu" and precision != "fp32":
+        raise EulerError(
+            f"--precision {precision}: the cpu decoder (a KV cache) decodes in fp32; "
+            f"{precision} decoding runs with --device cuda"
+        )
+    return precision
+
+
+def _decoder_factory(ck, device: str, precision: str):
     """A function making fresh decoders of checkpoint ck on device (cpu or cuda): with a KV
-    cache where the backend has one (the CPU's), else recomputing the context (the GPU's)."""
+    cache where the backend has one (the CPU's), else recomputing the context (the GPU's)
+    in precision."""
     from euler.backend import make_backend
     from euler.inference.decode_device import make_decoder
 
-    backend = make_backend(device)
-    return lambda: make_decoder(ck.cfg, ck.params, backend)
+    backend = make_backend(device, precision)
+    return lambda: make_decoder(ck.cfg, ck.params, backend, precision)
 
 
 def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:

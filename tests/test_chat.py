@@ -76,7 +76,7 @@ def test_device_cuda_decodes_by_recompute(run, monkeypatch, capsys):
     args = ["--prompt", "Say dog twice.", "--max-tokens", "6", "--temperature", "0"]
     code, cpu_out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
     assert code == 0, err
-    monkeypatch.setattr(euler.backend, "make_backend", lambda device: CpuBackend())
+    monkeypatch.setattr(euler.backend, "make_backend", lambda device, precision: CpuBackend())
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                              "--device", "cuda", "--speculative")  # fmt: skip
     assert code == 0, err
@@ -84,3 +84,39 @@ def test_device_cuda_decodes_by_recompute(run, monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                            "--device", "tpu")  # fmt: skip
     assert code == 2 and err == "error: --device must be cpu or cuda, got 'tpu'\n"
+
+
+def test_bf16_chat_on_cuda_decodes_in_bf16(run, monkeypatch, capsys):
+    """--device cuda --precision bf16 runs the recompute decoder's forward on bf16 tensors
+    (the CPU's emulation stands in for the GPU); its greedy answer starts as the fp32 one.
+    The cpu's KV-cache decoder is fp32 only, and says so."""
+    import euler.backend
+    from euler.cpu.backend import CpuBackend
+    from euler.inference import decode_device
+
+    seen = []
+
+    class Spy(decode_device.RecomputeDecoder):
+        def __init__(self, cfg, params, backend, precision="fp32"):
+            super().__init__(cfg, params, backend, precision)
+            seen.append(self.model.acts is None and self.model.params_lp is not None)
+
+    class NoCache(CpuBackend):  # as the GPU: no KV cache, so the recompute decoder
+        kv_cache = False
+
+    monkeypatch.setattr(decode_device, "RecomputeDecoder", Spy)
+    monkeypatch.setattr(euler.backend, "make_backend", lambda device, precision: NoCache())
+    args = ["--prompt", "Say dog twice.", "--max-tokens", "3", "--temperature", "0"]
+    code, fp32_out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
+                             "--device", "cuda", "--precision", "bf16")  # fmt: skip
+    assert code == 0, err
+    assert seen == [False, True]  # fp32, then a bf16 model with its weight copies
+    assert out.splitlines()[0][:9] == fp32_out.splitlines()[0][:9]
+    code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
+                           "--precision", "bf16")  # fmt: skip
+    assert code == 2 and err.startswith("error: --precision bf16: the cpu decoder")
+    code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
+                           "--precision", "fp16")  # fmt: skip
+    assert code == 2 and "fp32, tf32, bf16" in err

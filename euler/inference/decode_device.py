@@ -6,7 +6,9 @@ tokens by running the training forward over positions 0..context-1 each time. Po
 after the fed ones hold padding (token 0), which causal attention keeps from reaching the
 earlier rows, and the shapes are the same on every call, so a position's hidden row does
 not depend on how the tokens were split into calls: speculative decoding stays exactly
-greedy.
+greedy. Under --precision bf16 the forward runs in bf16 (euler.precision) and the heads'
+logits are taken on the host from the bf16 final hidden rows and bf16-rounded heads, the
+values the GPU's head product reads.
 """
 
 from __future__ import annotations
@@ -16,20 +18,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from euler.backend import Backend
+from euler.errors import EulerError
 from euler.inference.generate import Decoder, check_feed
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import Model
+from euler.precision import as_float32, round_bf16
 
 
 class RecomputeDecoder:
     """The Decoder interface (feed, logits, truncate, length) over a Model on any backend."""
 
-    def __init__(self, cfg: ModelConfig, params: np.ndarray, backend: Backend):
+    def __init__(
+        self, cfg: ModelConfig, params: np.ndarray, backend: Backend, precision: str = "fp32"
+    ):
         self.cfg = cfg
         params = np.asarray(params, np.float32)
-        self.model = Model(cfg, backend, flat_params=params)
-        self.heads = ParamLayout(cfg).views(params)["mtp_heads"]
+        self.model = Model(cfg, backend, flat_params=params, precision=precision)
+        heads = ParamLayout(cfg).views(params)["mtp_heads"]
+        self.heads = round_bf16(heads) if precision == "bf16" else heads
         self.tokens = np.zeros((1, cfg.context), np.int32)
         self.length = 0
 
@@ -44,7 +51,7 @@ class RecomputeDecoder:
         self.tokens[0, pos0 : pos0 + n] = tokens
         self.tokens[0, pos0 + n :] = 0
         self.model.forward(self.tokens)
-        xf = self.model.be.to_host(self.model.acts.xf)
+        xf = as_float32(self.model.be.to_host(self.model.acts.xf))
         self.length = pos0 + n
         return np.ascontiguousarray(xf[0, pos0 : pos0 + n])
 
@@ -54,10 +61,15 @@ class RecomputeDecoder:
 
 
 def make_decoder(
-    cfg: ModelConfig, params: np.ndarray, backend: Backend
+    cfg: ModelConfig, params: np.ndarray, backend: Backend, precision: str = "fp32"
 ) -> Decoder | RecomputeDecoder:
     """A decoder of flat params (P,) on backend: the KV-cache Decoder where the backend has
-    one (kv_cache), else a RecomputeDecoder."""
+    one (kv_cache; it decodes in fp32), else a RecomputeDecoder in `precision`."""
     if backend.kv_cache:
+        if precision == "bf16":
+            raise EulerError(
+                "--precision bf16: the KV-cache decoder (--device cpu) decodes in fp32; "
+                "bf16 decoding runs with --device cuda"
+            )
         return Decoder(cfg, params, backend=backend)
-    return RecomputeDecoder(cfg, params, backend)
+    return RecomputeDecoder(cfg, params, backend, precision)
