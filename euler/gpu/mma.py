@@ -32,6 +32,29 @@ and lane (g, t) receives word t of row g of each, which is b0 (k = t, n = g) of 
 block whose row n starts at that address, or b1 if the address is 4 words on. One
 instruction replaces four 32-bit shared loads; rows must start on 16 bytes.
 
+bf16 (`mma_bf16`): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D = A B + C with A
+16 x 16 and B 16 x 8 in bf16, C and D 16 x 8 in float32. A register (.b32) holds two bf16,
+the lower-numbered column (of A) or k (of B) in its low 16 bits; per lane (PTX ISA,
+"Matrix Fragments for mma.m16n8k16 with floating point type"):
+
+    A (row-major, 16 x 16, 4 .b32):  a0 (g, 2t..2t+1)   a1 (g + 8, 2t..2t+1)
+                                     a2 (g, 2t+8..2t+9) a3 (g + 8, 2t+8..2t+9)
+    B (column-major, 16 x 8, 2 .b32): b0 (k = 2t..2t+1, n = g)   b1 (k = 2t+8..2t+9, n = g)
+    C, D (16 x 8, 4 floats): as m16n8k8's, c0 (g, 2t)  c1 (g, 2t + 1)  c2 (g + 8, 2t)
+                             c3 (g + 8, 2t + 1)
+
+So the C fragments of two adjacent 8-column blocks n = 2j, 2j + 1 are, packed in pairs,
+the A fragment of columns 16j..16j+15 of the next product: a0 = (c0, c1) and a1 = (c2, c3)
+of block 2j, a2 and a3 the same of block 2j + 1 (FlashAttention-2's P in registers).
+`pack_bf16x2(lo, hi)` rounds two floats to bf16, nearest even, into one .b32
+(cvt.rn.bf16x2.f32: one instruction; a NaN becomes 0x7FFF where bf16_round gives 0x7FC0);
+`bf16x2_lo`/`bf16x2_hi` widen its halves back (a shift, a mask). ldmatrix of 16-bit data
+gives these fragments directly from bf16 tiles in shared memory (a uint16 array): in
+`ldmatrix_x4_b16` lane l gives the address of row l % 8 of matrix l // 8 (8 bf16, 16
+bytes) and lane (g, t) receives elements 2t, 2t + 1 of row g of each matrix (an A
+fragment of a [row][k] tile, a B fragment of an [n][k] tile); `ldmatrix_x4_trans_b16`
+(.trans) gives elements (2t, g) and (2t + 1, g) instead (a B fragment of a [k][n] tile).
+
 The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run inline assembly, so there the same
 two functions, picked at import time, emulate the instruction: each lane puts its fragments
 in a block-shared scratch, a barrier, each lane computes its four outputs from the whole
@@ -41,7 +64,9 @@ kernels here do). ldmatrix_x4 is emulated the same way, the lanes' addresses mee
 shared scratch. The emulation reads only the TF32 part of each operand (the hardware
 ignores the low 13 bits), forms the exact products and rounds their sum with C once to
 float32; the hardware's summation order is unspecified, so the two agree to float32
-rounding of the sum, not bit for bit.
+rounding of the sum, not bit for bit. The bf16 product is emulated the same way: the
+products of bf16 values (8-bit significands) are exact in float64, and so is their sum
+unless the 16 terms span more than about 37 binades; the sum with C is rounded once.
 """
 
 from __future__ import annotations
@@ -59,6 +84,8 @@ MMA_PTX = (
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
 )
+MMA_BF16_PTX = MMA_PTX.replace("m16n8k8", "m16n8k16").replace("tf32.tf32", "bf16.bf16")
+LDMATRIX_TRANS_PTX = LDMATRIX_PTX.replace(".x4.", ".x4.trans.")
 
 
 def tf32_round_host(x: np.ndarray) -> np.ndarray:
@@ -161,6 +188,97 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @intrinsic
+    def pack_bf16x2(typingctx, lo, hi):
+        """lo, hi (float32) rounded to bf16 (nearest even) in one .b32 (uint32), lo in the
+        low half: cvt.rn.bf16x2.f32, whose first source goes to the high half."""
+        if lo != types.float32 or hi != types.float32:
+            raise TypingError(f"pack_bf16x2 takes two float32, not {lo}, {hi}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;",
+                               "=r,f,f")  # fmt: skip
+            return builder.call(cvt, [args[1], args[0]])
+
+        return types.uint32(types.float32, types.float32), codegen
+
+    def _widen_half(high: bool):
+        def widen(typingctx, w):
+            if w != types.uint32:
+                raise TypingError(f"bf16x2 halves come from a uint32, not {w}")
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                if high:
+                    bits = builder.and_(args[0], ir.Constant(i32, 0xFFFF0000))
+                else:
+                    bits = builder.shl(args[0], ir.Constant(i32, 16))
+                return builder.bitcast(bits, ir.FloatType())
+
+            return types.float32(types.uint32), codegen
+
+        widen.__name__ = widen.__qualname__ = f"bf16x2_{'hi' if high else 'lo'}"
+        widen.__doc__ = f"The {'high' if high else 'low'} bf16 of a .b32 pair, as a float32."
+        return intrinsic(widen)
+
+    bf16x2_lo = _widen_half(False)
+    bf16x2_hi = _widen_half(True)
+
+    def _ldmatrix_b16(ptx: str):
+        def load(typingctx, sm, i):
+            ok = isinstance(sm, types.Array) and sm.ndim == 1 and sm.dtype == types.uint16
+            if not ok or not isinstance(i, types.Integer):
+                raise TypingError("ldmatrix of bf16 takes a 1-d uint16 shared array and an index")
+            sig = types.UniTuple(types.uint32, 4)(sm, i)
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                p = element_ptr(context, builder, sig.args[0], args[0], [args[1]], [sig.args[1]])
+                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+                # volatile and a memory clobber, as ldmatrix_x4
+                asm = ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+                res = builder.call(asm, [shared_address(builder, p)])
+                d = [builder.extract_value(res, k) for k in range(4)]
+                return context.make_tuple(builder, sig.return_type, d)
+
+            return sig, codegen
+
+        return load
+
+    def ldmatrix_x4_b16(typingctx, sm, i):
+        """(r0, r1, r2, r3) (uint32): elements 2t, 2t + 1 of row g of each of four 8 x 8
+        bf16 matrices of the shared uint16 array sm, this lane giving sm[i] as row lane % 8
+        of matrix lane // 8."""
+        return _ldmatrix_b16(LDMATRIX_PTX)(typingctx, sm, i)
+
+    def ldmatrix_x4_trans_b16(typingctx, sm, i):
+        """ldmatrix_x4_b16 with .trans: elements (2t, g) and (2t + 1, g) of each matrix."""
+        return _ldmatrix_b16(LDMATRIX_TRANS_PTX)(typingctx, sm, i)
+
+    ldmatrix_x4_b16 = intrinsic(ldmatrix_x4_b16)
+    ldmatrix_x4_trans_b16 = intrinsic(ldmatrix_x4_trans_b16)
+
+    @intrinsic
+    def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) (float32) = this lane's D fragment of A B + C, A and B in bf16
+        pairs (uint32), C float32 (m16n8k16 layout above)."""
+        args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if any(a != types.uint32 for a in args[:6]) or any(c != types.float32 for c in args[6:]):
+            raise TypingError(f"mma_bf16 takes six uint32 and four float32 fragments, not {args}")
+        sig = types.UniTuple(types.float32, 4)(*args)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+            asm = ir.InlineAsm(fnty, MMA_BF16_PTX, constraints, side_effect=True)  # as mma_tf32
+            res = builder.call(asm, list(args))
+            d = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, d)
+
+        return sig, codegen
+
 else:
     _MAX_THREADS = 1024
 
@@ -231,3 +349,83 @@ else:
             d.append(np.float32(float(c) + sum(a(row, k) * b(k, col) for k in range(8))))
         cuda.syncthreads()
         return d[0], d[1], d[2], d[3]
+
+    def _bf16_of(x) -> np.uint32:
+        """The bf16 bits of float32 x, nearest even (euler.precision.to_bf16's rounding)."""
+        u = int(np.array(x, dtype=np.float32).view(np.uint32)[()])
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return np.uint32(0x7FC0)
+        return np.uint32(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+
+    @cuda.jit(device=True)
+    def pack_bf16x2(lo, hi):
+        """The simulator's cvt.rn.bf16x2.f32: two bf16, lo in the low half."""
+        return np.uint32(_bf16_of(lo) | (_bf16_of(hi) << np.uint32(16)))
+
+    def _f32_of_bits(bits) -> np.float32:
+        return np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
+
+    @cuda.jit(device=True)
+    def bf16x2_lo(w):
+        """The low bf16 of a .b32 pair, as a float32."""
+        return _f32_of_bits(int(w) << 16)
+
+    @cuda.jit(device=True)
+    def bf16x2_hi(w):
+        """The high bf16 of a .b32 pair, as a float32."""
+        return _f32_of_bits(int(w) & 0xFFFF0000)
+
+    def _ldmatrix_b16_sim(sm, i, trans: bool):
+        rows = cuda.shared.array(_MAX_THREADS, np.int64)
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
+        )
+        rows[tid] = i
+        cuda.syncthreads()
+        warp, g, t = tid - tid % 32, (tid % 32) // 4, tid % 4
+        r = []
+        for m in range(4):
+            if trans:  # elements (2t, g), (2t + 1, g)
+                lo, hi = sm[rows[warp + 8 * m + 2 * t] + g], sm[rows[warp + 8 * m + 2 * t + 1] + g]
+            else:  # elements (g, 2t), (g, 2t + 1)
+                lo, hi = sm[rows[warp + 8 * m + g] + 2 * t], sm[rows[warp + 8 * m + g] + 2 * t + 1]
+            r.append(np.uint32(int(lo) | (int(hi) << 16)))
+        cuda.syncthreads()
+        return r[0], r[1], r[2], r[3]
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4_b16(sm, i):
+        """The simulator's ldmatrix_x4_b16: the warp's row addresses meet in shared scratch."""
+        return _ldmatrix_b16_sim(sm, i, False)
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4_trans_b16(sm, i):
+        """The simulator's ldmatrix_x4_trans_b16."""
+        return _ldmatrix_b16_sim(sm, i, True)
+
+    def _pairs(words) -> np.ndarray:
+        """(..., 2) float64: the low and high bf16 of each uint32 of words."""
+        w = np.asarray(words, dtype=np.uint32)
+        halves = np.stack([w << np.uint32(16), w & np.uint32(0xFFFF0000)], axis=-1)
+        return halves.view(np.float32).astype(np.float64)
+
+    @cuda.jit(device=True)
+    def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """The simulator's warp-wide m16n8k16 bf16 product (see the module docstring)."""
+        frag = cuda.shared.array((_MAX_THREADS, 6), np.uint32)
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
+        )
+        for i, v in enumerate((a0, a1, a2, a3, b0, b1)):
+            frag[tid, i] = v
+        cuda.syncthreads()
+        fr = frag[tid - tid % 32 : tid - tid % 32 + 32]
+        g, t = (tid % 32) // 4, tid % 4
+        # row r of A lies in lanes 4 (r % 8) + t' (registers r // 8 for k < 8, r // 8 + 2
+        # past), column n of B in lanes 4 n + t' (registers 4, 5): both ordered
+        # (t', k // 8, k % 2) with k = 8 (k // 8) + 2 t' + k % 2
+        rows = np.stack([_pairs(fr[4 * g : 4 * g + 4, [h, h + 2]]).ravel() for h in (0, 1)])
+        cols = np.stack([_pairs(fr[4 * n : 4 * n + 4, 4:6]).ravel() for n in (2 * t, 2 * t + 1)])
+        d = rows @ cols.T + np.array([[c0, c1], [c2, c3]], dtype=np.float64)
+        cuda.syncthreads()
+        return np.float32(d[0, 0]), np.float32(d[0, 1]), np.float32(d[1, 0]), np.float32(d[1, 1])

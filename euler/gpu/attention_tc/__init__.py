@@ -20,10 +20,16 @@ each kernel's source is generated with the fragment loops written out (fragments
 per TcOptions (options.py: the head size E in 8, 16, 32, 64 and the target), and compiled
 once (launch.py). Tiles move by cp.async into two buffers, each loop iteration computing on
 one while the next tile lands in the other.
+
+TcOptions(bf16=True) generates the same kernels on mma.sync m16n8k16 bf16 (fragments_bf16.py):
+qkv, out and dout bf16 (uint16 bits), lse, dsum and dqkv float32; the launchers pick it when
+qkv is bf16. Its head sizes are 16, 32 and 64, and its backward takes T a multiple of 64.
 """
 
+from euler.gpu.attention_tc.fragments_bf16 import BF16_HEAD_SIZES
 from euler.gpu.attention_tc.launch import (
     HEADER,
+    HEADER_BF16,
     TcKernels,
     attention_backward,
     attention_forward,
@@ -36,7 +42,9 @@ from euler.gpu.attention_tc.launch import (
 from euler.gpu.attention_tc.options import HEAD_SIZES, TcOptions
 
 __all__ = [
+    "BF16_HEAD_SIZES",
     "HEADER",
+    "HEADER_BF16",
     "HEAD_SIZES",
     "TcKernels",
     "TcOptions",

@@ -36,7 +36,8 @@ the first row the prep blocks (prep.py) when the launcher passes prep = 1.
 from __future__ import annotations
 
 from euler.gpu.approx import LOG2E
-from euler.gpu.attention_tc.fragments import HALF, LDS, TILE, Gen, buffers, layout
+from euler.gpu.attention_tc.fragments import HALF, LDS, TILE, Gen
+from euler.gpu.attention_tc.fragments_bf16 import LDS_BF16, make_gen
 from euler.gpu.attention_tc.options import TcOptions
 from euler.gpu.attention_tc.prep import next_flag, prep_units
 
@@ -118,6 +119,48 @@ def _atomic_dq(gen: Gen, KK: int, DS: int) -> None:
         w.indent(-1)
 
 
+def _atomic_dq_bf16(gen: Gen, KK: int, DS: int) -> None:
+    """_atomic_dq of the bf16 kernel: dQ += dS K scale for this query tile.
+
+    Warp w takes queries 16w..16w+15: dS's A fragments come by ldmatrix.trans from the
+    bf16 dS^T tile at sh[DS] (lt), K's B fragments by ldmatrix.trans from the K tile as
+    stored (lk: keys are k, columns n), so no transpose of K: the bf16 B fragment is a pair
+    of keys of one column, which .trans gathers from two rows, where TF32's needed K^T in
+    shared memory. The price is 2 adjacent columns a lane and row (its C fragment), so 2
+    columns an atomic request (TF32 interleaves column blocks over K^T for 4). HALF column
+    blocks at a time; K's copies are unscaled (bf16 operands as stored), so the sums take
+    scale as they are added.
+    """
+    w, LD, NE = gen.w, gen.LD, gen.NE
+    w("cuda.syncthreads()  # every warp's dS^T is in shared memory")
+    w("rq = i0 + 16 * wp + g", "qc = qo + 2 * t")
+    w("whole = i0 + 64 <= Tn", "dq0 = (b * Tn + rq) * dqkv.shape[2] + qc")
+    w("dq8 = dq0 + 8 * dqkv.shape[2]")
+    for n0 in range(0, NE, HALF):
+        cols = range(n0, min(NE, n0 + HALF))
+        gen.zero("dq", cols)
+        for kk in range(TILE // 16):  # k16 steps over the tile's keys
+            w(f"a0, a1, a2, a3 = ldmatrix_x4_trans_b16(sh, lt + {gen.u(DS + 16 * kk * LDS_BF16)})")
+            for n in cols[::2]:
+                at = f"lk + {gen.u(KK + 16 * kk * LD + 8 * n)}"
+                w(f"b0, b1, b2, b3 = ldmatrix_x4_trans_b16(sh, {at})")
+                gen.mma("dq", n, ["a0", "a1", "a2", "a3"])
+                gen.mma("dq", n + 1, ["a0", "a1", "a2", "a3"], ("b2", "b3"))
+        rows = list(enumerate(((0, 1), (2, 3))))  # (row half r, C values (i, j) of its row)
+        vals = lambda n, i, j: f"dq{n}_{i} * scale, dq{n}_{j} * scale"  # noqa: E731
+        w("if whole:")
+        for r, (i, j) in rows:
+            for n in cols:
+                w(f"    atomic_add2_flat(dqkv, dq{8 * r} + {8 * n}, {vals(n, i, j)})")
+        w("else:")
+        w.indent()
+        for r, (i, j) in rows:
+            w(f"if rq + {8 * r} < Tn:")
+            for n in cols:
+                w(f"    atomic_add2(dqkv, b, rq + {8 * r}, qc + {8 * n}, {vals(n, i, j)})")
+        w.indent(-1)
+
+
 def _transpose_k(gen: Gen, KK: int) -> None:
     """K^T [e][key] over the K tile at sm[KK] (from E = 16, for _atomic_dq), rows padded as
     dS^T's: a warp reads 32 keys' 16 bytes and writes rows of K^T whole, both free of bank
@@ -140,12 +183,17 @@ def _transpose_k(gen: Gen, KK: int) -> None:
 def dkv_source(options: TcOptions) -> str:
     """The source of backward_dkv_tc_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale, out,
     flags, prep) for options."""
-    gen = Gen(options)
+    gen = make_gen(options, "sl")
     w, E, NE, LD = gen.w, gen.E, gen.NE, gen.LD
-    QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + TILE
-    BUF, RED = buffers(E)["dkv"], layout(E)["dkv"]
-    READY = RED - 4  # whether the block's pair is prepared (prep.py)
-    KK, DS = READY - TILE * (LD + LDS), READY - TILE * LDS  # K, dS^T [key][query]
+    bf16 = options.bf16
+    # tile offsets in tile elements (floats; bf16 for bf16, whose lse and dsum rows are 2 x
+    # 64 of them a row of 64 floats: gen.floats makes a float index of any of these)
+    f = 2 if bf16 else 1  # tile elements a float
+    QS, DOS, LS, DD = 0, TILE * LD, 2 * TILE * LD, 2 * TILE * LD + f * TILE
+    BUF, RED = gen.buffers["dkv"], gen.layout["dkv"]
+    READY = RED - 4  # (floats) whether the block's pair is prepared (prep.py)
+    lds = LDS_BF16 if bf16 else LDS
+    KK, DS = f * READY - TILE * (LD + lds), f * READY - TILE * lds  # K, dS^T [key][query]
     gen.prologue(
         "backward_dkv_tc_kernel",
         "dqkv, dsum, dout, qkv, lse, H, G, scale, out, flags, prep",
@@ -172,7 +220,7 @@ def dkv_source(options: TcOptions) -> str:
         rows = [r for r in ((LS, "lse", 0), (DD, "dsum", TILE)) if r[1] in parts]
         for region, src, lo in rows:  # one float per thread
             w("if tid < 64:" if lo == 0 else "else:" if len(rows) == 2 else "if tid >= 64:")
-            at = f"{buf} + uint64({region - lo} + tid)"
+            at = f"{gen.floats(buf)} + uint64({region // f - lo} + tid)"
             if flat:
                 w(f"    cp_async4_flat(sm, {at}, {src}, fl)")
                 continue
@@ -198,7 +246,7 @@ def dkv_source(options: TcOptions) -> str:
     issue("j0", "kvh * rep", gen.u(0), "tiles lse")
     w("cp_async_commit()")
     w("cp_async_wait(1)  # K's and V's copies (query tile 0's may still fly)")
-    for _, off in gen.async_chunks(KK):  # K scaled and rounded in place by its copier
+    for _, off in [] if bf16 else gen.async_chunks(KK):  # K scaled, rounded by its copier
         at = f"ca + {gen.u(off)}"
         w(*(f"sm[{at} + {k}] = {gen.rnd(f'sm[{at} + {k}] * scale')}" for k in range(4)))
     # tile 0's unit prepared before the barrier, then its dsum; tile 1's flag
@@ -211,13 +259,18 @@ def dkv_source(options: TcOptions) -> str:
     w("cp_async_commit()")
     gen.load_a("ka", KK, raw=f" * T({LOG2E!r})")
     gen.load_a("va", vs, raw="")
-    if E >= 16:
+    if bf16:  # K stays as stored: the scores take scale and log2(e) in the exponent
+        w(f"sl = scale * T({LOG2E!r})")
+    elif E >= 16:
         _transpose_k(gen, KK)
     gen.zero("dk", range(NE))
     gen.zero("dv", range(NE))
-    w(f"lc = uint64({LS} + 2 * t)  # this lane's columns' lse; dsum at lc + {TILE}")
-    w(f"ls = uint64((16 * wp + g) * {LDS} + 2 * t)  # this lane's c0 in the dS^T tile")
-    w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
+    w(f"lc = uint64({LS // f} + 2 * t)  # this lane's columns' lse; dsum at lc + {TILE}")
+    w(f"ls = uint64((16 * wp + g) * {lds} + 2 * t)  # this lane's c0 in the dS^T tile")
+    if bf16:  # dS's A fragments by ldmatrix.trans of dS^T: m & 1 queries + 8, m >> 1 keys + 8
+        w(f"lt = uint64((x8 + 8 * xn) * {lds} + 8 * xm + 16 * wp)")
+    else:
+        w(f"lt = uint64(2 * t * {LDS} + 16 * wp + g)  # A fragments of dS, keys permuted")
 
     def tile_body() -> None:
         """One (head, query tile) pair: S^T and dP^T, P and dS, dV and dK; dQ's adds."""
@@ -229,24 +282,35 @@ def dkv_source(options: TcOptions) -> str:
                     off = 8 * n + j
                     w(f"lq = sm[lcb + {gen.u(off)}]", f"dd = sm[lcb + {gen.u(off + TILE)}]")
                     for i in (j, j + 2):
-                        w(f"s{n}_{i} = exp2_approx(s{n}_{i} - lq)")
+                        w(f"s{n}_{i} = exp2_approx(s{n}_{i}{gen.scale} - lq)")
                         dsc = f"softmax_grad(s{n}_{i}, p{n}_{i}, dd)"  # the CPU kernel's dS
                         w(f"p{n}_{i} = {gen.rnd(dsc, True)}")
-                        w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
-            for n in cols:  # dS^T [key][query] for dQ; 2-way bank conflicts, 16 stores a half
-                for i in range(4):
+                        if not bf16:
+                            w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
+            gen.operands("s", cols)
+            gen.operands("p", cols)
+            for n in cols:  # dS^T [key][query] for dQ
+                if bf16:  # a packed pair a row: 8 stores a half, free of bank conflicts
+                    for r in range(2):
+                        at = f"ls + {gen.u(DS + 8 * n + 8 * LDS_BF16 * r)}"
+                        w(f"store_word_shared(sh, {at}, p{n}w{r})")
+                    continue
+                for i in range(4):  # 2-way bank conflicts, 16 stores a half
                     off = DS + 8 * n + (i & 1) + 8 * LDS * (i >> 1)
                     w(f"sm[ls + {gen.u(off)}] = p{n}_{i}")
             gen.product_nn("dv", "s", DOS, cols)
             gen.product_nn("dk", "p", QS, cols)
-        _atomic_dq(gen, KK, DS)
+        (_atomic_dq_bf16 if bf16 else _atomic_dq)(gen, KK, DS)
 
     def pair(waits: bool) -> None:
         """An iteration: this pair's tiles landed (lse to log2 units), the next pair's
         copies issued (after its unit's flag, if waits), the pair's work."""
         w(f"qo = h * {E}", "i1 = i0 + 64", "wrap = i1 >= Tn  # then the next head's first tile")
         w("i1 = select(wrap, j0, i1)", "h1 = h + select(wrap, 1, 0)")
-        landed = ("if tid < 64:", f"    sm[cur + uint64({LS} + tid)] *= T({LOG2E!r})")
+        landed = (
+            "if tid < 64:",
+            f"    sm[{gen.floats('cur')} + uint64({LS // f} + tid)] *= T({LOG2E!r})",
+        )
         if waits:  # tile it + 1's unit prepared before anyone copies it
             landed += ("if prep and tid == 0 and it + 1 < nit:", "    while fv == 0:",
                        "        fv = flag_read(flags, fidx)")  # fmt: skip
@@ -254,7 +318,7 @@ def dkv_source(options: TcOptions) -> str:
         if waits:  # tile it + 2's flag, read an iteration ahead of its wait
             w("if prep and tid == 0 and it + 2 < nit:")
             next_flag(gen)
-        w("lcb = lc + cur")
+        w(f"lcb = lc + {gen.floats('cur')}")
         tile_body()
         w("cur = nxt", "i0 = i1", "h = h1")
 

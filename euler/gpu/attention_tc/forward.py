@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from euler.gpu.attention_tc.fragments import TILE, Gen, buffers, layout, max_tree
+from euler.gpu.attention_tc.fragments import TILE, Gen, max_tree
+from euler.gpu.attention_tc.fragments_bf16 import make_gen
 from euler.gpu.attention_tc.options import TcOptions
 
 
@@ -37,14 +38,18 @@ def _online_softmax(gen: Gen, s: str, o: str, cols) -> None:
     rows = ((0, 1), (2, 3))  # the C fragment's values of rows g and g + 8
     for r, (i, j) in enumerate(rows):
         w(f"mx{r} = {max_tree([f'{s}{n}_{k}' for n in cols for k in (i, j)])}")
-    gen.quad("max", ["mx0", "mx1"], layout(gen.E)["forward"])
+    gen.quad("max", ["mx0", "mx1"], gen.layout["forward"])
+    sc = gen.scale  # on the scores here if not on Q (positive: the maximum commutes with it)
     for r, (i, j) in enumerate(rows):
         # mn is finite (a row's first step has a key at or before it), so the first step's
         # m = -inf gives al = 2^-inf = 0
         m, l = f"m{r}", f"l{r}"
-        w(f"mn = max({m}, mx{r})", f"al = exp2_approx({m} - mn)")
+        w(f"mn = max({m}, mx{r}{sc})", f"al = exp2_approx({m} - mn)")
         for n in cols:
-            w(*(f"{s}{n}_{k} = {gen.rnd(f'exp2_approx({s}{n}_{k} - mn)', True)}" for k in (i, j)))
+            p = (
+                f"{s}{n}_{k} = {gen.rnd(f'exp2_approx({s}{n}_{k}{sc} - mn)', True)}" for k in (i, j)
+            )
+            w(*p)
         w(f"{l} = {l} * al + " + " + ".join(f"{s}{n}_{k}" for n in cols for k in (i, j)))
         w(f"{m} = mn")
         w(*(f"{o}{n}_{k} *= al" for n in range(NE) for k in (i, j)))
@@ -54,7 +59,7 @@ def _forward_out(gen: Gen, o: str) -> None:
     """Store a warp's 16 rows: out = o / l through shared memory (Gen.store_staged), lse =
     m ln 2 + ln l (m in log2 units) from lane t = 0."""
     w = gen.w
-    gen.quad("sum", ["l0", "l1"], layout(gen.E)["forward"])
+    gen.quad("sum", ["l0", "l1"], gen.layout["forward"])
     w("r0 = i0 + 16 * wp + g")
     w("inv0 = T(1.0) / l0", "inv1 = T(1.0) / l1")
     gen.store_staged([(o, "qo", " * inv{r}")], "out", "i0")
@@ -68,14 +73,14 @@ def _forward_out(gen: Gen, o: str) -> None:
 
 def forward_source(options: TcOptions) -> str:
     """The source of forward_tc_kernel(out, lse, qkv, H, G, scale) for options."""
-    gen = Gen(options)
+    gen = make_gen(options)
     w, E, NE, LD = gen.w, gen.E, gen.NE, gen.LD
-    KS, VS, BUF = 0, TILE * LD, buffers(E)["forward"]
+    KS, VS, BUF = 0, TILE * LD, gen.buffers["forward"]
     gen.prologue(
         "forward_tc_kernel",
         "out, lse, qkv, H, G, scale",
         f"out (B, T, H E), lse (B, H, T) from qkv; grid _grid(T / {TILE}, B H), 128 threads; "
-        "scale multiplies Q and carries log2(e).",
+        f"scale multiplies {'the scores' if options.bf16 else 'Q'} and carries log2(e).",
     )
     head, tile = gen.block("head"), gen.block("tile")
     w("rep = H // G", f"b = {head} // H", f"h = {head} % H")
@@ -103,6 +108,7 @@ def forward_source(options: TcOptions) -> str:
     gen.mask("s", range(8), rows_are_queries=True)
     w.indent(-1)
     _online_softmax(gen, "s", "o", range(8))
+    gen.operands("s", range(8))
     gen.product_nn("o", "s", VS, range(8))
     w("cur = nxt")
     w.indent(-1)

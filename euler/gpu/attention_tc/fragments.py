@@ -65,13 +65,37 @@ class Gen:
     A product reads its B tile at sm[base + region + constant], base the lane's fragment
     offset into the current buffer (bn for [n][k] tiles, bp for [k][n] ones, bm for
     ldmatrix rows: set once per tile by pipeline_top) or into a fixed tile (lp).
+
+    The bf16 kernels' writer (fragments_bf16.Bf16Gen) overrides the fragment helpers and
+    the hooks: scale (where the scores take the softmax scale), operands (C fragments
+    packed into the next product's A fragments), floats (a float32 index from a tile
+    offset).
     """
+
+    MMA = "mma_tf32"
+    COPY = "cp_async16"  # the 16-byte cp.async of tile elements
+    TILES = "sm"  # the shared array the tiles are indexed in
+    VEC = 4  # tile elements a 16-byte copy moves
+    scale = ""  # the scores' scale factor: TF32 puts it on Q's fragments as they round
 
     def __init__(self, options: TcOptions):
         E = options.head_size
         self.options, self.simulator = options, options.simulator
         self.E, self.NE, self.LD = E, E // 8, E + 4
+        self.layout, self.buffers = layout(E), buffers(E)
         self.w = Source()
+
+    def floats(self, offset: str) -> str:
+        """The float32 index into sm of a tile offset (the same units here)."""
+        return offset
+
+    def operands(self, c: str, cols) -> None:
+        """Make C fragments c{n}_{i} (n in cols) the next product's A operands: here they
+        already are (rounded as they were computed)."""
+
+    def buffer_bases(self) -> tuple[str, ...]:
+        """The statements setting the lanes' fragment bases into the current buffer."""
+        return ("bn = lb + cur", "bp = lp + cur  # this tile's buffer", "bm = lm + cur")
 
     def u(self, n: int) -> str:
         return f"uint64({n})"
@@ -123,18 +147,19 @@ class Gen:
                 row = f"{row0} + ra + {rows}"
                 dst = f"{buf} + ca + {self.u(at)}"
                 src_at = f"{src}, b, min({row}, Tn - 1), {col} + cc"
-                self.w(f"cp_async16(sm, {dst}, {src_at}, select({row} < Tn, 16, 0))")
+                copy = f"{self.COPY}({self.TILES}, {dst}, {src_at}"
+                self.w(f"{copy}, select({row} < Tn, 16, 0))")
 
     def stage_async_flat(self, tiles: list[tuple], buf: str) -> None:
         """stage_async for tiles whose 64 rows all lie within the sequence: one flat index
         into src a tile, stepped by 512 / E rows a copy."""
-        step = 4 * THREADS // self.E
+        step = self.VEC * THREADS // self.E
         for region, row0, col, src in tiles:
             self.w(f"fx = (b * Tn + {row0} + ra) * {src}.shape[2] + {col} + cc")
             for k, (_, at) in enumerate(self.async_chunks(region)):
                 if k:
                     self.w(f"fx += {step} * {src}.shape[2]")
-                self.w(f"cp_async16_flat(sm, {buf} + ca + {self.u(at)}, {src}, fx)")
+                self.w(f"{self.COPY}_flat({self.TILES}, {buf} + ca + {self.u(at)}, {src}, fx)")
 
     def flat_or_clamped(self, whole: str, emit) -> None:
         """emit(flat) writes a tile's copies by flat indices (flat True) where the condition
@@ -154,8 +179,9 @@ class Gen:
     def async_chunks(self, region: int) -> list[tuple[int, int]]:
         """This thread's 16-byte chunks of a 64-row tile at sm[region] (stage_async's
         copies): (row offset past ra, shared offset past ca) of each of its E / 8."""
-        step = 4 * THREADS // self.E
-        return [(it * step, region + it * step * self.LD) for it in range(self.E // 8)]
+        step = self.VEC * THREADS // self.E
+        copies = TILE * self.E // (self.VEC * THREADS)
+        return [(it * step, region + it * step * self.LD) for it in range(copies)]
 
     def kv_tiles(self, row0: str) -> list[tuple]:
         """The K and V tiles of rows row0.. (region, row0, col, src), at sm[0] and sm[64 LD]."""
@@ -173,7 +199,7 @@ class Gen:
         issue()
         w("cp_async_commit()")
         w.indent(-1)
-        w("bn = lb + cur", "bp = lp + cur  # this tile's buffer", "bm = lm + cur")
+        w(*self.buffer_bases())
 
     def load_a(self, name: str, region: int, raw: str) -> None:
         """name{kk}_{i}: this warp's A fragments of the [row][e] tile at sm[region], each
@@ -191,7 +217,7 @@ class Gen:
     def mma(self, acc: str, n: int, a: list[str], b: tuple[str, str] = ("b0", "b1")) -> None:
         """acc{n} += A B for A fragments a (names), B in b (load_b's b0, b1)."""
         c = ", ".join(f"{acc}{n}_{i}" for i in range(4))
-        self.w(f"{c} = mma_tf32({', '.join(a)}, {b[0]}, {b[1]}, {c})")
+        self.w(f"{c} = {self.MMA}({', '.join(a)}, {b[0]}, {b[1]}, {c})")
 
     def load_b(self, at: list[str], raw: bool) -> None:
         """b0, b1 from sm[at]; raw: a cp.async copy, rounded here (tf32_operand)."""
@@ -249,18 +275,21 @@ class Gen:
                 shfl = f"cuda.shfl_xor_sync(FULL_MASK, {n}, {off})"
                 w(f"{n} = max({n}, {shfl})" if op == "max" else f"{n} += {shfl}")
 
-    def store_staged(self, tiles: list[tuple[str, str, str]], dst: str, row0: str) -> None:
+    def store_staged(
+        self, tiles: list[tuple[str, str, str]], dst: str, row0: str, base: str = "cur"
+    ) -> None:
         """Store this warp's 16 rows (row0 + 16 wp..) of C-fragment tiles (acc, column,
         value suffix; the value of fragment value x is x + suffix, where suffix may use r,
         the row half) to dst[b, row, column + e] through the free buffer at sm[cur]: each
         warp writes its rows there (rows padded to E + 4), then reads them back 4 columns a
         lane and stores 16 bytes at a time, whole rows a request, not 4-byte stores
         scattered two per 32-byte sector. No barrier but the warp's own: no warp reads the
-        free buffer after the loop's last top barrier."""
-        w, E, LD = self.w, self.E, self.LD
+        free buffer after the loop's last top barrier. base: the free buffer's float index."""
+        w, E = self.w, self.E
+        LD = E + 4
         per = 16 * LD  # floats of a warp's rows of one tile
         cr = E // 4  # 16-byte chunks of a row
-        w(f"so = cur + uint64((16 * wp + g) * {LD} + 2 * t)")
+        w(f"so = {base} + uint64((16 * wp + g) * {LD} + 2 * t)")
         for k, (acc, _, suffix) in enumerate(tiles):
             for r, (i, j) in enumerate(((0, 1), (2, 3))):
                 for n in range(self.NE):
@@ -269,7 +298,7 @@ class Gen:
                         w(f"sm[so + {self.u(off)}] = {acc}{n}_{x}{suffix.format(r=r)}")
         w("cuda.syncthreads()" if self.simulator else "cuda.syncwarp()")
         w(f"lr = (tid % 32) // {cr}", f"lc = 4 * ((tid % 32) % {cr})  # a lane's row, column")
-        w(f"sr = cur + uint64((16 * wp + lr) * {LD} + lc)")
+        w(f"sr = {base} + uint64((16 * wp + lr) * {LD} + lc)")
         for k, (_, col, _) in enumerate(tiles):
             for it in range(16 * cr // 32):
                 row = f"{row0} + 16 * wp + lr + {it * (32 // cr)}"

@@ -21,9 +21,11 @@ from euler.gpu.async_copy import check_aligned
 from euler.gpu.attention_tc.backward import dkv_source
 from euler.gpu.attention_tc.forward import forward_source
 from euler.gpu.attention_tc.fragments import SIM_RED, THREADS, TILE, layout
+from euler.gpu.attention_tc.fragments_bf16 import BF16_HEAD_SIZES, layout_bf16
 from euler.gpu.attention_tc.options import HEAD_SIZES, TcOptions
 from euler.gpu.generated import compile_generated
 from euler.gpu.mma import SIMULATOR
+from euler.precision import BF16, is_bf16
 
 HEADER = """import math
 
@@ -42,6 +44,16 @@ from euler.gpu.flags import flag_raise, flag_read, flag_release
 from euler.gpu.reduce import group_sum
 from euler.gpu.vector import store4_flat
 from euler.layer_math import softmax_grad"""
+# the bf16 kernels' extra imports (TF32's module text stays as it was: the same digest)
+HEADER_BF16 = (
+    HEADER
+    + """
+from numba import uint16
+from euler.gpu.mma import bf16x2_hi, bf16x2_lo, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, \
+mma_bf16, pack_bf16x2
+from euler.gpu.attention_tc.bf16_io import cp_async16_bf16, cp_async16_bf16_flat, \
+load_words4_shared, store_word_shared, store_words4_3d"""
+)
 
 
 class TcKernels(NamedTuple):
@@ -55,15 +67,17 @@ _BUILT: dict[TcOptions, TcKernels] = {}
 _FLAGS: dict[int, object] = {}
 
 
-def supports(E: int) -> bool:
-    """Head sizes these kernels are generated for (E divides the 128 threads' copies)."""
-    return E in HEAD_SIZES
+def supports(E: int, bf16: bool = False) -> bool:
+    """Head sizes these kernels are generated for (E divides the 128 threads' copies; in
+    bf16 a multiple of the mma's k = 16)."""
+    return E in (BF16_HEAD_SIZES if bf16 else HEAD_SIZES)
 
 
 def shared_bytes(options: TcOptions) -> dict[str, int]:
     """Dynamic shared memory of each kernel ("forward", "dkv") in bytes."""
     extra = SIM_RED if options.simulator else 0
-    return {k: 4 * (v + extra) for k, v in layout(options.head_size).items()}
+    sizes = (layout_bf16 if options.bf16 else layout)(options.head_size)
+    return {k: 4 * (v + extra) for k, v in sizes.items()}
 
 
 def sources(options: TcOptions) -> dict[str, str]:
@@ -75,10 +89,10 @@ def sources(options: TcOptions) -> dict[str, str]:
     }
 
 
-def compile_kernel(name: str, src: str):
+def compile_kernel(name: str, src: str, bf16: bool = False):
     """The dispatcher of kernel `name` of generated source src (sources' or an edit of it),
-    after HEADER."""
-    return compile_generated(name, src, HEADER)
+    after HEADER (HEADER_BF16 for a bf16 kernel's)."""
+    return compile_generated(name, src, HEADER_BF16 if bf16 else HEADER)
 
 
 def kernels(options: TcOptions) -> TcKernels:
@@ -86,16 +100,44 @@ def kernels(options: TcOptions) -> TcKernels:
     if options.simulator != SIMULATOR:
         raise ValueError(f"TcOptions.simulator: {options.simulator}, but numba.cuda's is not")
     if options not in _BUILT:
-        _BUILT[options] = TcKernels(*(compile_kernel(n, s) for n, s in sources(options).items()))
+        built = (compile_kernel(n, s, options.bf16) for n, s in sources(options).items())
+        _BUILT[options] = TcKernels(*built)
     return _BUILT[options]
 
 
-def _options(E: int, options: TcOptions | None) -> TcOptions:
+def _options(E: int, options: TcOptions | None, qkv) -> TcOptions:
+    """options (TcOptions(E) by default, bf16 if qkv is), checked against E and qkv."""
+    bf16 = is_bf16(qkv)
     if options is None:
-        return TcOptions(E)
+        return TcOptions(E, bf16=bf16)
     if options.head_size != E:
         raise ValueError(f"TcOptions.head_size: {options.head_size}, but E is {E}")
+    if options.bf16 != bf16:
+        raise ValueError(f"TcOptions.bf16: {options.bf16}, but qkv is {np.dtype(qkv.dtype)}")
     return options
+
+
+def _check_dtypes(options: TcOptions, **arrays) -> None:
+    """ValueError naming each array whose dtype is not the precision's: qkv, out, dout bf16
+    (uint16 bits) in bf16, every other one float32."""
+    storage = {"qkv", "out", "dout"} if options.bf16 else set()
+    wrong = [
+        f"{name} is {np.dtype(a.dtype)}, not {'bf16 (uint16)' if name in storage else 'float32'}"
+        for name, a in arrays.items()
+        if np.dtype(a.dtype) != (BF16 if name in storage else np.float32)
+    ]
+    if wrong:
+        precision = "bf16" if options.bf16 else "float32"
+        raise ValueError(f"attention_tc ({precision} qkv): {'; '.join(wrong)}")
+
+
+def _check_rows(*arrays) -> None:
+    """check_aligned for float32 arrays; for bf16 ones, rows of 8 elements (16 bytes)."""
+    for a in arrays:
+        if is_bf16(a) and a.shape[2] % 8:
+            raise ValueError(f"cp.async: a bf16 array of shape {a.shape} has rows of a "
+                             "whole number of 16 bytes only with C a multiple of 8")  # fmt: skip
+    check_aligned(*arrays)
 
 
 def _check(qkv, H: int, G: int, E: int) -> tuple[int, int]:
@@ -109,12 +151,14 @@ def attention_forward(
     out, lse, qkv, H: int, G: int, E: int, stream=0, options: TcOptions | None = None
 ) -> None:
     """out (B, T, H E), lse (B, H, T) natural-log logsumexp of the scaled scores, assigned,
-    from qkv (B, T, (H + 2G) E); float32, 16-byte aligned rows."""
-    options = _options(E, options)
+    from qkv (B, T, (H + 2G) E); float32, 16-byte aligned rows. The bf16 kernels run for a
+    bf16 qkv (uint16 bits); out is then bf16 too, lse float32."""
+    options = _options(E, options, qkv)
+    _check_dtypes(options, qkv=qkv, out=out, lse=lse)
     B, Tn = _check(qkv, H, G, E)
     if out.shape != (B, Tn, H * E) or lse.shape != (B, H, Tn):
         raise ValueError(f"out, lse: {(B, Tn, H * E)}, {(B, H, Tn)}, not {out.shape}, {lse.shape}")
-    check_aligned(qkv)
+    _check_rows(qkv, *((out,) if options.bf16 else ()))
     # the forward's exponentials are 2^x: log2(e) rides on Q's scale
     scale = float32(LOG2E / math.sqrt(E))
     grid = (B * H, (Tn + TILE - 1) // TILE)  # heads on the fast axis, heaviest tiles first
@@ -132,9 +176,12 @@ def attention_backward(
     dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
     the query heads of their group. Same math as attention.attention_backward. T a multiple
     of 64: the dkv grid's first row prepares dsum and dQ's zeros (prep.py); else
-    attention.backward_prep does, before it.
+    attention.backward_prep does, before it. bf16 qkv: dout and out bf16 too, dqkv, lse
+    and dsum float32 (dQ's atomic adds are float), and T a multiple of 64 (the prep blocks
+    alone read bf16 dO and O).
     """
-    options = _options(E, options)
+    options = _options(E, options, qkv)
+    _check_dtypes(options, dqkv=dqkv, dout=dout, qkv=qkv, out=out, lse=lse, dsum=dsum)
     B, Tn = _check(qkv, H, G, E)
     if dqkv.shape != qkv.shape:
         raise ValueError(f"dqkv: {qkv.shape} (qkv's), not {dqkv.shape}")
@@ -142,12 +189,14 @@ def attention_backward(
         raise ValueError(f"dout, out: {(B, Tn, H * E)}, not {dout.shape}, {out.shape}")
     if lse.shape != (B, H, Tn) or dsum.shape != (B, H, Tn):
         raise ValueError(f"lse, dsum: {(B, H, Tn)}, not {lse.shape}, {dsum.shape}")
-    check_aligned(qkv, dout)
+    _check_rows(qkv, dout)
     scale = float32(1.0 / math.sqrt(E))
     nt = (Tn + TILE - 1) // TILE
     fused = Tn % TILE == 0  # whole units: no two share a cache line of dsum
+    if options.bf16 and not fused:
+        raise ValueError(f"attention_tc backward in bf16: T a multiple of {TILE}, not {Tn}")
     if fused:
-        check_aligned(out)
+        _check_rows(out)
         flags = _flags(B * H * nt, stream)
     else:  # the kernel reads no flag: none is zeroed
         attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)

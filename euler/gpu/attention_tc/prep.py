@@ -31,18 +31,26 @@ def prep_units(gen: Gen, head: str) -> None:
     buffers). A unit ends in a barrier; thread 0 raises the units' flags (flags.py) every
     prep_flag_every units. Thread tid takes 16-byte chunk tid % (E / 4) of rows
     tid // (E / 4) + 512 / E c. The pairs' batch elements and heads are worked out once
-    and picked per unit; dO, O (one shape) and dQ's zeros go by flat indices."""
+    and picked per unit; dO, O (one shape) and dQ's zeros go by flat indices.
+
+    bf16 (dO and O bf16, dQ float32): the copies move 8 elements a chunk, E / 8 threads a
+    row, the zeros 4 floats a chunk, E / 4 threads a row (zr, zc: rows of their own)."""
     w, E = gen.w, gen.E
     opts = gen.options
-    lanes, span, stages = E // 4, opts.prep_span, opts.prep_stages
-    step, unit = THREADS // lanes, 2 * TILE * E  # rows a chunk apart; floats a buffer
+    bf16 = opts.bf16
+    vec = 8 if bf16 else 4  # elements a chunk
+    lanes, span, stages = E // vec, opts.prep_span, opts.prep_stages
+    step, unit = THREADS // lanes, 2 * TILE * E  # rows a chunk apart; tile elements a buffer
+    zl = E // 4  # zeros: threads a row
     w(f"if {head} % {span}:", "    return  # served by the block before")
-    w(f"pr = tid // {lanes}", f"pc = 4 * (tid % {lanes})", "z = T(0.0)")
+    w(f"pr = tid // {lanes}", f"pc = {vec} * (tid % {lanes})", "z = T(0.0)")
+    if bf16:
+        w(f"zr = tid // {zl}", f"zc = 4 * (tid % {zl})  # this thread's first zero chunk")
     w(f"pa = uint64(pr * {E} + pc)  # this thread's first chunk in a buffer")
     w(f"ns = min({span}, B * G - {head})  # pairs served", "nu = ns * rep * nt  # units")
     w(
         f"rs = {step} * H * {E}  # dO's and O's flat step a chunk",
-        f"zs = {step} * (H + 2 * G) * {E}",
+        f"zs = {THREADS // zl} * (H + 2 * G) * {E}",
     )
     for k in range(span):  # pair k's batch element and first query head
         w(f"pb{k} = ({head} + {k}) // G", f"ph{k} = (({head} + {k}) % G) * rep")
@@ -64,10 +72,10 @@ def prep_units(gen: Gen, head: str) -> None:
     def issue(stage: str) -> None:  # unit q's copies into buffer stage
         fields("q")
         w(f"qo = uint64({stage} * {unit}) + pa", f"qk = (qr * H + qh) * {E} + pc")
-        for c in range(E // 8):
+        for c in range(TILE // step):
             for k, src in enumerate(("dout", "out")):
                 at = f"qo + {gen.u(k * TILE * E + c * step * E)}"
-                w(f"cp_async16_flat(sm, {at}, {src}, qk + {c} * rs)")
+                w(f"{gen.COPY}_flat({gen.TILES}, {at}, {src}, qk + {c} * rs)")
         advance("q")
 
     w("qd = 0", "qi = 0", "qhh = 0  # the next unit to copy")
@@ -88,19 +96,32 @@ def prep_units(gen: Gen, head: str) -> None:
     w.indent(-1)
     w("cp_async_commit()", "cp_async_wait(2)  # unit v's copies (this thread's) landed")
     fields("u")
-    w(f"uo = uint64(us * {unit}) + pa", f"uz = (ur * (H + 2 * G) + uh) * {E} + pc")
-    for c in range(E // 8):
+    w(f"uo = uint64(us * {unit}) + pa")
+    if bf16:
+        w(f"uz = ((ur - pr + zr) * (H + 2 * G) + uh) * {E} + zc")
+    else:
+        w(f"uz = (ur * (H + 2 * G) + uh) * {E} + pc")
+    chunks = TILE // step
+    for c in range(chunks):
         at = [f"uo + {gen.u(k * TILE * E + c * step * E)}" for k in range(2)]
+        if bf16:  # 8 products of bf16 pairs, widened
+            w(f"d0, d1, d2, d3 = load_words4_shared(sh, {at[0]})",
+              f"o0, o1, o2, o3 = load_words4_shared(sh, {at[1]})")  # fmt: skip
+            terms = [f"bf16x2_{h}(d{k}) * bf16x2_{h}(o{k})" for k in range(4) for h in ("lo", "hi")]
+            w(f"ps{c} = {' + '.join(terms)}")
+            continue
         w(
             f"d0, d1, d2, d3 = load4_shared(sm, {at[0]})",
             f"o0, o1, o2, o3 = load4_shared(sm, {at[1]})",
         )
         w(f"ps{c} = d0 * o0 + d1 * o1 + d2 * o2 + d3 * o3")
         w(f"store4_flat(dqkv, uz + {c} * zs, z, z, z, z)")
-    scratch = stages * unit  # the simulator's group sums meet past the buffers
-    w(*(f"ps{c} = group_sum(ps{c}, sm[{scratch}:], z, {lanes})" for c in range(E // 8)))
+    if bf16:
+        w(*(f"store4_flat(dqkv, uz + {c} * zs, z, z, z, z)" for c in range(E // 8)))
+    scratch = stages * unit // vec * 4  # floats: the simulator's group sums past the buffers
+    w(*(f"ps{c} = group_sum(ps{c}, sm[{scratch}:], z, {lanes})" for c in range(chunks)))
     w("ut = ui * 64 + pr", "if pc == 0:")
-    w(*(f"    dsum[ub, uh, ut + {c * step}] = ps{c}" for c in range(E // 8)))
+    w(*(f"    dsum[ub, uh, ut + {c * step}] = ps{c}" for c in range(chunks)))
     w("fu = (ub * H + uh) * nt + ui")
     w("cuda.syncthreads()  # every thread's stores before the flags' release")
     _raise_flags(gen, every)
