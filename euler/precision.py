@@ -31,7 +31,7 @@ BF16_TENSORS: tuple[tuple[str, str], ...] = (
     ("xn1", "attention norm output: feeds the qkv product and its weight gradient"),
     ("qkv", "product output, RoPE in place; attention's Q, K, V operands"),
     ("att", "attention output: feeds the output projection and its weight gradient"),
-    ("xn2", "MLP norm output: feeds the gate|up product and its weight gradient"),
+    ("xn2", "MLP norm output: feeds the gate and up product and its weight gradient"),
     ("gu", "product output; SwiGLU's input, saved for its backward"),
     ("h", "SwiGLU output: feeds the down projection and its weight gradient"),
     ("xf", "final norm output: feeds the heads' products and their weight gradients"),
@@ -43,9 +43,29 @@ BF16_TENSORS: tuple[tuple[str, str], ...] = (
     ("datt", "product output: attention backward's dO operand"),
     ("dqkv_lp", "RoPE backward's output: feeds the qkv dX and dW products"),
     ("dh", "product output: SwiGLU backward's input"),
-    ("dgu", "SwiGLU backward's output: feeds the gate|up dX and dW products"),
+    ("dgu", "SwiGLU backward's output: feeds the gate and up dX and dW products"),
 )  # fmt: skip
 BF16_NAMES = frozenset(name for name, _ in BF16_TENSORS)
+# what stays float32 under bf16, and why (docs/gpu.md's table lists both)
+FP32_TENSORS: tuple[tuple[str, str], ...] = (
+    ("params, grads, m, v", "master weights, their gradients and AdamW's moments: an update "
+                            "of lr x 1e-3 would vanish in bf16's 8 bits"),
+    ("x, xmid", "the residual stream: each layer adds a small update to it"),
+    ("rstd1, rstd2, rstdf", "RMSNorm's saved 1/rms (its sums accumulate in float32)"),
+    ("lse", "attention's log-sum-exp, the softmax statistic the backward rebuilds P from"),
+    ("losses", "per-token cross-entropy; summed in float64"),
+    ("dxn, dxf", "dX products' outputs into RMSNorm's backward (dxf sums the K heads)"),
+    ("dqkv", "attention backward's output: dQ is added by float32 atomics"),
+)  # fmt: skip
+
+
+def tensor_table() -> str:
+    """The Markdown table of what is bf16 and what stays float32 (docs/gpu.md holds it)."""
+    rows = ["| tensor | under --precision bf16 | why |", "|---|---|---|"]
+    rows += [f"| `{name}` | bf16 | {why} |" for name, why in BF16_TENSORS]
+    rows += [f"| {', '.join(f'`{n}`' for n in names.split(', '))} | float32 | {why} |"
+             for names, why in FP32_TENSORS]  # fmt: skip
+    return "\n".join(rows)
 
 
 def check_precision(precision: str, flag: str = "--precision") -> str:
