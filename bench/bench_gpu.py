@@ -2,7 +2,8 @@
 
     python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
 
-Measures on the current CUDA GPU (TF32 matmuls, as training runs):
+Measures on the current CUDA GPU in `--precision` (tf32 by default, as training runs; fp32
+exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
 - the trainer's step at the defaults and with one of them off each: the weight gradients
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (GpuOptions.transpose_weight_grads), without the residual adds fused
@@ -44,6 +45,10 @@ from euler.gpu.backend import GpuBackend, GpuOptions  # noqa: E402
 from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
 from euler.model.config import PRESETS  # noqa: E402
 from euler.model.transformer import Model, make_targets  # noqa: E402
+from euler.precision import PRECISIONS, storage_dtype  # noqa: E402
+
+# dense TFLOP/s of an H200's products in each precision (datasheet): --peak's default
+H200_PEAK_TFLOPS = {"fp32": 67.0, "tf32": 495.0, "bf16": 990.0}
 
 
 class Hyper:
@@ -124,19 +129,21 @@ def train_step(model: Model, tokens, targets, state, step: int):
     model.backward()
     m, v = state
     hyper = model.be.stage_scalars("adamw", [3e-4, 1 - Hyper.beta1**step, 1 - Hyper.beta2**step])
-    model.be.adamw_step(model.params, model.grads, m, v, Hyper, hyper, model.layout.n_decay)
+    model.be.adamw_step(
+        model.params, model.grads, m, v, Hyper, hyper, model.layout.n_decay, lowp=model.params_lp
+    )
     return loss
 
 
 def bench_step(args) -> dict:
     cfg = PRESETS[args.preset]
-    be = GpuBackend(tf32=True)
+    be = GpuBackend(tf32=args.precision != "fp32")
     B, T = args.batch, args.seq
     rng = np.random.default_rng(0)
     window = rng.integers(0, cfg.vocab_size, (B, T + cfg.n_mtp))
     tokens, targets = window[:, :T], make_targets(window, T, cfg.n_mtp)
     timer = TimedBackend(be)
-    model = Model(cfg, backend=timer, dtype=np.float32)
+    model = Model(cfg, backend=timer, dtype=np.float32, precision=args.precision)
     state = [be.zeros((model.layout.size,), np.float32) for _ in range(2)]
     t0 = time.perf_counter()
     loss0 = float(train_step(model, tokens, targets, state, 1))  # compiles every kernel
@@ -168,7 +175,7 @@ def bench_step(args) -> dict:
         "batch": B,
         "seq_len": T,
         "params": model.layout.size,
-        "tf32": True,
+        "precision": args.precision,
         "steps_timed": steps,
         "step_ms": wall * 1e3,
         "host_ms_per_step": float(np.median(host)) * 1e3,
@@ -211,9 +218,12 @@ def overlap_steps(args) -> dict[str, dict]:
         ("unfused_residual", True, GpuOptions(fused_residual=False)),
         ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
     ):
-        be = GpuBackend(tf32=True, overlap=overlap, options=options)
+        be = GpuBackend(tf32=args.precision != "fp32", overlap=overlap, options=options)
         for graph in (True, False):
-            s = time_engine(cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph)
+            s = time_engine(
+                cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph,
+                precision=args.precision,
+            )  # fmt: skip
             s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
             row = f"{name}_{'graph' if graph else 'launched'}"
             print(row, json.dumps(s), flush=True)
@@ -223,38 +233,50 @@ def overlap_steps(args) -> dict[str, dict]:
 
 
 def bench_attention(be: GpuBackend, T: int, args) -> dict:
-    """FlashAttention vs naive (materialised scores), forward and backward, at length T."""
+    """FlashAttention vs naive (materialised scores), forward and backward, at length T, in
+    the model's dtypes under --precision (bf16: qkv, dout and out bf16; the naive one reads
+    the same values in float32)."""
+    from euler.bench.kernels import stored
+    from euler.precision import as_float32
+
     B, H, G, E = args.batch, 12, 4, 64
     rng = np.random.default_rng(T)
-    qkv_h = rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32)
-    dout_h = rng.standard_normal((B, T, H * E)).astype(np.float32)
-    qkv, dout = be.to_device(qkv_h), be.to_device(dout_h)
-    out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
-    dqkv = be.zeros(qkv_h.shape, np.float32)
+    qkv_s = stored(args.precision, "qkv", rng.standard_normal((B, T, (H + 2 * G) * E), np.float32))
+    dout_s = stored(args.precision, "datt", rng.standard_normal((B, T, H * E), np.float32))
+    qkv, dout = be.to_device(qkv_s), be.to_device(dout_s)
+    qkv_h, dout_h = as_float32(qkv_s), as_float32(dout_s)
+    dtype = lambda name: storage_dtype(args.precision, name)  # noqa: E731
+    out, lse = be.zeros((B, T, H * E), dtype("att")), be.zeros((B, H, T), dtype("lse"))
+    dqkv = be.zeros(qkv_h.shape, dtype("dqkv"))
     flash_fwd = timed(be, lambda: be.attention_forward(out, lse, qkv, H, G, E), args.reps)
     flash_bwd = timed(
         be, lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), args.reps
     )
-    flash_out = be.to_host(out)
-    # the one-row-per-thread kernels (any head size), forced by giving a tile size
-    tile = attention.tile_for(E)
-    simple_fwd = timed(
-        be, lambda: attention.attention_forward(out, lse, qkv, H, G, E, be.stream, tile), args.reps
-    )
-    dsum = be.scratch("attention_dsum", lse.shape, lse.dtype)
-    simple_bwd = timed(
-        be,
-        lambda: attention.attention_backward(
-            dqkv, dout, qkv, out, lse, H, G, E, dsum, be.stream, tile
-        ),
-        args.reps,
-    )
+    flash_out = as_float32(be.to_host(out))
+    simple_fwd = simple_bwd = None  # bf16: the one-row-per-thread kernels are float32's
+    if args.precision != "bf16":
+        # the one-row-per-thread kernels (any head size), forced by giving a tile size
+        tile = attention.tile_for(E)
+        simple_fwd = timed(
+            be,
+            lambda: attention.attention_forward(out, lse, qkv, H, G, E, be.stream, tile),
+            args.reps,
+        )
+        dsum = be.scratch("attention_dsum", lse.shape, lse.dtype)
+        simple_bwd = timed(
+            be,
+            lambda: attention.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, be.stream, tile
+            ),
+            args.reps,
+        )
     naive = NaiveAttention(be, qkv_h, dout_h, H, G, E)
     naive_f = timed(be, naive.forward, args.reps)
     naive_b = timed(be, naive.backward, args.reps)
     naive_out = naive.out()
     useful = 4 * B * H * T * T * E / 2  # causal forward FLOPs
     return {
+        "precision": args.precision,
         "B": B,
         "T": T,
         "H": H,
@@ -310,11 +332,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--attn-t", type=int, nargs="*", default=[512, 2048])
-    ap.add_argument("--peak", type=float, default=495.0, help="dense TF32 TFLOP/s")
+    ap.add_argument("--precision", choices=PRECISIONS, default="tf32")
+    ap.add_argument(
+        "--peak", type=float, default=None,
+        help="dense TFLOP/s in --precision (default: the H200's, H200_PEAK_TFLOPS)",
+    )  # fmt: skip
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--steps-only", action="store_true", help="just the overlap_steps table")
     args = ap.parse_args()
+    args.peak = args.peak or H200_PEAK_TFLOPS[args.precision]
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "device": device_name().strip(),
@@ -329,7 +356,7 @@ def main() -> None:
         return
     result["train_step"] = bench_step(args)
     print(json.dumps(result["train_step"], indent=1), flush=True)
-    be = GpuBackend(tf32=True)
+    be = GpuBackend(tf32=args.precision != "fp32")
     result["attention"] = [bench_attention(be, t, args) for t in args.attn_t]
     result["kernel_resources"] = kernel_resources()
     for r in result["attention"] + result["kernel_resources"]:

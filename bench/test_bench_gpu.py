@@ -66,7 +66,7 @@ LAYER_NAMES = [
     "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
     "rope_forward", "rope_backward", "attention_forward", "attention_backward",
     "swiglu_forward", "swiglu_backward", "residual_forward", "cross_entropy_forward_backward",
-    "matmul_qkv_forward",
+    "matmul_qkv_forward", "matmul_qkv_backward", "adamw_step",
 ]  # fmt: skip
 
 

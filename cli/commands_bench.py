@@ -17,6 +17,15 @@ def register(app: typer.Typer) -> None:
     def bench(
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         preset: Annotated[str, typer.Option(help="Model preset: tiny, small or gpu.")] = "small",
+        precision: Annotated[
+            str | None,
+            typer.Option(
+                help="fp32, tf32 (cuda) or bf16, for both engines: exact products; TF32 "
+                "tensor cores; bf16 products, attention and activations with fp32 master "
+                "weights (the peer in torch.autocast bf16; on cpu ours is emulated, slow). "
+                "Default: tf32 on cuda, fp32 on cpu."
+            ),
+        ] = None,
         batch: Annotated[
             int | None, typer.Option(help="Sequences per step (B); default per preset.")
         ] = None,
@@ -57,6 +66,7 @@ def register(app: typer.Typer) -> None:
             peer=peer,
             compile=compile,
             peak_tflops=peak,
+            precision=precision,
         )
         opts.resolve()  # flag errors before any output
         if json_out is not None:

@@ -18,9 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from euler.bench.peer import LR
 from euler.bench.timing import best_ms
 from euler.model.config import ModelConfig
+from euler.model.params import ParamLayout
 from euler.model.transformer import rope_tables
+from euler.precision import BF16, as_float32, storage_dtype, to_bf16
+from euler.training.optim import AdamWConfig
 
 NAIVE_SCORES_BYTES = 256 * 2**20  # the host memory naive attention's scores may take
 GPU_CALLS = 10  # calls a timed round on a GPU (best_ms): the launches queue ahead of it
@@ -34,53 +38,102 @@ def calls_for(be) -> int:
 # ------------------------------------------------------------------ layers
 
 
-def layer_cases(be, cfg: ModelConfig, B: int, T: int) -> dict[str, Callable[[], None]]:
-    """name -> a call of one backend layer method at (B, T) of `cfg`, on random float32 inputs.
+def stored(precision: str, name: str, x: np.ndarray) -> np.ndarray:
+    """Host float32 x as the model stores tensor `name` under precision: bf16 bits where
+    euler.precision.BF16_TENSORS names it and precision is bf16, else x itself. Names are
+    the model's Activations buffers, "params_lp" (the products' weights), and "params" or
+    "grads" (the float32 masters and their gradients)."""
+    return to_bf16(x) if storage_dtype(precision, name) == BF16 else x
 
-    Shared with bench/test_bench_cpu.py, whose test ids are these names.
+
+def random_tensor(be, rng, precision: str, name: str, *shape: int):
+    """A device array of N(0, 1) values of `shape`, stored as the model stores `name`."""
+    return be.to_device(stored(precision, name, rng.standard_normal(shape, dtype=np.float32)))
+
+
+def layer_cases(
+    be, cfg: ModelConfig, B: int, T: int, precision: str = "fp32"
+) -> dict[str, Callable[[], None]]:
+    """name -> a call of one backend layer method at (B, T) of `cfg` on random inputs, each
+    argument in the dtype the model passes it under `precision` (random_tensor), aliased
+    where the model aliases it (rmsnorm_backward's dx and dres, rope in place).
+
+    Shared with bench/test_bench_cpu.py and bench/test_bench_gpu.py, whose test ids are these
+    names. A name ends in _forward or _backward, or is a fused step of its own.
     """
     rng = np.random.default_rng(0)
+    r = lambda name, *shape: random_tensor(be, rng, precision, name, *shape)  # noqa: E731
     N = B * T
-    D, F, V = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size
+    D, F, V, QKV = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size, cfg.qkv_dim
     H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
-    r = lambda *s: be.to_device(rng.standard_normal(s, dtype=np.float32))  # noqa: E731
-    x, w, y, rstd = r(N, D), r(D), r(N, D), r(N)
-    dx, dw = r(N, D), r(D)
-    qkv, att, lse, dqkv = r(B, T, cfg.qkv_dim), r(B, T, H * E), r(B, H, T), r(B, T, cfg.qkv_dim)
-    gu, h, dgu = r(N, 2 * F), r(N, F), r(N, 2 * F)
-    logits, losses = r(N, V), r(N)
+    layout = ParamLayout(cfg)
+    x, xmid, xn, rstd, dxn = (
+        r("x", N, D),
+        r("xmid", N, D),
+        r("xn1", N, D),
+        r("rstd1", N),
+        r("dxn", N, D),
+    )
+    w, dw, dx = r("params", D), r("grads", D), r("dx", N, D)
+    qkv, att, lse = r("qkv", B, T, QKV), r("att", B, T, H * E), r("lse", B, H, T)
+    dqkv, datt = r("dqkv", B, T, QKV), r("datt", B, T, H * E)
+    # bf16: RoPE's backward writes the products' bf16 copy of dqkv, as Model.backward does
+    dqkv_lp = r("dqkv_lp", B, T, QKV) if precision == "bf16" else None
+    gu, h, dgu, dh = r("gu", N, 2 * F), r("h", N, F), r("dgu", N, 2 * F), r("dh", N, F)
+    logits, losses = r("logits", N, V), r("losses", N)
     targets = be.to_device(rng.integers(0, V, N).astype(np.int32))
     head_scale = be.stage_scalars("bench_head_scale", [1.0 / N])
     tokens = be.to_device(rng.integers(0, V, N).astype(np.int32))
-    wte, dwte, wqkv = r(V, D), r(V, D), r(cfg.qkv_dim, D)
+    wte, dwte = r("params", V, D), r("grads", V, D)
+    wqkv, dwqkv = r("params_lp", QKV, D), r("grads", QKV, D)
+    params, grads = r("params", layout.size), r("grads", layout.size)
+    m, v = be.zeros((layout.size,), np.float32), be.zeros((layout.size,), np.float32)
+    lowp = r("params_lp", layout.size) if precision == "bf16" else None
+    hyper = be.stage_scalars("bench_adamw", [LR, 1 - AdamWConfig.beta1, 1 - AdamWConfig.beta2])
     cos, sin = (be.to_device(a) for a in rope_tables(cfg, np.float32))
     # consistent rstd and lse, so that the backward kernels see real statistics
-    be.rmsnorm_forward(y, rstd, x, w, 1e-5)
+    be.rmsnorm_forward(xn, rstd, x, w, 1e-5)
     be.attention_forward(att, lse, qkv, H, G, E)
     return {
         "embedding_forward": lambda: be.embedding_forward(x, tokens, wte),
         "embedding_backward": lambda: be.embedding_backward(dwte, dx, tokens, False),
-        "rmsnorm_forward": lambda: be.rmsnorm_forward(y, rstd, x, w, 1e-5),
-        "rmsnorm_backward": lambda: be.rmsnorm_backward(dx, dw, y, dx, x, w, rstd, False),
+        "rmsnorm_forward": lambda: be.rmsnorm_forward(xn, rstd, x, w, 1e-5),
+        "rmsnorm_backward": lambda: be.rmsnorm_backward(dx, dw, dxn, dx, x, w, rstd, False),
         "rope_forward": lambda: be.rope_forward(qkv, cos, sin, H, G, E),
-        "rope_backward": lambda: be.rope_backward(dqkv, cos, sin, H, G, E),
+        "rope_backward": lambda: be.rope_backward(dqkv, cos, sin, H, G, E, out=dqkv_lp),
         "attention_forward": lambda: be.attention_forward(att, lse, qkv, H, G, E),
-        "attention_backward": lambda: be.attention_backward(dqkv, att, qkv, att, lse, H, G, E),
+        "attention_backward": lambda: be.attention_backward(dqkv, datt, qkv, att, lse, H, G, E),
         "swiglu_forward": lambda: be.swiglu_forward(h, gu),
-        "swiglu_backward": lambda: be.swiglu_backward(dgu, h, gu),
-        "residual_forward": lambda: be.residual_forward(y, x, dx),
+        "swiglu_backward": lambda: be.swiglu_backward(dgu, dh, gu),
+        "residual_forward": lambda: be.residual_forward(xmid, x, xmid),
         "cross_entropy_forward_backward": lambda: be.cross_entropy_forward_backward(
             losses, logits, targets, head_scale, 0
         ),
-        "matmul_qkv_forward": lambda: be.matmul(qkv.reshape(N, -1), x, wqkv, trans_b=True),
+        # the products: bf16 operands under bf16; outputs bf16 (qkv) or float32 (dX, dW)
+        "matmul_qkv_forward": lambda: be.matmul(qkv.reshape(N, -1), xn, wqkv, trans_b=True),
+        "matmul_qkv_backward": lambda: _linear_backward(
+            be, dxn, dwqkv, (dqkv if dqkv_lp is None else dqkv_lp).reshape(N, -1), xn, wqkv
+        ),
+        "adamw_step": lambda: be.adamw_step(
+            params, grads, m, v, AdamWConfig(), hyper, layout.n_decay, lowp
+        ),
     }
 
 
-def time_layers(be, cfg: ModelConfig, B: int, T: int, reps: int) -> dict[str, float]:
-    """Best-of-reps ms of each layer case at (B, T)."""
+def _linear_backward(be, dx, dw, dy, x, w) -> None:
+    """dx (N, D) = dy (N, M) w (M, D) and dw (M, D) = dy^T x (N, D): a linear layer's two
+    backward products, as Model.backward's matmul_pair issues them, then waited for."""
+    be.matmul_pair((dx, dy, w, False, False, False), (dw, dy, x, True, False, False))
+    be.wait_deferred()
+
+
+def time_layers(
+    be, cfg: ModelConfig, B: int, T: int, reps: int, precision: str = "fp32"
+) -> dict[str, float]:
+    """Best-of-reps ms of each layer case at (B, T) in `precision`."""
     return {
         name: best_ms(fn, be.synchronize, reps, calls_for(be))
-        for name, fn in layer_cases(be, cfg, B, T).items()
+        for name, fn in layer_cases(be, cfg, B, T, precision).items()
     }
 
 
@@ -132,18 +185,23 @@ def _naive_numpy(qkv_h, dout_h, H: int, G: int, E: int, reps: int):
 
 
 def compare_attention(
-    be, cfg: ModelConfig, B: int, T: int, reps: int, on_gpu: bool = False
-) -> dict:
+    be, cfg: ModelConfig, B: int, T: int, reps: int, on_gpu: bool = False,
+    precision: str = "fp32",
+) -> dict:  # fmt: skip
     """Our attention (forward, backward) against naive attention at length T: NumPy's on the
     CPU, cuBLAS GEMMs over materialised scores on the GPU (on_gpu). Ours is the backend's:
-    FlashAttention, or on the CPU up to T = 256 dense score blocks."""
+    FlashAttention, or on the CPU up to T = 256 dense score blocks, with the model's dtypes
+    under `precision` (bf16: qkv, dout and out bf16; on the CPU the emulation). The naive
+    one is float32 on the same values (bf16's rounded), so max_abs_diff_out is our error."""
     H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
     rng = np.random.default_rng(T)
-    qkv_h = rng.standard_normal((B, T, cfg.qkv_dim), dtype=np.float32)
-    dout_h = rng.standard_normal((B, T, H * E), dtype=np.float32)
-    qkv, dout = be.to_device(qkv_h), be.to_device(dout_h)
-    out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
-    dqkv = be.zeros(qkv_h.shape, np.float32)
+    dtype = lambda name: storage_dtype(precision, name)  # noqa: E731
+    qkv_s = stored(precision, "qkv", rng.standard_normal((B, T, cfg.qkv_dim), dtype=np.float32))
+    dout_s = stored(precision, "datt", rng.standard_normal((B, T, H * E), dtype=np.float32))
+    qkv, dout = be.to_device(qkv_s), be.to_device(dout_s)
+    qkv_h, dout_h = as_float32(qkv_s), as_float32(dout_s)  # the naive one's: the same values
+    out, lse = be.zeros((B, T, H * E), dtype("att")), be.zeros((B, H, T), dtype("lse"))
+    dqkv = be.zeros(qkv_h.shape, dtype("dqkv"))
     n = calls_for(be)
     flash_f = best_ms(lambda: be.attention_forward(out, lse, qkv, H, G, E), be.synchronize, reps, n)
     flash_b = best_ms(
@@ -158,7 +216,7 @@ def compare_attention(
         naive_out, scores_bytes = naive.out(), naive.scores_bytes()
     else:
         naive_f, naive_b, naive_out, scores_bytes = _naive_numpy(qkv_h, dout_h, H, G, E, reps)
-    flash_out = be.to_host(out)
+    flash_out = as_float32(be.to_host(out))
     return {
         "B": B,
         "T": T,

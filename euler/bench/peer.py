@@ -2,9 +2,15 @@
 
 The peer model (euler.bench.torch_peer) imports torch at module level, so it is imported
 only inside these functions: the rest of the package never imports torch. The step matches
-ours: float32, the same initial weights and batch, clipping and AdamW with
-euler.training.optim's hyper-parameters (decay on the weight matrices only), torch's fused
-AdamW.
+ours: the same initial weights and batch, clipping and AdamW with euler.training.optim's
+hyper-parameters (decay on the weight matrices only), torch's fused AdamW, and the same
+--precision, as PyTorch users run each (set_precision):
+- fp32: float32 weights and activations, exact float32 matmuls (no TF32 anywhere);
+- tf32: the same with TF32 matmuls (torch.set_float32_matmul_precision("high"));
+- bf16: float32 master weights, forward and loss under torch.autocast(dtype=bfloat16), the
+  way llm.c's PyTorch reference (train_gpt2.py) and nanoGPT train: autocast runs the
+  products and attention in bf16 and keeps what it lists as fp32 (the loss's log-softmax
+  on CUDA) in float32. The CPU's autocast does the same with bf16 kernels of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from euler.model.params import ParamLayout, init_params, param_table
 from euler.training.optim import AdamWConfig
 
 LR = 3e-4
+# what each precision's peer runs, as the step tables name it
+PEER_PRECISION = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16 autocast"}
 
 
 def load_torch_peer():
@@ -36,6 +44,24 @@ def load_torch_peer():
     return torch_peer, None
 
 
+def set_precision(precision: str, device: str):
+    """Set torch's float32 matmul precision for `precision`; return the context that the
+    forward and the loss run in (bf16: autocast to bfloat16 on `device`)."""
+    import contextlib
+
+    import torch
+
+    # tf32, and under bf16 the float32 products autocast leaves (as llm.c's reference sets
+    # it): TF32 on the GPU. fp32, and every float32 product on the CPU: exact ("high"
+    # could let oneDNN lower float32 products there)
+    exact = precision == "fp32" or device == "cpu"
+    torch.set_float32_matmul_precision("highest" if exact else "high")
+    torch.backends.cuda.matmul.allow_tf32 = not exact  # "highest" implies it; stated
+    if precision == "bf16":
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def time_peer(
     peer,
     cfg: ModelConfig,
@@ -45,10 +71,12 @@ def time_peer(
     steps: int,
     warmup: int,
     threads: int,
+    precision: str,
     compiled: bool,
 ) -> dict:
-    """Time the peer's step on tokens (B, T) and targets (K, B, T); stats as time_steps,
-    plus memory, or {"skipped": why} where torch.compile or CUDA is not to be had."""
+    """Time the peer's step on tokens (B, T) and targets (K, B, T) in `precision` (fp32,
+    tf32, bf16: set_precision); stats as time_steps, plus memory, or {"skipped": why}
+    where torch.compile or CUDA is not to be had."""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -57,7 +85,7 @@ def time_peer(
     rss0 = reset_peak_rss() if device == "cpu" else None
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as GpuBackend(tf32=True)
+    autocast = set_precision(precision, device)
     layout = ParamLayout(cfg)
     model = peer.build_peer(cfg, layout.views(init_params(layout, 0)), torch.float32).to(device)
     named = peer.peer_param_names(model)
@@ -74,7 +102,8 @@ def time_peer(
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss, _ = forward(tok, tgt)
+        with autocast:  # forward and loss only: backward follows the forward's dtypes
+            loss, _ = forward(tok, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
         opt.step()
@@ -88,6 +117,7 @@ def time_peer(
             raise
         return {"skipped": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"}
     stats["threads"] = threads
+    stats["precision"] = PEER_PRECISION[precision]
     if device == "cpu":
         stats["peak_memory_mib"] = peak_rss_mib()
         stats["rss_at_start_mib"] = rss0
@@ -106,6 +136,7 @@ def time_peer_in_own_process(
     steps: int,
     warmup: int,
     threads: int,
+    precision: str,
     compiled: bool,
 ) -> dict:
     """time_peer in a fresh Python process, as a user would run PyTorch alone.
@@ -123,7 +154,8 @@ def time_peer_in_own_process(
         np.save(Path(tmp) / "tokens.npy", np.asarray(tokens), allow_pickle=False)
         np.save(Path(tmp) / "targets.npy", np.asarray(targets), allow_pickle=False)
         job = {"cfg": cfg.to_dict(), "device": device, "steps": steps, "warmup": warmup,
-               "threads": threads, "compiled": compiled, "dir": tmp}  # fmt: skip
+               "threads": threads, "precision": precision, "compiled": compiled,
+               "dir": tmp}  # fmt: skip
         code = "import sys; from euler.bench.peer import _peer_child; _peer_child(sys.argv[1])"
         out = subprocess.run(
             [sys.executable, "-c", code, json.dumps(job)], env=env, capture_output=True, text=True
@@ -146,7 +178,7 @@ def _peer_child(job_json: str) -> None:
     targets = np.load(folder / "targets.npy", allow_pickle=False)
     stats = time_peer(
         peer, ModelConfig.from_dict(job["cfg"]), job["device"], tokens, targets,
-        job["steps"], job["warmup"], job["threads"], job["compiled"],
+        job["steps"], job["warmup"], job["threads"], job["precision"], job["compiled"],
     )  # fmt: skip
     stats["process"] = "its own (a fresh Python process)"
     print(json.dumps(stats))

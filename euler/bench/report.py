@@ -1,7 +1,8 @@
 """`euler bench`'s rich tables: a BenchResult (euler.bench.steps) rendered for people.
 
 Ratios compare each engine's tokens/s with the PyTorch peer's eager figure (above 1: faster
-than eager PyTorch). Times are milliseconds; memory is MiB.
+than eager PyTorch). Times are milliseconds; memory is MiB. Every title names the run's
+--precision, and the step table each engine's (the peer's bf16 is autocast).
 """
 
 from __future__ import annotations
@@ -15,21 +16,21 @@ PEER = "torch_eager"  # the engine every ratio divides by
 
 
 def step_table(res: BenchResult) -> Table:
-    """One row per engine: tokens/s, ms/step, MFU, peak memory (with the process's memory
-    as the engine started, which that peak includes), the ratio to the peer, the first step's
-    seconds (compilation), the host's milliseconds until a step's work was issued (on a GPU,
-    Python's share; `ours` launches every kernel there, `ours_cuda_graph` replays graphs),
-    CPU seconds per wall second over the timed steps (below the thread count: other
-    processes had the cores) and the last loss (same weights, batch and steps: the engines'
-    losses agree)."""
+    """One row per engine: its precision, tokens/s, ms/step, MFU, peak memory (with the
+    process's memory as the engine started, which that peak includes), the ratio to the
+    peer, the first step's seconds (compilation), the host's milliseconds until a step's work
+    was issued (on a GPU, Python's share; `ours` launches every kernel there,
+    `ours_cuda_graph` replays graphs), CPU seconds per wall second over the timed steps
+    (below the thread count: other processes had the cores) and the last loss (same weights,
+    batch and steps: the engines' losses agree, to bf16's rounding under bf16)."""
     m = res.meta
     title = (
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
-        f"{m['device']}, float32"
+        f"{m['device']}, {m['precision']}"
     )
     t = Table(title=title)
-    cols = ("engine", "tokens/s", "ms/step", "MFU", "peak MiB (start)", "vs torch eager")
-    cols += ("1st s", "host ms", "cpu/wall", "last loss")
+    cols = ("engine", "precision", "tokens/s", "ms/step", "MFU", "peak MiB (start)")
+    cols += ("vs torch eager", "1st s", "host ms", "cpu/wall", "last loss")
     for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right")
     base = res.step.get(PEER, {}).get("tokens_per_s")
@@ -40,6 +41,7 @@ def step_table(res: BenchResult) -> Table:
         ratio = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
         t.add_row(
             name,
+            s["precision"],
             f"{s['tokens_per_s']:,.0f}",
             f"{s['ms_per_step']:.1f}",
             f"{100 * s['mfu']:.1f}%",
@@ -55,8 +57,11 @@ def step_table(res: BenchResult) -> Table:
 
 
 def layer_table(res: BenchResult) -> Table:
-    """Forward and backward ms of each layer kernel alone, at the step's shapes."""
-    t = Table(title=f"layer kernels alone, best of {res.meta['options']['reps']} (ms)")
+    """Forward and backward ms of each layer kernel alone, at the step's shapes and dtypes;
+    a case that is neither (the fused cross-entropy, AdamW's step) has a row of its own, its
+    time under backward."""
+    reps = res.meta["options"]["reps"]
+    t = Table(title=f"layer kernels alone, {res.meta['precision']}, best of {reps} (ms)")
     for col in ("layer", "forward", "backward"):
         t.add_column(col, justify="left" if col == "layer" else "right")
     rows: dict[str, list[str]] = {}
@@ -65,6 +70,9 @@ def layer_table(res: BenchResult) -> Table:
             rows[name.removesuffix("_forward_backward") + " (fused)"] = ["", f"{ms:.3f}"]
             continue
         base, _, pass_ = name.rpartition("_")
+        if pass_ not in ("forward", "backward"):
+            rows[name] = ["", f"{ms:.3f}"]
+            continue
         rows.setdefault(base, ["", ""])[pass_ == "backward"] = f"{ms:.3f}"
     for base, (fwd, bwd) in rows.items():
         t.add_row(base, fwd, bwd)
@@ -78,7 +86,8 @@ def attention_table(res: BenchResult) -> Table:
     score blocks (euler/cpu/attention_dense.py); the JSON keys keep the name flash_*.
     """
     naive = "cuBLAS" if res.meta.get("device") == "cuda" else "NumPy"
-    t = Table(title=f"attention: ours vs naive {naive} (scores materialised), ms")
+    ours = res.meta["precision"]
+    t = Table(title=f"attention: ours ({ours}) vs naive {naive} (scores materialised), ms")
     cols = ("B x T", "ours fwd", "ours bwd", "naive fwd", "naive bwd", "naive/ours", "max|diff|")
     for col in cols:
         t.add_column(col, justify="right")

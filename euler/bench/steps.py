@@ -3,7 +3,8 @@
 Measures, on one device (CPU or CUDA):
 - the full training step (forward, backward, clip, AdamW) of our engine and of the PyTorch
   peer (euler.bench.torch_peer: eager, and compiled by torch.compile where that works):
-  tokens/s, ms per step, MFU and peak memory;
+  tokens/s, ms per step, MFU and peak memory, both in one --precision (fp32, tf32 or bf16;
+  euler.bench.peer says how the peer runs each);
 - in euler.bench.kernels: each layer kernel's forward and backward alone; our attention
   (FlashAttention, or on the CPU up to T = 256 dense score blocks) against a naive
   attention that materialises the (T, T) scores; tokenizer
@@ -38,6 +39,7 @@ from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
+from euler.precision import check_precision, to_bf16
 from euler.schema import check_number
 from euler.training import step_graph
 from euler.training.optim import AdamW
@@ -61,11 +63,22 @@ class BenchOptions:
     compile: bool = True  # also time torch.compile(peer) (slow to compile on CPU)
     peak_tflops: float | None = None  # None: measure a large matmul on the spot
     reps: int = 5  # repetitions per layer / attention timing (the minimum is kept)
+    precision: str | None = None  # None: tf32 on cuda, fp32 on cpu, as TrainConfig resolves it
+
+    def __post_init__(self) -> None:
+        # frozen: the resolved default is set once, here, so that the JSON's options hold it
+        if self.precision is None:
+            object.__setattr__(self, "precision", "tf32" if self.device == "cuda" else "fp32")
 
     def resolve(self) -> tuple[ModelConfig, int, int]:
         """(config, B, T), or EulerError naming the bad flag."""
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device: expected cpu or cuda, got {self.device!r}")
+        check_precision(self.precision)
+        if self.precision == "tf32" and self.device == "cpu":  # TrainConfig's words
+            raise EulerError(
+                "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
+            )
         cfg = get_preset(self.preset)
         B0, T0 = DEFAULT_SHAPES.get(self.preset, (8, cfg.context))
         B = B0 if self.batch is None else self.batch
@@ -120,18 +133,34 @@ def git_commit() -> str | None:
         return None
 
 
-def measure_peak(be, device: str) -> dict:
-    """Dense float32 matmul GFLOP/s measured now: the MFU denominator unless --peak is given.
+# what measure_peak multiplies on the GPU in each precision, as its `source` names it
+GPU_PEAK_PRODUCT = {
+    "fp32": "cuBLAS fp32 matmul (exact; our backend)",
+    "tf32": "cuBLAS TF32 matmul (our backend)",
+    "bf16": "cuBLASLt bf16 matmul (bf16 operands and output, fp32 accumulation; our backend)",
+}
 
-    CPU: NumPy's sgemm at 2048^3 on every BLAS thread; CUDA: our cuBLAS matmul (TF32, as
-    training runs) at 8192^3.
+
+def measure_peak(be, device: str, precision: str, n: int | None = None) -> dict:
+    """Dense matmul GFLOP/s measured now: the MFU denominator unless --peak is given.
+
+    CPU: NumPy's float32 sgemm at n^3 = 2048^3 on every BLAS thread, in every precision (the
+    CPU has no bf16 product; its bf16 emulation multiplies in float32). CUDA: our backend's
+    product at 8192^3 in the step's precision (GPU_PEAK_PRODUCT): under bf16, uint16 bf16
+    operands and output, as the model's products take them.
     """
-    n = 2048 if device == "cpu" else 8192
-    rng = np.random.default_rng(0)
-    a = be.to_device(rng.standard_normal((n, n), dtype=np.float32))
-    c = be.zeros((n, n), np.float32)
+    n = n or (2048 if device == "cpu" else 8192)
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    lowp = device == "cuda" and precision == "bf16"
+    a = be.to_device(to_bf16(a) if lowp else a)
+    c = be.zeros((n, n), a.dtype)
     ms = best_ms(lambda: be.matmul(c, a, a), be.synchronize, 3)
-    what = "numpy float32 matmul" if device == "cpu" else "cuBLAS TF32 matmul (our backend)"
+    if device == "cuda":
+        what = GPU_PEAK_PRODUCT[precision]
+    elif precision == "bf16":
+        what = "numpy float32 matmul (the CPU has no bf16 product; its emulation runs fp32's)"
+    else:
+        what = "numpy float32 matmul"
     return {
         "gflop_per_s": 2 * n**3 / ms / 1e6,
         "source": f"measured now: {what} {n}^3, best of 3",
@@ -149,15 +178,15 @@ def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
 
 def time_engine(
     cfg: ModelConfig, be, device: str, tokens, targets, steps: int, warmup: int,
-    graph: bool = False,
+    graph: bool = False, precision: str = "fp32",
 ) -> dict:  # fmt: skip
-    """Our float32 training step (forward, backward, clip, AdamW) on tokens (B, T), targets
-    (K, B, T), as the trainer runs it (with graph=True, replayed as CUDA graphs on a GPU):
-    time_steps' statistics plus memory."""
+    """Our training step (forward, backward, clip, AdamW) on tokens (B, T), targets
+    (K, B, T) in `precision` (be made for it by make_backend), as the trainer runs it (with
+    graph=True, replayed as CUDA graphs on a GPU): time_steps' statistics plus memory."""
     rss0 = reset_peak_rss() if device == "cpu" else None
     if device == "cuda":
         be.release_unused()  # an earlier engine's buffers must not count in this one's memory
-    model = Model(cfg, backend=be, dtype=np.float32, seed=0)
+    model = Model(cfg, backend=be, dtype=np.float32, seed=0, precision=precision)
     opt = AdamW(model)
     graphs = step_graph.StepGraphs(be, enabled=graph)
 
@@ -169,6 +198,7 @@ def time_engine(
 
     stats = time_steps(step, be.synchronize, steps, warmup)  # the first step compiles
     stats["cuda_graph_nodes"] = graphs.nodes()
+    stats["precision"] = precision
     graphs.close()
     if device == "cpu":
         stats["peak_memory_mib"] = peak_rss_mib()
@@ -186,8 +216,15 @@ def time_engine(
 def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchResult:
     """Run every measurement of `opts`; `log` hears one line per phase (progress)."""
     cfg, B, T = opts.resolve()
-    be = make_backend(opts.device)  # TF32 on the GPU, as the peer runs
+    precision = opts.precision
+    be = make_backend(opts.device, precision)  # the peer runs in the same precision
     notes: list[str] = []
+    if opts.device == "cpu" and precision == "bf16":
+        notes.append(
+            "bf16 on the CPU is the emulation (euler.cpu.backend: each bf16 argument widened "
+            "to a float32 copy, each bf16 output rounded back): it checks numerics, and its "
+            "times are not a bf16 engine's"
+        )
     load_before = os.getloadavg()
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -201,6 +238,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         "seq": T,
         "tokens_per_step": B * T,
         "device": opts.device,
+        "precision": precision,
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "numba_threads": numba.get_num_threads(),
@@ -210,7 +248,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     }
     log("peak: measuring a large matmul")
     if opts.peak_tflops is None:
-        peak = measure_peak(be, opts.device)
+        peak = measure_peak(be, opts.device, precision)
     else:
         peak = {"gflop_per_s": opts.peak_tflops * 1e3, "source": "given by --peak"}
     peak["mfu_formula"] = MFU_FORMULA
@@ -219,12 +257,11 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     threads = numba.get_num_threads()  # the peer gets as many threads as our prange kernels
     step: dict[str, dict] = {}
     log(f"ours: {opts.warmup + 1} untimed + {opts.steps} timed steps at B={B} T={T}")
-    step["ours"] = time_engine(cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup)
+    ours = (cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup)
+    step["ours"] = time_engine(*ours, precision=precision)
     if opts.device == "cuda":
         log("ours with CUDA graphs: each step's kernels captured once, then replayed")
-        step["ours_cuda_graph"] = time_engine(
-            cfg, be, opts.device, tokens, targets, opts.steps, opts.warmup, graph=True
-        )
+        step["ours_cuda_graph"] = time_engine(*ours, graph=True, precision=precision)
     peer, why = load_torch_peer() if opts.peer else (None, "--no-peer")
     if peer is None:
         notes.append(f"PyTorch peer skipped: {why}")
@@ -232,7 +269,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         import torch
 
         meta["torch"] = torch.__version__
-        args = (cfg, opts.device, tokens, targets, opts.steps, opts.warmup, threads)
+        args = (cfg, opts.device, tokens, targets, opts.steps, opts.warmup, threads, precision)
         log("torch_eager: the same steps, in its own process")
         step["torch_eager"] = time_peer_in_own_process(*args, compiled=False)
         if opts.compile:
@@ -248,11 +285,11 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
             notes.append(f"{name}: {s['skipped']}")
 
     log("layers: each kernel alone")
-    layers = time_layers(be, cfg, B, T, opts.reps)
+    layers = time_layers(be, cfg, B, T, opts.reps, precision)
     on_gpu = opts.device == "cuda"
     log(f"attention: ours against naive attention ({'cuBLAS' if on_gpu else 'NumPy'})")
     attention = [
-        compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps, on_gpu)
+        compare_attention(be, cfg, attention_batch(cfg, B, t), t, opts.reps, on_gpu, precision)
         for t in (T, 4 * T)
     ]
     log("tokenizer: training on pydoc_data.topics, then encoding it")
