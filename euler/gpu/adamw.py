@@ -3,6 +3,10 @@
 The norm is reduced on the device into a float64 scalar, the clip factor is computed from
 it on the device (with layer_math's `clip_scale`, which the CPU engine uses too), and the
 update kernel reads that factor from device memory: the host never waits for the norm.
+
+Under --precision bf16 the update also refreshes the products' bf16 weight copies (lowp):
+the same pass rounds each new float32 parameter to bf16 once and stores it, 8 a 16-byte
+store, so the copies cost 2 bytes a parameter and no pass of their own.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from numba import cuda, float64
 from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.reduce import MAX_THREADS, block_sum
-from euler.gpu.vector import aligned4, load4, store4
-from euler.layer_math import adamw_scalar, clip_scale
+from euler.gpu.vector import aligned4, aligned8_bf16, load4, store4, store8_bf16
+from euler.layer_math import adamw_scalar, bf16_round, clip_scale
+from euler.precision import is_bf16
 
 NORM_BLOCKS = 528  # at most this many partial sums of squares: 4 blocks per H200 SM
 
@@ -116,19 +121,103 @@ def adamw_vec_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n
         i += 4 * cuda.gridsize(1)
 
 
+@cuda.jit
+def adamw_lowp_kernel(lowp, params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay):
+    """adamw_kernel that also stores each new parameter rounded to bf16 into lowp (P,)."""
+    T = params.dtype.type
+    gs = T(stats[1])
+    lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
+    i = cuda.grid(1)
+    while i < params.shape[0]:
+        p, mi, vi = _adamw_at(i, params[i], grads[i], m[i], v[i], gs, lr, beta1, beta2, eps,
+                              wd, n_decay, bc1, bc2, T)  # fmt: skip
+        params[i] = p
+        m[i] = mi
+        v[i] = vi
+        lowp[i] = bf16_round(p)
+        i += cuda.gridsize(1)
+
+
+@cuda.jit(device=True)
+def _adamw4(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T):
+    """adamw_vec_kernel's step on parameters i .. i + 3 (16-byte accesses); returns the 4
+    new parameters."""
+    p0, p1, p2, p3 = load4(params, i)
+    g0, g1, g2, g3 = load4(grads, i)
+    m0, m1, m2, m3 = load4(m, i)
+    v0, v1, v2, v3 = load4(v, i)
+    p0, m0, v0 = _adamw_at(i, p0, g0, m0, v0, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p1, m1, v1 = _adamw_at(i + 1, p1, g1, m1, v1, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p2, m2, v2 = _adamw_at(i + 2, p2, g2, m2, v2, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p3, m3, v3 = _adamw_at(i + 3, p3, g3, m3, v3, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    store4(params, i, p0, p1, p2, p3)
+    store4(m, i, m0, m1, m2, m3)
+    store4(v, i, v0, v1, v2, v3)
+    return p0, p1, p2, p3
+
+
+@cuda.jit
+def adamw_lowp_vec_kernel(lowp, params, grads, m, v, stats, hyper, beta1, beta2, eps, wd,
+                          n_decay):  # fmt: skip
+    """adamw_lowp_kernel with 8 parameters per thread and step: 16-byte accesses, two of
+    each float32 buffer and one bf16 store. The last P % 8 parameters go one to a thread of
+    the grid's first P % 8 (P % 4 == 0 for the float32 buffers' alignment)."""
+    T = params.dtype.type
+    gs = T(stats[1])
+    lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
+    P = params.shape[0]
+    tail = P - P % 8
+    i = 8 * cuda.grid(1)
+    while i < tail:
+        a0, a1, a2, a3 = _adamw4(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd,
+                                 n_decay, bc1, bc2, T)  # fmt: skip
+        a4, a5, a6, a7 = _adamw4(params, grads, m, v, i + 4, gs, lr, beta1, beta2, eps, wd,
+                                 n_decay, bc1, bc2, T)  # fmt: skip
+        store8_bf16(lowp, i, a0, a1, a2, a3, a4, a5, a6, a7)
+        i += 8 * cuda.gridsize(1)
+    j = tail + cuda.grid(1)
+    if j < P:
+        p, mj, vj = _adamw_at(j, params[j], grads[j], m[j], v[j], gs, lr, beta1, beta2, eps,
+                              wd, n_decay, bc1, bc2, T)  # fmt: skip
+        params[j] = p
+        m[j] = mj
+        v[j] = vj
+        lowp[j] = bf16_round(p)
+
+
 def adamw_update(
     params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay,
-    stream=0, threads: int = THREADS,
+    stream=0, threads: int = THREADS, lowp=None,
 ) -> None:  # fmt: skip
-    """In-place AdamW on flat (P,) buffers; the clip factor is read from stats[1] on the device.
+    """In-place AdamW on flat (P,) float32 buffers; the clip factor is read from stats[1] on
+    the device.
 
     hyper (3,) float64 device array: (lr, 1 - beta1^step, 1 - beta2^step), step counting
-    from 1; weight decay only on the prefix [0, n_decay).
+    from 1; weight decay only on the prefix [0, n_decay). lowp (P,) bf16, if given, receives
+    the new params rounded to bf16 by the same kernel.
     """
     P = params.shape[0]
     check_shapes("adamw_update", grads=(grads, (P,)), m=(m, (P,)), v=(v, (P,)), hyper=(hyper, (3,)))
+    for name, a in (("params", params), ("grads", grads), ("m", m), ("v", v)):
+        if a.dtype != np.float32:
+            raise ValueError(f"adamw_update: {name} is {a.dtype}; float32 expected")
     T = params.dtype.type
     args = (params, grads, m, v, stats, hyper, T(beta1), T(beta2), T(eps), T(wd), np.int64(n_decay))
+    if lowp is not None:
+        check_shapes("adamw_update", lowp=(lowp, (P,)))
+        if not is_bf16(lowp):
+            raise ValueError(f"adamw_update: lowp is {lowp.dtype}; bf16 (uint16 bits) expected")
+        # the vector kernel stores lowp's whole 8-element groups 16 bytes at a time
+        if aligned4(params, grads, m, v) and aligned8_bf16(lowp[: P - P % 8]):
+            grid = grid_for(max(P // 8, P % 8), threads, cap=4096)
+            adamw_lowp_vec_kernel[grid, threads, stream](lowp, *args)
+            return
+        adamw_lowp_kernel[grid_for(P, threads, cap=4096), threads, stream](lowp, *args)
+        return
     if aligned4(params, grads, m, v):
         adamw_vec_kernel[grid_for(P // 4, threads, cap=4096), threads, stream](*args)
         return
