@@ -11,6 +11,12 @@ and a second kernel adds the partials in order: no atomics, so dw is the same ev
 
 Where D % 4 == 0 and the buffers are 16-byte aligned (always, at the presets), each lane
 moves 4 columns per access (vector.py): 6 such loads per lane cover a `gpu` row.
+
+Under bf16 (euler.precision) the forward's y and the backward's dres and dx are bf16
+(uint16 bits); x, w, rstd, dy and dw stay float32, and the arithmetic is float32 through the
+same layer_math helpers, each bf16 value widened where read and rounded once where stored.
+Their 16-byte kernels (D % 8 == 0) move 8 columns a lane and step, so that a bf16 row moves
+16 bytes an access too: two float32 loads (x, w, dy) beside one bf16 load or store.
 """
 
 from __future__ import annotations
@@ -20,13 +26,16 @@ from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
-from euler.gpu.vector import aligned4, load4, store4
+from euler.gpu.vector import aligned4, aligned8_bf16, load4, load8_bf16, store4, store8_bf16
 from euler.layer_math import (
+    bf16_round,
+    bf16_widen,
     rms_rstd,
     rmsnorm_backward_coefficient,
     rmsnorm_backward_element,
     rmsnorm_forward_element,
 )
+from euler.precision import is_bf16
 
 WARPS = 8  # rows in flight per block
 # backward blocks: 2 per H200 multiprocessor, 16 rows in flight on each, whose dy and x rows
@@ -97,13 +106,82 @@ def rmsnorm_forward_vec_kernel(y, rstd, x, w, eps, D):
                 rstd[n] = r
 
 
+@cuda.jit
+def rmsnorm_forward_bf16_kernel(y, rstd, x, w, eps):
+    """rmsnorm_forward_kernel with y (N, D) bf16: each value rounded once where stored."""
+    N, D = x.shape
+    T = x.dtype.type
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    lane = cuda.threadIdx.x % WARP
+    warps = cuda.gridDim.x * (cuda.blockDim.x // WARP)
+    n0 = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
+    for n in range(n0, n0 + (N + warps - 1) // warps * warps, warps):
+        s = T(0.0)
+        if n < N:
+            for d in range(lane, D, WARP):
+                s += x[n, d] * x[n, d]
+        s = warp_sum_all(s, buf, T(0.0))
+        if n < N:
+            r = rms_rstd(s, D, eps, T)
+            for d in range(lane, D, WARP):
+                y[n, d] = bf16_round(rmsnorm_forward_element(x[n, d], r, w[d]))
+            if lane == 0:
+                rstd[n] = r
+
+
+@cuda.jit
+def rmsnorm_forward_vec_bf16_kernel(y, rstd, x, w, eps, D):
+    """rmsnorm_forward_vec_kernel with y bf16, on flat views y, x (N D,): 8 columns a lane
+    and step (D % 8 == 0), x and w in two 16-byte loads each, y in one 16-byte store."""
+    N = x.shape[0] // D
+    T = x.dtype.type
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    lane = cuda.threadIdx.x % WARP
+    warps = cuda.gridDim.x * (cuda.blockDim.x // WARP)
+    n0 = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
+    for n in range(n0, n0 + (N + warps - 1) // warps * warps, warps):
+        s = T(0.0)
+        if n < N:
+            for d in range(8 * lane, D, 8 * WARP):
+                x0, x1, x2, x3 = load4(x, n * D + d)
+                x4, x5, x6, x7 = load4(x, n * D + d + 4)
+                s += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+                s += x4 * x4 + x5 * x5 + x6 * x6 + x7 * x7
+        s = warp_sum_all(s, buf, T(0.0))
+        if n < N:
+            r = rms_rstd(s, D, eps, T)
+            for d in range(8 * lane, D, 8 * WARP):
+                x0, x1, x2, x3 = load4(x, n * D + d)
+                x4, x5, x6, x7 = load4(x, n * D + d + 4)
+                w0, w1, w2, w3 = load4(w, d)
+                w4, w5, w6, w7 = load4(w, d + 4)
+                store8_bf16(
+                    y, n * D + d,
+                    rmsnorm_forward_element(x0, r, w0), rmsnorm_forward_element(x1, r, w1),
+                    rmsnorm_forward_element(x2, r, w2), rmsnorm_forward_element(x3, r, w3),
+                    rmsnorm_forward_element(x4, r, w4), rmsnorm_forward_element(x5, r, w5),
+                    rmsnorm_forward_element(x6, r, w6), rmsnorm_forward_element(x7, r, w7),
+                )  # fmt: skip
+            if lane == 0:
+                rstd[n] = r
+
+
 def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
-    """y (N, D) = x (N, D) / rms(x) * w (D,), assigned; rstd (N,) saved for the backward."""
+    """y (N, D) = x (N, D) / rms(x) * w (D,), assigned; rstd (N,) saved for the backward.
+
+    y float32 or bf16; x, w, rstd float32."""
     N, D = x.shape
     check_shapes("rmsnorm_forward", y=(y, (N, D)), rstd=(rstd, (N,)), w=(w, (D,)))
     warps = block_warps(threads)
     grid = max(1, min((N + warps - 1) // warps, 65535))
     eps = x.dtype.type(eps)
+    if is_bf16(y):
+        if D % 8 == 0 and aligned8_bf16(y) and aligned4(x, w):
+            flat = y.reshape(y.size), rstd, x.reshape(x.size), w
+            rmsnorm_forward_vec_bf16_kernel[grid, warps * WARP, stream](*flat, eps, D)
+        else:
+            rmsnorm_forward_bf16_kernel[grid, warps * WARP, stream](y, rstd, x, w, eps)
+        return
     if D % 4 == 0 and aligned4(y, x, w):
         flat = y.reshape(y.size), rstd, x.reshape(x.size), w
         rmsnorm_forward_vec_kernel[grid, warps * WARP, stream](*flat, eps, D)
@@ -209,6 +287,96 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
 
 
 @cuda.jit
+def rmsnorm_backward_bf16_kernel(dx, partial, dy, dres, x, w, rstd):
+    """rmsnorm_backward_kernel with dres and dx (N, D) bf16 (dx may alias dres): dres widened
+    where read, dx rounded once where stored."""
+    N, D = x.shape
+    C = partial.shape[0]
+    T = x.dtype.type
+    W = cuda.blockDim.x // WARP
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    acc = cuda.shared.array(0, float32)
+    tid = cuda.threadIdx.x
+    lane, q = tid % WARP, tid // WARP
+    c = cuda.blockIdx.x
+    _zero_warp_row(acc, q, D, lane, T)
+    r0, r1 = c * N // C, (c + 1) * N // C
+    for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
+        dot = T(0.0)
+        if n < r1:
+            for d in range(lane, D, WARP):
+                dot += dy[n, d] * w[d] * x[n, d]
+        dot = warp_sum_all(dot, buf, T(0.0))
+        if n < r1:
+            r = rstd[n]
+            k = rmsnorm_backward_coefficient(dot, r, D, T)
+            for d in range(lane, D, WARP):
+                e = bf16_widen(dres[n, d])
+                dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], e, r, k)
+                acc[q * D + d] += dwd
+                dx[n, d] = bf16_round(dxd)
+    _sum_warp_rows(partial, acc, c, W, D, T)
+
+
+@cuda.jit
+def rmsnorm_backward_vec_bf16_kernel(dx, partial, dy, dres, x, w, rstd, D):
+    """rmsnorm_backward_vec_kernel with dres and dx bf16 (dx may alias dres), on flat views
+    dx, dy, dres, x (N D,): 8 columns a lane and step (D % 8 == 0), dy, w and x in two
+    16-byte loads each, dres in one 16-byte load and dx in one 16-byte store."""
+    N = x.shape[0] // D
+    C = partial.shape[0]
+    T = x.dtype.type
+    W = cuda.blockDim.x // WARP
+    buf = cuda.shared.array(MAX_THREADS, float32)
+    acc = cuda.shared.array(0, float32)
+    tid = cuda.threadIdx.x
+    lane, q = tid % WARP, tid // WARP
+    c = cuda.blockIdx.x
+    _zero_warp_row(acc, q, D, lane, T)
+    r0, r1 = c * N // C, (c + 1) * N // C
+    for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
+        dot = T(0.0)
+        if n < r1:
+            for d in range(8 * lane, D, 8 * WARP):
+                for h in range(0, 8, 4):  # two 16-byte float32 pieces, unrolled by NVVM
+                    g0, g1, g2, g3 = load4(dy, n * D + d + h)
+                    w0, w1, w2, w3 = load4(w, d + h)
+                    x0, x1, x2, x3 = load4(x, n * D + d + h)
+                    dot += g0 * w0 * x0 + g1 * w1 * x1 + g2 * w2 * x2 + g3 * w3 * x3
+        dot = warp_sum_all(dot, buf, T(0.0))
+        if n < r1:
+            r = rstd[n]
+            k = rmsnorm_backward_coefficient(dot, r, D, T)
+            for d in range(8 * lane, D, 8 * WARP):
+                e0, e1, e2, e3, e4, e5, e6, e7 = load8_bf16(dres, n * D + d)
+                g0, g1, g2, g3 = load4(dy, n * D + d)
+                w0, w1, w2, w3 = load4(w, d)
+                x0, x1, x2, x3 = load4(x, n * D + d)
+                e0, a0 = rmsnorm_backward_element(g0, x0, w0, e0, r, k)
+                e1, a1 = rmsnorm_backward_element(g1, x1, w1, e1, r, k)
+                e2, a2 = rmsnorm_backward_element(g2, x2, w2, e2, r, k)
+                e3, a3 = rmsnorm_backward_element(g3, x3, w3, e3, r, k)
+                g0, g1, g2, g3 = load4(dy, n * D + d + 4)
+                w0, w1, w2, w3 = load4(w, d + 4)
+                x0, x1, x2, x3 = load4(x, n * D + d + 4)
+                e4, a4 = rmsnorm_backward_element(g0, x0, w0, e4, r, k)
+                e5, a5 = rmsnorm_backward_element(g1, x1, w1, e5, r, k)
+                e6, a6 = rmsnorm_backward_element(g2, x2, w2, e6, r, k)
+                e7, a7 = rmsnorm_backward_element(g3, x3, w3, e7, r, k)
+                a = q * D + d
+                acc[a] += a0
+                acc[a + 1] += a1
+                acc[a + 2] += a2
+                acc[a + 3] += a3
+                acc[a + 4] += a4
+                acc[a + 5] += a5
+                acc[a + 6] += a6
+                acc[a + 7] += a7
+                store8_bf16(dx, n * D + d, e0, e1, e2, e3, e4, e5, e6, e7)
+    _sum_warp_rows(partial, acc, c, W, D, T)
+
+
+@cuda.jit
 def sum_partials_kernel(dw, partial, accumulate):
     """dw (D,) (+)= sum over c of partial (C, D); block: 32 columns, warp q adds rows q::W.
 
@@ -247,6 +415,7 @@ def rmsnorm_backward(
     """dx (N, D) = dres + J^T dy, assigned; dw (D,) (+)= sum_n dy x rstd (+= if accumulate).
 
     dx may alias dres. partial is (C, D) scratch with C = partial_rows(N) (or fewer rows).
+    dx and dres both float32 or both bf16; dy, x, w, rstd, dw and partial float32.
     """
     N, D = x.shape
     check_shapes("rmsnorm_backward", dx=(dx, (N, D)), dy=(dy, (N, D)), dres=(dres, (N, D)),
@@ -257,7 +426,17 @@ def rmsnorm_backward(
     if nbytes > 48 * 1024:
         raise ValueError(f"rmsnorm_backward: hidden size {D} too large for {warps} warps")
     C = partial.shape[0]
-    if D % 4 == 0 and aligned4(dx, dy, dres, x, w):
+    if is_bf16(dx):
+        if D % 8 == 0 and aligned8_bf16(dx, dres) and aligned4(dy, x, w):
+            flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
+            rmsnorm_backward_vec_bf16_kernel[C, warps * WARP, stream, nbytes](
+                flat[0], partial, flat[1], flat[2], flat[3], w, rstd, D
+            )
+        else:
+            rmsnorm_backward_bf16_kernel[C, warps * WARP, stream, nbytes](
+                dx, partial, dy, dres, x, w, rstd
+            )
+    elif D % 4 == 0 and aligned4(dx, dy, dres, x, w):
         flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
         rmsnorm_backward_vec_kernel[C, warps * WARP, stream, nbytes](
             flat[0], partial, flat[1], flat[2], flat[3], w, rstd, D
