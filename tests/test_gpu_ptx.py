@@ -48,6 +48,17 @@ F64_OP = re.compile(r"\.f64\b")
 # it once; any float64 arithmetic in them still fails
 F64_SCALAR_READS = {"cross_entropy_forward_backward_kernel"}
 F64_READ = re.compile(r"^(\.reg \.f64|ld\.global\.f64|cvt\.rn\.f32\.f64)\b")
+# bf16 RoPE, cross-entropy and AdamW: the 16-byte accesses each makes (vector.py: 8 bf16 as 4
+# uint32 words, float32 4 at a time). AdamW's kernels read its float64 staged scalars only.
+BF16_ACCESSES = {
+    "rope_rows_bf16_kernel": ("ld.global.v4.f32", "st.global.v4.u32"),  # cos, sin; bf16 out
+    "cross_entropy_forward_bf16_kernel": ("ld.global.v4.u32",),
+    "cross_entropy_forward_backward_bf16_kernel": ("ld.global.v4.u32", "st.global.v4.u32"),
+    "adamw_lowp_vec_kernel": ("ld.global.v4.f32", "st.global.v4.f32", "st.global.v4.u32"),
+}
+F64_SCALAR_READS |= {
+    "cross_entropy_forward_backward_bf16_kernel", "adamw_lowp_kernel", "adamw_lowp_vec_kernel",
+}  # fmt: skip
 
 
 def _record_launches(monkeypatch) -> list[tuple[object, tuple]]:
@@ -99,12 +110,31 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     for p in (P, P + 1):  # 16-byte pieces (vector.py), and not
         hyper = np.ones(3)
         adamw.adamw_update(f32(p), f32(p), f32(p), f32(p), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
+    _bf16_rope_ce_adamw_launches(B, T, N, K, tokens)
     for E, tile in ((64, 64), (32, 64), (8, 0)):
         # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
         # sizes; the generated register-tiled ones (tile 0) at a small head size, since
         # compiling their E = 64 build takes minutes (test_tiled_attention_gpu_preset)
         _attention_launches(E, tile, B, T)
     return calls
+
+
+def _bf16_rope_ce_adamw_launches(B: int, T: int, N: int, K: int, tokens) -> None:
+    """The bf16 RoPE, cross-entropy and AdamW kernels in the dtypes the model passes them
+    (euler.precision.BF16_TENSORS), on their 16-byte paths and their scalar kernels."""
+    f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    bf16 = lambda *s: np.zeros(s, np.uint16)  # noqa: E731
+    for E in (16, 6):  # 8 pairs a thread, and 3 pairs: the scalar kernel
+        cs, shape = f32(T, E // 2), (B, T, 8 * E)
+        rope.rope_forward(bf16(*shape), cs, cs, 4, 2, E)
+        rope.rope_backward(f32(*shape), cs, cs, 4, 2, E, out=bf16(*shape))
+    # one kernel each for rows of 16-byte pieces and not (a flag)
+    cross_entropy.cross_entropy_forward(f32(N), bf16(N, 16), tokens)
+    cross_entropy.cross_entropy_forward_backward(f32(N), bf16(N, 16), tokens, np.ones(K), 1)
+    stats, hyper = np.zeros(2), np.ones(3)
+    for P in (100, 101):  # 8 a thread with a tail, and the scalar kernel
+        args = (f32(P), f32(P), f32(P), f32(P), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
+        adamw.adamw_update(*args, lowp=bf16(P))
 
 
 def _attention_launches(E: int, tile: int, B: int, T: int) -> None:
@@ -135,6 +165,12 @@ def _compile_all(monkeypatch, calls) -> None:
         assert ".target sm_90" in ptx, name
         if name.endswith(("_vec_kernel", "_rows_kernel")):  # 16-byte accesses (vector.py)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
+        if name in BF16_ACCESSES:  # bf16 16-byte pieces; device functions inlined
+            for op in BF16_ACCESSES[name]:
+                assert op in ptx, f"{name}{sig}: no {op}"
+            assert not re.search(r"\bcall(\.uni)?\b", ptx), name
+            if name == "rope_rows_bf16_kernel" and sig[1].dtype == numba.uint16:
+                assert "ld.global.v4.u32" in ptx, name  # the forward's bf16 source
         if name == "transpose_kernel":  # whole tiles by 16-byte pieces (transpose.py)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
         if name == "rope_rows_kernel":  # rope.rotate4 inlined: one straight run, no call

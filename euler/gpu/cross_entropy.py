@@ -92,7 +92,7 @@ def cross_entropy_forward_backward(
     grid = max(1, min(N, 65535))
     if _bf16_logits("cross_entropy_forward_backward", losses, logits):
         flat, V, vec = _flat_bf16(logits)
-        cross_entropy_bf16_forward_backward_kernel[grid, threads, stream](
+        cross_entropy_forward_backward_bf16_kernel[grid, threads, stream](
             losses, flat, V, vec, targets, scales, np.int64(k)
         )
         return
@@ -129,7 +129,7 @@ def cross_entropy_forward(losses, logits, targets, stream=0, threads: int = THRE
     grid = max(1, min(N, 65535))
     if _bf16_logits("cross_entropy_forward", losses, logits):
         flat, V, vec = _flat_bf16(logits)
-        cross_entropy_bf16_forward_kernel[grid, threads, stream](losses, flat, V, vec, targets)
+        cross_entropy_forward_bf16_kernel[grid, threads, stream](losses, flat, V, vec, targets)
         return
     cross_entropy_forward_kernel[grid, threads, stream](losses, logits, targets)
 
@@ -188,7 +188,7 @@ def _grad(x, i, t, m, inv, scale):
 
 
 @cuda.jit
-def cross_entropy_bf16_forward_backward_kernel(losses, logits, V, vec, targets, scales, k):
+def cross_entropy_forward_backward_bf16_kernel(losses, logits, V, vec, targets, scales, k):
     """cross_entropy_forward_backward_kernel on flat bf16 logits (N V,), rows 8 logits per
     16-byte access where vec: float32 statistics and loss, the gradient rounded once."""
     N = losses.shape[0]
@@ -231,7 +231,7 @@ def cross_entropy_bf16_forward_backward_kernel(losses, logits, V, vec, targets, 
 
 
 @cuda.jit
-def cross_entropy_bf16_forward_kernel(losses, logits, V, vec, targets):
+def cross_entropy_forward_bf16_kernel(losses, logits, V, vec, targets):
     """cross_entropy_forward_kernel on flat bf16 logits (N V,), float32 statistics and loss."""
     N = losses.shape[0]
     buf = cuda.shared.array(MAX_THREADS, float32)

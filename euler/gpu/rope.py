@@ -186,7 +186,7 @@ def copy8(dst, src, k, half):
 
 
 @cuda.jit
-def rope_bf16_rows_kernel(dst, src, cos, sin, C, Tn, half, n_rot, pos0, sign):
+def rope_rows_bf16_kernel(dst, src, cos, sin, C, Tn, half, n_rot, pos0, sign):
     """rope_rows_kernel from flat src into flat bf16 dst (B T C,), 8 pairs a thread, for
     blocks (E / 16, n_heads, R) that cover R whole rows: heads y < n_rot rotated, the others
     copied (E/2 % 8 == 0)."""
@@ -245,7 +245,7 @@ def _rope_bf16(dst, src, cos, sin, H, G, E, pos0, n_heads, sign, stream, threads
     per = min(64, threads // (x * n_heads)) if vec else 0  # whole rows a block, as in _rope
     if per >= 1:
         flat = [a.reshape(a.size) for a in (dst, src, cos, sin)]
-        rows = rope_bf16_rows_kernel[(B * Tn + per - 1) // per, (x, n_heads, per), stream]
+        rows = rope_rows_bf16_kernel[(B * Tn + per - 1) // per, (x, n_heads, per), stream]
         rows(*flat, C, Tn, half, n_rot, pos0, sign)
         return
     x = min(32, half)
