@@ -67,14 +67,8 @@ def layer_cases(
     D, F, V, QKV = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size, cfg.qkv_dim
     H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
     layout = ParamLayout(cfg)
-    x, xmid, xn, rstd, dxn = (
-        r("x", N, D),
-        r("xmid", N, D),
-        r("xn1", N, D),
-        r("rstd1", N),
-        r("dxn", N, D),
-    )
-    w, dw, dx = r("params", D), r("grads", D), r("dx", N, D)
+    x, xmid, xn, rstd = r("x", N, D), r("xmid", N, D), r("xn1", N, D), r("rstd1", N)
+    w, dw, dx, dxn = r("params", D), r("grads", D), r("dx", N, D), r("dxn", N, D)
     qkv, att, lse = r("qkv", B, T, QKV), r("att", B, T, H * E), r("lse", B, H, T)
     dqkv, datt = r("dqkv", B, T, QKV), r("datt", B, T, H * E)
     # bf16: RoPE's backward writes the products' bf16 copy of dqkv, as Model.backward does
