@@ -182,7 +182,10 @@ def test_sft_run_starts_from_the_checkpoint(data_root, tmp_path):
     assert first_val["step"] == 0 and "<|assistant|>" in first_val["sample"]
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(
+    data_root, tmp_path, monkeypatch, precision
+):
     run = tmp_path / "nan"
     real_run = Model.run
     calls = {"n": 0}
@@ -197,8 +200,30 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_
 
     monkeypatch.setattr(Model, "run", run_model)
     with pytest.raises(EulerError, match=r"loss is nan at step 6.*was finite \(step 4\)"):
-        train(tiny_config(run, data_root / "pre"))
+        train(tiny_config(run, data_root / "pre", precision=precision))
     assert checkpoint.load(run).step == 4
+
+
+def test_a_bf16_run_resumes_in_fp32_and_back(data_root, tmp_path):
+    """Checkpoints hold the float32 masters: a bf16 run (the CPU's emulation) continues in
+    fp32 and then in bf16 again, run.json saying which. Its bf16 steps repeat those of an
+    uninterrupted bf16 run exactly, and the first fp32 step after the switch, from the same
+    weights, differs from the bf16 run's by bf16 rounding only. (A constant learning rate,
+    so that the longer --steps of each resume leaves the schedule as it was.)"""
+    whole, run = tmp_path / "bf16", tmp_path / "mixed"
+    flat = dict(precision="bf16", lr=1e-2, min_lr=1e-2, warmup_steps=0)
+    train(tiny_config(whole, data_root / "pre", steps=12, **flat))
+    train(tiny_config(run, data_root / "pre", steps=4, **flat))
+    for steps, precision in ((8, "fp32"), (12, "bf16")):
+        tc, _ = read_run(run)
+        train(dataclasses.replace(tc, steps=steps, precision=precision), resume=True)
+        assert read_run(run)[0].precision == precision
+        assert checkpoint.load(run).params.dtype == np.float32
+    got, want = _losses(run), _losses(whole)
+    assert [s for s, _ in got] == list(range(1, 13))
+    assert got[:4] == want[:4]  # the same bf16 steps, bit for bit
+    assert got[4] != want[4] and abs(got[4][1] - want[4][1]) < 1e-2 * want[4][1]
+    assert all(math.isfinite(loss) for _, loss in got) and got[-1][1] < got[0][1]
 
 
 def test_bad_settings_are_refused(data_root, tmp_path):
