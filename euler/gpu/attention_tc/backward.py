@@ -31,6 +31,11 @@ bits of dQ, varies from call to call.
 dK and dV leave through the free buffer 16 bytes a lane (Gen.store_staged). The grid
 is (B G, T / 64 + 1), kv heads on the fast axis, the key tiles with the most queries first,
 the first row the prep blocks (prep.py) when the launcher passes prep = 1.
+
+In bf16 (TcOptions.bf16, fragments_bf16.py) K stays as stored: the scores take scale and
+log2(e) in the exponent's argument (sl), dQ's product reads K's B fragments by
+ldmatrix.trans and takes scale as it is added (_atomic_dq_bf16), and dS^T is stored as
+packed bf16 pairs.
 """
 
 from __future__ import annotations

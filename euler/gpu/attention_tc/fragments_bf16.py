@@ -48,7 +48,7 @@ def layout_bf16(E: int) -> dict[str, int]:
     """Floats of shared memory of each kernel (layout's counterpart): two buffers; dkv adds
     its K tile (kept as stored: dQ's B fragments come by ldmatrix.trans), the bf16 dS^T
     tile and the prepared-pair slot."""
-    sizes = {k: v for k, v in buffers_bf16(E).items()}  # two buffers of v / 2 floats
+    sizes = dict(buffers_bf16(E))  # two buffers of v bf16 are v floats
     sizes["dkv"] += TILE * pitch(E) // 2 + TILE * LDS_BF16 // 2 + 4
     return sizes
 
