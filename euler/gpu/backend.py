@@ -408,10 +408,10 @@ class GpuBackend:
         if is_bf16(qkv):
             from euler.gpu import attention_tc
 
-            if not attention_tc.supports(E):
+            if not attention_tc.supports(E, bf16=True):
                 raise EulerError(
-                    f"bf16 attention: head size {E} is not one of {attention_tc.HEAD_SIZES}; "
-                    "use --precision tf32"
+                    f"bf16 attention: head size {E} is not one of "
+                    f"{attention_tc.BF16_HEAD_SIZES}; use --precision tf32"
                 )
             return True
         return self.k_attention_tc is not None and self.k_attention_tc.supports(E)
