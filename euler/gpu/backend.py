@@ -91,7 +91,10 @@ class GpuOptions:
         (results/gpu-steps-knobs-2026-11-29T2139-h200.json); since the copy moves 16-byte
         pieces (0.028 ms at 16384 x 768, 3.6 TB/s, from 0.046: results/transpose-s12-*),
         copying for every weight gradient (0) is faster still: 57.7 and 58.0 ms a step
-        against 58.3 and 58.4 (results/gpu-steps-s12-*).
+        against 58.3 and 58.4 (results/gpu-steps-s12-*). bf16 operands are never copied:
+        cuBLASLt's bf16 weight gradients at the gpu preset ran at 508-790 TFLOP/s as
+        called, and within 0.003 ms of that from a transposed operand
+        (bench/gemm_bf16_gpu.py, results/gemm-bf16-2026-12-02-h200.json).
     fused_residual: matmul_residual (the output projections attn.wo and mlp.w_down and
         their residual adds) as one cuBLASLt call writing out = res + a b^T with
         C = res != D = out (cublaslt.py), where legacy cuBLAS needs the product in a
@@ -345,6 +348,8 @@ class GpuBackend:
         (options.transpose_weight_grads), allocated here, before any fork; None: no transpose."""
         M, N = out.shape
         if not (self.options.transpose_weight_grads and trans_a and not trans_b):
+            return None
+        if is_bf16(a):  # bf16 products gain nothing from it (GpuOptions)
             return None
         if max(M, N) < self.options.transpose_min_width:
             return None
