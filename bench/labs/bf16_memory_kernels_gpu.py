@@ -1,0 +1,84 @@
+"""RMSNorm, SwiGLU, the embedding backward and the transpose in float32 and bf16 on a GPU.
+
+    python bench/labs/bf16_memory_kernels_gpu.py [--reps 5] [--out bf16_memory.json]
+
+Each kernel at the `gpu` preset's shapes (N = B T = 32 x 512 tokens, D = 768, F = 2048,
+V = 4096), once with every tensor float32 and once with the dtypes of --precision bf16
+(euler.precision.BF16_TENSORS): device ms a call (bench/gpu_timing.timed, launch-free), the
+bytes the call must move, and what that is per second. The transposes' results are checked
+against NumPy bit for bit; the layers' numerics are tests/test_gpu_bf16.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.gpu_timing import timed  # noqa: E402
+from euler.gpu import embedding, rmsnorm, swiglu, transpose  # noqa: E402
+from euler.precision import to_bf16  # noqa: E402
+
+N, D, F, V = 32 * 512, 768, 2048, 4096
+
+
+def cases(stream, bf16: bool):
+    """(name, bytes moved, call) of each kernel with float32 or the bf16 run's dtypes."""
+    rng = np.random.default_rng(0)
+    lp = np.uint16 if bf16 else np.float32  # the tensors BF16_TENSORS makes bf16
+
+    def dev(shape, dtype=np.float32):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return cuda.to_device(to_bf16(x) if dtype == np.uint16 else x, stream=stream)
+
+    size = {np.float32: 4, np.uint16: 2}
+    x, w, rstd, dy, dw = dev((N, D)), dev(D), dev(N), dev((N, D)), dev(D)
+    y, dx = dev((N, D), lp), dev((N, D), lp)
+    partial = dev((rmsnorm.partial_rows(N), D))
+    gu, h, dh, dgu = dev((N, 2 * F), lp), dev((N, F), lp), dev((N, F), lp), dev((N, 2 * F), lp)
+    tokens = cuda.to_device(rng.integers(0, V, N).astype(np.int32), stream=stream)
+    dwte = dev((V, D))
+    src, dst = dev((N, D), lp), dev((D, N), lp)
+    s = size[lp]
+    yield ("rmsnorm_forward", N * D * (4 + s),
+           lambda: rmsnorm.rmsnorm_forward(y, rstd, x, w, 1e-5, stream))  # fmt: skip
+
+    def norm_backward():  # dx aliasing dres, as the model calls it
+        rmsnorm.rmsnorm_backward(dx, dw, dy, dx, x, w, rstd, True, partial, stream)
+
+    yield "rmsnorm_backward", N * D * (4 + 4 + 2 * s), norm_backward  # dy, x, dres, dx
+    yield ("swiglu_forward", N * F * 3 * s, lambda: swiglu.swiglu_forward(h, gu, stream))
+    yield ("swiglu_backward", N * F * 5 * s, lambda: swiglu.swiglu_backward(dgu, dh, gu, stream))
+    yield ("embedding_backward", N * D * s,
+           lambda: embedding.embedding_backward(dwte, dx, tokens, True, stream))  # fmt: skip
+    host = src.copy_to_host(stream=stream)
+    transpose.transpose(dst, src, stream)
+    assert np.array_equal(dst.copy_to_host(stream=stream), host.T), "transpose"
+    yield ("transpose", 2 * N * D * s, lambda: transpose.transpose(dst, src, stream))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    stream, rows = cuda.stream(), []
+    for precision in ("fp32", "bf16"):
+        for name, nbytes, call in cases(stream, precision == "bf16"):
+            ms = timed(stream, call, args.reps)
+            rec = {"kernel": name, "precision": precision, "N": N, "D": D, "F": F, "ms": ms,
+                   "mbytes": nbytes / 1e6, "tb_per_s": nbytes / ms / 1e9}  # fmt: skip
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
