@@ -90,8 +90,8 @@ def check_cross_entropy_bf16(cpu, gpu, rng, s) -> None:
 def check_adamw_bf16(cpu, gpu, rng, s) -> None:
     """AdamW with lowp: params, m, v as test_gpu_device.check_adamw checks them, and lowp
     (bf16) exactly the new params rounded to nearest even, written by the same kernel. P of
-    whole 8-element groups and a 4-element tail (16-byte accesses, the tail one a thread),
-    and odd (the scalar kernel)."""
+    4-element groups, not all in 8-element ones (16-byte float32 accesses, 8-byte bf16
+    stores), and odd (the scalar kernel)."""
     hp = SimpleNamespace(grad_clip=1.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     hyper = np.array([3e-4, 1 - 0.9**7, 1 - 0.95**7])
     base = 8 * s.F + s.D

@@ -13,6 +13,8 @@ gradient to a bf16 `out` (v heads copied), dqkv untouched. Both widen to float32
 and round once where stored (layer_math). Where E/2 % 8 == 0, the buffers are 16-byte
 aligned and a block holds whole rows (every preset), a thread rotates 8 pairs per access:
 one 16-byte access of bf16, two of float32 (vector.py); other shapes take the scalar path.
+On the H200 at the shape above (GPU time, launches queued): the bf16 forward 0.016 ms
+(fp32 0.037), the backward from float32 into bf16 out 0.034 ms (fp32 in place 0.037).
 """
 
 from __future__ import annotations
