@@ -113,9 +113,9 @@ def check_adamw_bf16(cpu, gpu, rng, s) -> None:
 
 def check_swiglu_bf16(cpu, gpu, rng, s) -> None:
     """gu, h, dh and dgu all bf16: the forward and backward at the sizes' F (8 columns a
-    16-byte access where F % 8 == 0) and at F + 2 (the element-by-element kernels)."""
-    N = s.B * s.T
-    for F in (s.F, s.F + 2):
+    16-byte access where F % 8 == 0) and, on s.T rows, at F + 2 (the element-by-element
+    kernels)."""
+    for N, F in ((s.B * s.T, s.F), (s.T, s.F + 2)):
         gu, dh = _bf16(rng, N, 2 * F, scale=3), _bf16(rng, N, F)
         run_both(cpu, gpu, "swiglu_forward", [np.zeros((N, F), np.uint16), gu], {"h": 0},
                  rtol=BF16_RTOL, atol=BF16_ATOL)  # fmt: skip
@@ -126,17 +126,16 @@ def check_swiglu_bf16(cpu, gpu, rng, s) -> None:
 
 
 def check_embedding_bf16(cpu, gpu, rng, s) -> None:
-    """The backward's bf16 dx (the residual gradient) scattered into float32 dwte, assigned
-    and accumulated, at the sizes' D (8 columns a 16-byte load where D % 8 == 0) and at
-    D + 2 (one element a thread); the forward is float32 (check_embedding)."""
+    """The backward's bf16 dx (the residual gradient) scattered into float32 dwte: assigned
+    at the sizes' D (8 columns a 16-byte load where D % 8 == 0), accumulated at D + 2 (one
+    element a thread); the forward is float32 (check_embedding)."""
     N = s.B * s.T
     tokens = rng.integers(0, s.V, N).astype(np.int32)
     tokens[:3] = tokens[0]  # a repeated id: the backward must add, not overwrite
-    for D in (s.D, s.D + 2):
+    for D, acc in ((s.D, False), (s.D + 2, True)):
         dx, dwte = _bf16(rng, N, D), _f32(rng, s.V, D)
-        for acc in (False, True):
-            # float32 sums of exact bf16 terms, in an order of the atomics' own
-            run_both(cpu, gpu, "embedding_backward", [dwte, dx, tokens, acc], {"dwte": 0})
+        # float32 sums of exact bf16 terms, in an order of the atomics' own
+        run_both(cpu, gpu, "embedding_backward", [dwte, dx, tokens, acc], {"dwte": 0})
 
 
 def bf16_checks() -> list:
