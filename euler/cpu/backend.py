@@ -35,7 +35,8 @@ from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
 from euler.cpu.blas import SplitMatmul
 from euler.errors import EulerError
 from euler.layer_math import clip_scale
-from euler.precision import from_bf16, is_bf16, to_bf16
+from euler.cpu.bf16 import narrow_into, widen
+from euler.precision import is_bf16
 
 
 def _bf16_emulated(*outputs: str):
@@ -56,7 +57,7 @@ def _bf16_emulated(*outputs: str):
                 if isinstance(value, np.ndarray) and is_bf16(value):
                     copy = next((w for a, w in wide if a is value), None)
                     if copy is None:
-                        copy = from_bf16(value)
+                        copy = widen(value)
                         wide.append((value, copy))
                     bound.arguments[name] = copy
             if not wide:
@@ -65,7 +66,7 @@ def _bf16_emulated(*outputs: str):
             for name in outputs:
                 original = originals.get(name)
                 if isinstance(original, np.ndarray) and is_bf16(original):
-                    original[...] = to_bf16(bound.arguments[name])
+                    narrow_into(original, bound.arguments[name])
             return result
 
         return emulated
@@ -144,12 +145,16 @@ class CpuBackend:
 
     def matmul_pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run
-        concurrently; both are done when it returns (with bf16 operands, one after the other)."""
-        if any(is_bf16(x) for x in (*first[:3], *second[:3])):
-            self.matmul(*first)
-            self.matmul(*second)
+        concurrently; both are done when it returns (bf16 operands widened first)."""
+        if not any(is_bf16(x) for x in (*first[:3], *second[:3])):
+            self._matmul.pair(first, second)
             return
-        self._matmul.pair(first, second)
+        wide = [tuple(widen(x) if is_bf16(x) else x for x in p[:3]) + p[3:]
+                for p in (first, second)]  # fmt: skip
+        self._matmul.pair(*wide)
+        for p, w in zip((first, second), wide, strict=True):
+            if is_bf16(p[0]):
+                narrow_into(p[0], w[0])
 
     def wait_deferred(self, keep: int = 0) -> None:
         """The GPU's fence for its side-stream products; the CPU's are done when pair returns."""
@@ -199,9 +204,12 @@ class CpuBackend:
             rope.rope_backward(dqkv, cos, sin, H, G, E, pos0)
             return
         check_shapes("rope_backward", out=(out, dqkv.shape))
-        work = np.array(from_bf16(dqkv) if is_bf16(dqkv) else dqkv, dtype=np.float32)
+        work = widen(dqkv) if is_bf16(dqkv) else np.array(dqkv, dtype=np.float32)
         rope.rope_backward(work, cos, sin, H, G, E, pos0)
-        out[...] = to_bf16(work) if is_bf16(out) else work
+        if is_bf16(out):
+            narrow_into(out, work)
+        else:
+            out[...] = work
 
     @_bf16_emulated("out")
     def attention_forward(self, out, lse, qkv, H, G, E) -> None:
@@ -296,7 +304,7 @@ class CpuBackend:
         )  # fmt: skip
         if lowp is not None:
             check_shapes("adamw_step", lowp=(lowp, params.shape))
-            lowp[...] = to_bf16(params)
+            narrow_into(lowp, params)
         return norm
 
     # ------------------------------------------------------------ CUDA graphs
