@@ -1,12 +1,15 @@
 """RMSNorm, SwiGLU, the embedding backward and the transpose in float32 and bf16 on a GPU.
 
-    python bench/labs/bf16_memory_kernels_gpu.py [--reps 5] [--out bf16_memory.json]
+    python bench/labs/bf16_memory_kernels_gpu.py [--reps 5] [--swiglu-threads 128,256]
+        [--out bf16_memory.json]
 
 Each kernel at the `gpu` preset's shapes (N = B T = 32 x 512 tokens, D = 768, F = 2048,
 V = 4096), once with every tensor float32 and once with the dtypes of --precision bf16
 (euler.precision.BF16_TENSORS): device ms a call (bench/gpu_timing.timed, launch-free), the
 bytes the call must move, and what that is per second. The transposes' results are checked
-against NumPy bit for bit; the layers' numerics are tests/test_gpu_bf16.py's.
+against NumPy bit for bit; the layers' numerics are tests/test_gpu_bf16.py's. SwiGLU's
+bf16 kernels run again at each block size of --swiglu-threads (swiglu.BF16_THREADS, up to
+the launchers' default of memory.THREADS).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
 from euler.gpu import embedding, rmsnorm, swiglu, transpose  # noqa: E402
+from euler.gpu.memory import THREADS  # noqa: E402
 from euler.precision import to_bf16  # noqa: E402
 
 N, D, F, V = 32 * 512, 768, 2048, 4096
@@ -66,14 +70,23 @@ def cases(stream, bf16: bool):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--swiglu-threads", default="128,256")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     stream, rows = cuda.stream(), []
-    for precision in ("fp32", "bf16"):
+    runs = [("fp32", None)] + [("bf16", None)]
+    runs += [("bf16", int(t)) for t in args.swiglu_threads.split(",") if t]
+    package_threads = swiglu.BF16_THREADS
+    for precision, threads in runs:
+        swiglu.BF16_THREADS = threads or package_threads
         for name, nbytes, call in cases(stream, precision == "bf16"):
+            if threads and not name.startswith("swiglu"):
+                continue
             ms = timed(stream, call, args.reps)
             rec = {"kernel": name, "precision": precision, "N": N, "D": D, "F": F, "ms": ms,
                    "mbytes": nbytes / 1e6, "tb_per_s": nbytes / ms / 1e9}  # fmt: skip
+            if name.startswith("swiglu") and precision == "bf16":
+                rec["block"] = min(swiglu.BF16_THREADS, THREADS)
             rows.append(rec)
             print(json.dumps(rec), flush=True)
     if args.out:

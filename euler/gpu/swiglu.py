@@ -21,6 +21,12 @@ from euler.gpu.vector import aligned4, aligned8_bf16, load4, load8_bf16, store4,
 from euler.layer_math import bf16_round, bf16_widen, swiglu_backward_scalar, swiglu_forward_scalar
 from euler.precision import is_bf16
 
+# threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, and rows
+# of F = 2048 in 4 steps of 64 threads ran fastest on the H200 at (16384, 2048): forward
+# 0.060 ms at 64 threads, 0.063 at 128, 0.079 at 256 (one step a row); the backward 0.086,
+# 0.089, 0.104 (bench/labs/bf16_memory_kernels_gpu.py, bench/results/bf16-memory-kernels-*)
+BF16_THREADS = 64
+
 
 @cuda.jit
 def swiglu_forward_kernel(h, gu):
@@ -94,7 +100,8 @@ def swiglu_forward(h, gu, stream=0, threads: int = THREADS) -> None:
     if is_bf16(h):
         if F % 8 == 0 and aligned8_bf16(h, gu):
             flat = h.reshape(h.size), gu.reshape(gu.size)
-            swiglu_forward_vec_bf16_kernel[grid_for(N, 1), threads, stream](*flat, F)
+            block = min(threads, BF16_THREADS)
+            swiglu_forward_vec_bf16_kernel[grid_for(N, 1), block, stream](*flat, F)
         else:
             swiglu_forward_bf16_kernel[grid_for(N, 1), threads, stream](h, gu)
         return
@@ -187,7 +194,8 @@ def swiglu_backward(dgu, dh, gu, stream=0, threads: int = THREADS) -> None:
     if is_bf16(dgu):
         if F % 8 == 0 and aligned8_bf16(dgu, dh, gu):
             flat = dgu.reshape(dgu.size), dh.reshape(dh.size), gu.reshape(gu.size)
-            swiglu_backward_vec_bf16_kernel[grid_for(N, 1), threads, stream](*flat, F)
+            block = min(threads, BF16_THREADS)
+            swiglu_backward_vec_bf16_kernel[grid_for(N, 1), block, stream](*flat, F)
         else:
             swiglu_backward_bf16_kernel[grid_for(N, 1), threads, stream](dgu, dh, gu)
         return
