@@ -325,11 +325,9 @@ def _check_text(text: str, what: str) -> str:
 def chat_precision(device: str, precision: str | None) -> str:
     """The precision `euler chat` decodes in: tf32 on cuda and fp32 on cpu by default; the
     CPU's KV-cache decoder only in fp32. EulerError naming the flag otherwise."""
-    from euler.precision import check_precision
+    from euler.precision import resolve_precision
 
-    if precision is None:
-        return "tf32" if device == "cuda" else "fp32"
-    check_precision(precision)
+    precision = resolve_precision(device, precision)
     if device == "cpu" and precision != "fp32":
         raise EulerError(
             f"--precision {precision}: the cpu decoder (a KV cache) decodes in fp32; "

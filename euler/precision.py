@@ -24,6 +24,7 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 BF16 = np.dtype(np.uint16)  # the storage dtype of a bf16 tensor: its bits
 QUIET_NAN = 0x7FC0  # what every NaN rounds to
 BF16_MIN_CAPABILITY = (8, 0)  # bf16 tensor-core products and conversions: Ampere and later
+BF16_GPU_T_MULTIPLE = 64  # the GPU's bf16 attention backward takes whole 64-row tiles
 
 # name (an Activations buffer, or a parameter copy), why it is bf16
 BF16_TENSORS: tuple[tuple[str, str], ...] = (
@@ -75,6 +76,19 @@ def check_precision(precision: str, flag: str = "--precision") -> str:
     return precision
 
 
+def resolve_precision(device: str, precision: str | None) -> str:
+    """The precision a run on device computes in: None is tf32 on cuda, fp32 on cpu; an
+    unknown one, or tf32 on the CPU, an EulerError naming --precision."""
+    if precision is None:
+        return "tf32" if device == "cuda" else "fp32"
+    check_precision(precision)
+    if precision == "tf32" and device == "cpu":
+        raise EulerError(
+            "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
+        )
+    return precision
+
+
 def storage_dtype(precision: str, name: str, dtype=np.float32) -> np.dtype:
     """The dtype of buffer `name` under precision: BF16 where bf16 stores it, else dtype."""
     return BF16 if precision == "bf16" and name in BF16_NAMES else np.dtype(dtype)
@@ -106,6 +120,17 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 def as_float32(a: np.ndarray) -> np.ndarray:
     """A host array as float32 values: bf16 bits widened, anything else cast."""
     return from_bf16(a) if is_bf16(a) else np.asarray(a, dtype=np.float32)
+
+
+def check_bf16_sequence(device: str, precision: str, T: int, flag: str = "--seq-len") -> None:
+    """EulerError naming the flag where a bf16 GPU run's sequence length T is not a multiple
+    of BF16_GPU_T_MULTIPLE (training needs attention's backward)."""
+    if device == "cuda" and precision == "bf16" and T % BF16_GPU_T_MULTIPLE:
+        raise EulerError(
+            f"{flag} {T}: bf16 training on cuda takes sequences of a multiple of "
+            f"{BF16_GPU_T_MULTIPLE} tokens (attention's backward tiles); give one, or "
+            "--precision tf32"
+        )
 
 
 def check_bf16_capability(capability: Sequence[int], name: str = "this GPU") -> None:

@@ -100,3 +100,15 @@ def test_the_table_names_every_activation_and_the_docs_show_it():
 def test_unknown_precision_lists_the_choices():
     with pytest.raises(EulerError, match=r"--precision: 'fp16' is not one of fp32, tf32, bf16"):
         check_precision("fp16")
+
+
+def test_bf16_gpu_training_needs_whole_attention_tiles():
+    """The GPU's bf16 attention backward takes T in whole 64-row tiles: a bf16 cuda run of
+    another length is refused naming the flag (the trainer and bench ask before any step)."""
+    from euler.precision import check_bf16_sequence
+
+    with pytest.raises(EulerError, match=r"--seq-len 100: .* multiple of 64 .*--precision tf32"):
+        check_bf16_sequence("cuda", "bf16", 100)
+    check_bf16_sequence("cuda", "bf16", 512)
+    check_bf16_sequence("cpu", "bf16", 100)  # the emulation takes any length
+    check_bf16_sequence("cuda", "tf32", 100)

@@ -39,7 +39,7 @@ from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
-from euler.precision import check_precision, to_bf16
+from euler.precision import check_bf16_sequence, resolve_precision, to_bf16
 from euler.schema import check_number
 from euler.training import step_graph
 from euler.training.optim import AdamW
@@ -68,17 +68,13 @@ class BenchOptions:
     def __post_init__(self) -> None:
         # frozen: the resolved default is set once, here, so that the JSON's options hold it
         if self.precision is None:
-            object.__setattr__(self, "precision", "tf32" if self.device == "cuda" else "fp32")
+            object.__setattr__(self, "precision", resolve_precision(self.device, None))
 
     def resolve(self) -> tuple[ModelConfig, int, int]:
         """(config, B, T), or EulerError naming the bad flag."""
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device: expected cpu or cuda, got {self.device!r}")
-        check_precision(self.precision)
-        if self.precision == "tf32" and self.device == "cpu":  # TrainConfig's words
-            raise EulerError(
-                "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
-            )
+        resolve_precision(self.device, self.precision)
         cfg = get_preset(self.preset)
         B0, T0 = DEFAULT_SHAPES.get(self.preset, (8, cfg.context))
         B = B0 if self.batch is None else self.batch
@@ -96,6 +92,7 @@ class BenchOptions:
             raise EulerError(
                 f"--seq {T} exceeds the {self.preset} preset's context ({cfg.context})"
             )
+        check_bf16_sequence(self.device, self.precision, T, "--seq")
         return cfg, B, T
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from euler.errors import EulerError
 from euler.model.config import get_preset
-from euler.precision import check_precision
+from euler.precision import resolve_precision
 from euler.schema import Fields, check_number, dataclass_values
 
 TRAIN_CONFIG_VERSION = 2  # 2: `precision` replaced version 1's `tf32`
@@ -113,13 +113,8 @@ class TrainConfig:
             raise EulerError(f"kind must be 'pretrain' or 'sft', got {self.kind!r}")
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.precision is None:  # frozen: the resolved default is set once, here
-            object.__setattr__(self, "precision", "tf32" if self.device == "cuda" else "fp32")
-        check_precision(self.precision)
-        if self.precision == "tf32" and self.device == "cpu":
-            raise EulerError(
-                "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
-            )
+        # frozen: the resolved default is set once, here
+        object.__setattr__(self, "precision", resolve_precision(self.device, self.precision))
         if self.exact_attention and self.precision == "bf16":
             raise EulerError(
                 "--exact-attention: bf16 attention runs on tensor cores; it applies to "

@@ -57,6 +57,7 @@ from euler.backend import Backend, make_backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, arena_bytes
+from euler.precision import check_bf16_sequence
 from euler.training import checkpoint, distributed, run_folder, step_graph
 from euler.training.batches import Batches
 from euler.training.config import TrainConfig, lr_at
@@ -269,6 +270,7 @@ def _set_up(
     with distributed.rank0_first(comm):  # rank 0 alone builds a missing default corpus
         data = Batches(tc, cfg, log=log)
     cfg = _fit_to_tokenizer(tc, cfg, init, data, log)
+    check_bf16_sequence(tc.device, tc.precision, data.T)
     model = Model(cfg, backend, seed=tc.seed, precision=tc.precision)
     opt = AdamW(model, AdamWConfig(tc.beta1, tc.beta2, 1e-8, tc.weight_decay, tc.grad_clip))
     check_device_memory(backend, cfg, tc.batch_size, data.T, tc.precision)
