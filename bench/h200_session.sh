@@ -12,6 +12,7 @@
 #     bash bench/h200_session.sh curves     # TF32 and exact-attention runs side by side, 9 min
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 #     bash bench/h200_session.sh defaults   # gpu tests, then euler bench --no-peer (~5 min)
+#     bash bench/h200_session.sh bf16       # the bf16 gpu tests, then euler bench in bf16 (~8 min)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished.
 set -u
@@ -112,8 +113,16 @@ defaults)
     timeout 150 python3 -m euler.cli bench --device cuda --preset gpu --steps 10 --no-peer \
         --json "$OUT/bench.json" 2>&1 | tail -20 | tee -a "$OUT/log.txt"
     ;;
+bf16)
+    log "bf16 gpu tests: each layer against the CPU emulation, 20 steps, attention vs float64"
+    timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_bf16.py \
+        tests/test_gpu_tc.py 2>&1 | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    log "euler bench --precision bf16 (ours, ours_cuda_graph, torch autocast eager, compiled)"
+    timeout 300 python3 -m euler.cli bench --device cuda --preset gpu --precision bf16 \
+        --steps 10 --json "$OUT/bench-bf16.json" 2>&1 | tail -60 | tee -a "$OUT/log.txt"
+    ;;
 *)
-    echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults" >&2
+    echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16" >&2
     exit 2
     ;;
 esac
