@@ -308,6 +308,29 @@ else:
     def test_layer_scalar_paths(check, gpu) -> None:
         check(CpuBackend(), gpu, np.random.default_rng(1), SCALAR_SIZES)
 
+    def test_bf16_launchers_refuse_other_dtypes() -> None:
+        """A bf16 output beside an input of a dtype the model never passes is refused before
+        any launch, naming the argument (a kernel would read its bytes as bf16 or float32)."""
+        from euler.gpu import embedding, rmsnorm, swiglu, transpose
+
+        u, f = (lambda *s, t=t: np.zeros(s, t) for t in (np.uint16, np.float32))
+        tokens = np.zeros(4, np.int32)
+        calls = [
+            ("rmsnorm_forward: x is uint16", rmsnorm.rmsnorm_forward, u(4, 8), f(4), u(4, 8),
+             f(8), 1e-5),
+            ("rmsnorm_backward: dres is float32", rmsnorm.rmsnorm_backward, u(4, 8), f(8),
+             f(4, 8), f(4, 8), f(4, 8), f(8), f(4), True, f(3, 8)),
+            ("swiglu_forward: gu is float32", swiglu.swiglu_forward, u(4, 8), f(4, 16)),
+            ("swiglu_backward: dh is float32", swiglu.swiglu_backward, u(4, 16), f(4, 8),
+             u(4, 16)),
+            ("embedding_backward: dwte is uint16", embedding.embedding_backward, u(5, 8),
+             u(4, 8), tokens, False),
+            ("transpose: dst is float32", transpose.transpose, f(8, 4), u(4, 8)),
+        ]  # fmt: skip
+        for message, launcher, *args in calls:
+            with pytest.raises(ValueError, match=message):
+                launcher(*args)
+
     def test_rmsnorm_bf16_scalar_path(gpu) -> None:
         """check_rmsnorm_bf16 at a D of 4-element pieces but not 8: the element-by-element
         bf16 kernels (bf16_checks' swiglu and embedding checks take both paths themselves)."""

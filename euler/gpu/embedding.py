@@ -12,11 +12,12 @@ red.global.add.v4.f32 (vector.py), one atomic request for 4 elements.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda
 
 from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, fill, grid_for
-from euler.gpu.vector import aligned4, aligned8_bf16, atomic_add4_flat, load8_bf16
+from euler.gpu.vector import aligned4, aligned8_bf16, atomic_add4_flat, check_dtypes, load8_bf16
 from euler.layer_math import bf16_widen
 from euler.precision import is_bf16
 
@@ -84,9 +85,12 @@ def embedding_backward(dwte, dx, tokens, accumulate, stream=0, threads: int = TH
     dwte float32; dx float32 or bf16."""
     N, D = dx.shape
     check_shapes("embedding_backward", tokens=(tokens, (N,)), dwte=(dwte, (dwte.shape[0], D)))
+    bf16 = is_bf16(dx)
+    if bf16:
+        check_dtypes("embedding_backward", np.float32, dwte=dwte)
     if not accumulate:
         fill(dwte, 0, stream, threads)
-    if not is_bf16(dx):
+    if not bf16:
         embedding_backward_kernel[grid_for(N * D, threads), threads, stream](dwte, dx, tokens)
     elif D % 8 == 0 and aligned8_bf16(dx) and aligned4(dwte):
         grid = grid_for(N * D // 8, threads)

@@ -26,7 +26,15 @@ from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
-from euler.gpu.vector import aligned4, aligned8_bf16, load4, load8_bf16, store4, store8_bf16
+from euler.gpu.vector import (
+    aligned4,
+    aligned8_bf16,
+    check_dtypes,
+    load4,
+    load8_bf16,
+    store4,
+    store8_bf16,
+)
 from euler.layer_math import (
     bf16_round,
     bf16_widen,
@@ -35,7 +43,7 @@ from euler.layer_math import (
     rmsnorm_backward_element,
     rmsnorm_forward_element,
 )
-from euler.precision import is_bf16
+from euler.precision import BF16, is_bf16
 
 WARPS = 8  # rows in flight per block
 # backward blocks: 2 per H200 multiprocessor, 16 rows in flight on each, whose dy and x rows
@@ -176,6 +184,7 @@ def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
     grid = max(1, min((N + warps - 1) // warps, 65535))
     eps = x.dtype.type(eps)
     if is_bf16(y):
+        check_dtypes("rmsnorm_forward", np.float32, rstd=rstd, x=x, w=w)
         if D % 8 == 0 and aligned8_bf16(y) and aligned4(x, w):
             flat = y.reshape(y.size), rstd, x.reshape(x.size), w
             rmsnorm_forward_vec_bf16_kernel[grid, warps * WARP, stream](*flat, eps, D)
@@ -427,6 +436,9 @@ def rmsnorm_backward(
         raise ValueError(f"rmsnorm_backward: hidden size {D} too large for {warps} warps")
     C = partial.shape[0]
     if is_bf16(dx):
+        check_dtypes("rmsnorm_backward", BF16, dres=dres)
+        check_dtypes("rmsnorm_backward", np.float32, dw=dw, dy=dy, x=x, w=w, rstd=rstd,
+                     partial=partial)  # fmt: skip
         if D % 8 == 0 and aligned8_bf16(dx, dres) and aligned4(dy, x, w):
             flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
             rmsnorm_backward_vec_bf16_kernel[C, warps * WARP, stream, nbytes](

@@ -17,9 +17,17 @@ from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.memory import THREADS, grid_for
-from euler.gpu.vector import aligned4, aligned8_bf16, load4, load8_bf16, store4, store8_bf16
+from euler.gpu.vector import (
+    aligned4,
+    aligned8_bf16,
+    check_dtypes,
+    load4,
+    load8_bf16,
+    store4,
+    store8_bf16,
+)
 from euler.layer_math import bf16_round, bf16_widen, swiglu_backward_scalar, swiglu_forward_scalar
-from euler.precision import is_bf16
+from euler.precision import BF16, is_bf16
 
 # threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, and rows
 # of F = 2048 in 4 steps of 64 threads ran fastest on the H200 at (16384, 2048): forward
@@ -98,6 +106,7 @@ def swiglu_forward(h, gu, stream=0, threads: int = THREADS) -> None:
     N, F = h.shape
     check_shapes("swiglu_forward", gu=(gu, (N, 2 * F)))
     if is_bf16(h):
+        check_dtypes("swiglu_forward", BF16, gu=gu)
         if F % 8 == 0 and aligned8_bf16(h, gu):
             flat = h.reshape(h.size), gu.reshape(gu.size)
             block = min(threads, BF16_THREADS)
@@ -192,6 +201,7 @@ def swiglu_backward(dgu, dh, gu, stream=0, threads: int = THREADS) -> None:
     N, F = dh.shape
     check_shapes("swiglu_backward", gu=(gu, (N, 2 * F)), dgu=(dgu, (N, 2 * F)))
     if is_bf16(dgu):
+        check_dtypes("swiglu_backward", BF16, dh=dh, gu=gu)
         if F % 8 == 0 and aligned8_bf16(dgu, dh, gu):
             flat = dgu.reshape(dgu.size), dh.reshape(dh.size), gu.reshape(gu.size)
             block = min(threads, BF16_THREADS)

@@ -25,8 +25,16 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from euler.backend import check_shapes
-from euler.gpu.vector import aligned4, aligned8_bf16, load4, load4_u32, store4, store4_u32
-from euler.precision import is_bf16
+from euler.gpu.vector import (
+    aligned4,
+    aligned8_bf16,
+    check_dtypes,
+    load4,
+    load4_u32,
+    store4,
+    store4_u32,
+)
+from euler.precision import BF16, is_bf16
 
 TILE, SIDE = 64, 16  # a block moves one TILE x TILE tile with SIDE x SIDE threads
 PADDED = TILE + 1
@@ -121,6 +129,7 @@ def transpose(dst, src, stream=0) -> None:
     grid = ((C + TILE - 1) // TILE, (R + TILE - 1) // TILE)
     flat_dst, flat_src = dst.reshape(dst.size), src.reshape(src.size)
     if is_bf16(src):
+        check_dtypes("transpose", BF16, dst=dst)
         vec = aligned8_bf16(dst, src) and R % 8 == 0 and C % 8 == 0
         transpose_bf16_kernel[grid, (SIDE, SIDE), stream](flat_dst, flat_src, R, C, vec)
         return

@@ -79,6 +79,15 @@ def aligned4(*arrays) -> bool:
     return True
 
 
+def check_dtypes(where: str, dtype, **arrays) -> None:
+    """ValueError naming `where` and the first of arrays (name=array) whose dtype is not
+    dtype: a bf16 kernel would read its bytes as another type's."""
+    want = "uint16 (bf16 bits)" if np.dtype(dtype) == np.uint16 else np.dtype(dtype).name
+    for name, a in arrays.items():
+        if a.dtype != dtype:
+            raise ValueError(f"{where}: {name} is {a.dtype}; {want} expected")
+
+
 def aligned8_bf16(*arrays) -> bool:
     """Whether every array is bf16 (uint16 bits), C-contiguous, of a size divisible by 8 and
     starts on 16 bytes: the condition for the load8_bf16/store8_bf16 kernels (device or host
