@@ -16,7 +16,9 @@ Under bf16 (euler.precision) the forward's y and the backward's dres and dx are 
 (uint16 bits); x, w, rstd, dy and dw stay float32, and the arithmetic is float32 through the
 same layer_math helpers, each bf16 value widened where read and rounded once where stored.
 Their 16-byte kernels (D % 8 == 0) move 8 columns a lane and step, so that a bf16 row moves
-16 bytes an access too: two float32 loads (x, w, dy) beside one bf16 load or store.
+16 bytes an access too: two float32 loads (x, w, dy) beside one bf16 load or store. On the
+H200 at (16384, 768): forward 0.026 ms against float32's 0.034, backward 0.069 against 0.079
+(bench/labs/bf16_memory_kernels_gpu.py).
 """
 
 from __future__ import annotations
