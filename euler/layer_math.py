@@ -133,7 +133,9 @@ def bf16_round(x):
         return np.uint16(0x7FC0)
     u = np.uint32(_bits_from_f32(np.float32(x)))
     half = np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
-    return np.uint16((u + half) >> np.uint32(16))
+    # Numba widens uint32 sums to 64 bits; below NaN's bit patterns u + half < 2^32, so
+    # narrowing the sum first is exact and keeps the add and shift 32-bit
+    return np.uint16(np.uint32(u + half) >> np.uint32(16))
 
 
 @register_jitable
