@@ -32,10 +32,10 @@ from euler.cpu import (
     swiglu,
 )
 from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
+from euler.cpu.bf16 import narrow_into, widen
 from euler.cpu.blas import SplitMatmul
 from euler.errors import EulerError
 from euler.layer_math import clip_scale
-from euler.cpu.bf16 import narrow_into, widen
 from euler.precision import is_bf16
 
 
