@@ -44,7 +44,13 @@ class AdamW:
         """
         m = self.model
         return m.be.adamw_step(
-            m.params, m.grads, self.m, self.v, self.hp, self._hyper, m.layout.n_decay,
+            m.params,
+            m.grads,
+            self.m,
+            self.v,
+            self.hp,
+            self._hyper,
+            m.layout.n_decay,
             lowp=m.params_lp,
         )
 
