@@ -117,6 +117,12 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return from_bf16(to_bf16(x))
 
 
+def host_values(a: np.ndarray) -> np.ndarray:
+    """The values of a host array: bf16 bits widened to float32, any other dtype as it is
+    (a float64 model's stays float64)."""
+    return from_bf16(a) if is_bf16(a) else a
+
+
 def as_float32(a: np.ndarray) -> np.ndarray:
     """A host array as float32 values: bf16 bits widened, anything else cast."""
     return from_bf16(a) if is_bf16(a) else np.asarray(a, dtype=np.float32)

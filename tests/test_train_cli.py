@@ -229,6 +229,8 @@ def _other_value(f, value):
         return "cuda"
     if f.name == "preset":
         return "tiny"
+    if f.name == "precision":  # not bf16: --exact-attention is given too
+        return "fp32"
     if f.type in ("str", "str | None"):
         return "some/folder"
     return value / 2 if isinstance(value, float) else value + 3

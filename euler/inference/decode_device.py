@@ -23,7 +23,7 @@ from euler.inference.generate import Decoder, check_feed
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import Model
-from euler.precision import as_float32, round_bf16
+from euler.precision import host_values, round_bf16
 
 
 class RecomputeDecoder:
@@ -51,7 +51,7 @@ class RecomputeDecoder:
         self.tokens[0, pos0 : pos0 + n] = tokens
         self.tokens[0, pos0 + n :] = 0
         self.model.forward(self.tokens)
-        xf = as_float32(self.model.be.to_host(self.model.acts.xf))
+        xf = host_values(self.model.be.to_host(self.model.acts.xf))
         self.length = pos0 + n
         return np.ascontiguousarray(xf[0, pos0 : pos0 + n])
 

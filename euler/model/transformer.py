@@ -21,7 +21,7 @@ import numpy as np
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, init_params
-from euler.precision import as_float32, check_precision, storage_dtype, to_bf16
+from euler.precision import check_precision, host_values, storage_dtype, to_bf16
 
 
 def rope_tables(cfg: ModelConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -317,7 +317,7 @@ class Model:
         """Logits (B, T, V) of head k for the last forward's input, as a host array."""
         a = self.acts
         self.be.matmul(a.logits, _2d(a.xf), self.w["mtp_heads"][k], trans_b=True)
-        return as_float32(self.be.to_host(a.logits)).reshape(a.B, a.T, -1).copy()
+        return host_values(self.be.to_host(a.logits)).reshape(a.B, a.T, -1).copy()
 
     # ------------------------------------------------------------------ backward
     def backward(self) -> None:
