@@ -7,7 +7,8 @@ Variants of each direction, as one-element-per-thread kernels:
   kept as uint16 bits through bfloat16_as_uint16 / uint16_as_bfloat16;
 - shifts: the bits of the float32 as uint32, rounded to nearest even by an add of 0x7FFF
   plus the lowest kept bit, then shifted; NaN kept a quiet NaN (the add would carry a NaN
-  with a small payload into infinity); widening is a shift left by 16.
+  with a small payload into infinity); widening is a shift left by 16;
+- package: the shifts as the package writes them (euler.layer_math.bf16_round).
 
 For each: PTX instructions of the kernel body, calls, and local-memory use (cvta.local:
 a call's arguments passed through the stack). The shift variant's rounding is checked on
@@ -41,6 +42,8 @@ def kernels() -> dict[str, tuple[object, tuple]]:
     """name -> (Python kernel, argument types)."""
     from numba.cuda import bf16, libdevice
 
+    from euler.layer_math import bf16_round
+
     def narrow_intrinsics(out, x):
         i = cuda.grid(1)
         if i < x.size:
@@ -52,6 +55,11 @@ def kernels() -> dict[str, tuple[object, tuple]]:
             u = np.uint32(libdevice.float_as_int(x[i]))
             r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
             out[i] = np.uint16(QUIET_NAN) if x[i] != x[i] else np.uint16(r)
+
+    def narrow_package(out, x):  # what the package's kernels call: layer_math.bf16_round
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = bf16_round(x[i])
 
     def widen_intrinsics(out, b):
         i = cuda.grid(1)
@@ -68,6 +76,7 @@ def kernels() -> dict[str, tuple[object, tuple]]:
     return {
         "narrow_intrinsics": (narrow_intrinsics, to16),
         "narrow_shifts": (narrow_shifts, to16),
+        "narrow_package": (narrow_package, to16),
         "widen_intrinsics": (widen_intrinsics, to32),
         "widen_shifts": (widen_shifts, to32),
     }
