@@ -17,9 +17,9 @@ import numpy as np
 from numba import cuda
 
 from euler.backend import check_shapes
+from euler.gpu.bf16 import widen
 from euler.gpu.memory import THREADS, fill, grid_for
 from euler.gpu.vector import aligned4, aligned8_bf16, atomic_add4_flat, check_dtypes, load8_bf16
-from euler.layer_math import bf16_widen
 from euler.precision import is_bf16
 
 
@@ -44,31 +44,19 @@ def embedding_forward(x, tokens, wte, stream=0, threads: int = THREADS) -> None:
 
 @cuda.jit
 def embedding_backward_kernel(dwte, dx, tokens):
-    """dwte (V, D) += scatter of dx (N, D) by tokens (N,), with atomic adds."""
+    """dwte (V, D) += scatter of dx (N, D) (float32 or bf16) by tokens (N,), with atomic adds."""
     N, D = dx.shape
     i = cuda.grid(1)
     while i < N * D:
         n = i // D
         d = i - n * D
-        cuda.atomic.add(dwte, (tokens[n], d), dx[n, d])
-        i += cuda.gridsize(1)
-
-
-@cuda.jit
-def embedding_backward_bf16_kernel(dwte, dx, tokens):
-    """embedding_backward_kernel with dx (N, D) bf16, widened where read."""
-    N, D = dx.shape
-    i = cuda.grid(1)
-    while i < N * D:
-        n = i // D
-        d = i - n * D
-        cuda.atomic.add(dwte, (tokens[n], d), bf16_widen(dx[n, d]))
+        cuda.atomic.add(dwte, (tokens[n], d), widen(dx[n, d]))
         i += cuda.gridsize(1)
 
 
 @cuda.jit
 def embedding_backward_vec_bf16_kernel(dwte, dx, tokens, D):
-    """embedding_backward_bf16_kernel on flat dx (N D,) and dwte as (1, V, D): a thread per 8
+    """embedding_backward_kernel on bf16 flat dx (N D,) and dwte as (1, V, D): a thread per 8
     columns (one 16-byte load, two 4-element atomic adds; D % 8 == 0), grid-stride."""
     i = 8 * cuda.grid(1)
     while i < dx.shape[0]:
@@ -91,12 +79,10 @@ def embedding_backward(dwte, dx, tokens, accumulate, stream=0, threads: int = TH
         check_dtypes("embedding_backward", np.float32, dwte=dwte)
     if not accumulate:
         fill(dwte, 0, stream, threads)
-    if not bf16:
-        embedding_backward_kernel[grid_for(N * D, threads), threads, stream](dwte, dx, tokens)
-    elif D % 8 == 0 and aligned8_bf16(dx) and aligned4(dwte):
+    if bf16 and D % 8 == 0 and aligned8_bf16(dx) and aligned4(dwte):
         grid = grid_for(N * D // 8, threads)
         wide = dwte.reshape(1, *dwte.shape)  # atomic_add4_flat's 3-d float32 array
         embedding_backward_vec_bf16_kernel[grid, threads, stream](wide, dx.reshape(dx.size),
                                                                   tokens, D)  # fmt: skip
     else:
-        embedding_backward_bf16_kernel[grid_for(N * D, threads), threads, stream](dwte, dx, tokens)
+        embedding_backward_kernel[grid_for(N * D, threads), threads, stream](dwte, dx, tokens)

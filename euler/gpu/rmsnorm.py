@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda, float32
 
 from euler.backend import check_shapes
+from euler.gpu.bf16 import stored, widen
 from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
 from euler.gpu.vector import (
     aligned4,
@@ -38,8 +39,6 @@ from euler.gpu.vector import (
     store8_bf16,
 )
 from euler.layer_math import (
-    bf16_round,
-    bf16_widen,
     rms_rstd,
     rmsnorm_backward_coefficient,
     rmsnorm_backward_element,
@@ -63,7 +62,8 @@ def block_warps(threads: int = 0) -> int:
 
 @cuda.jit
 def rmsnorm_forward_kernel(y, rstd, x, w, eps):
-    """y (N, D) = x / rms(x) * w (D,), rstd (N,); one warp per row, rows strided over the grid."""
+    """y (N, D) = x / rms(x) * w (D,), rstd (N,); one warp per row, rows strided over the grid.
+    y float32 or bf16 (bf16.stored)."""
     N, D = x.shape
     T = x.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
@@ -80,7 +80,7 @@ def rmsnorm_forward_kernel(y, rstd, x, w, eps):
         if n < N:
             r = rms_rstd(s, D, eps, T)
             for d in range(lane, D, WARP):
-                y[n, d] = rmsnorm_forward_element(x[n, d], r, w[d])
+                y[n, d] = stored(y, rmsnorm_forward_element(x[n, d], r, w[d]))
             if lane == 0:
                 rstd[n] = r
 
@@ -112,29 +112,6 @@ def rmsnorm_forward_vec_kernel(y, rstd, x, w, eps, D):
                     rmsnorm_forward_element(x0, r, w0), rmsnorm_forward_element(x1, r, w1),
                     rmsnorm_forward_element(x2, r, w2), rmsnorm_forward_element(x3, r, w3),
                 )  # fmt: skip
-            if lane == 0:
-                rstd[n] = r
-
-
-@cuda.jit
-def rmsnorm_forward_bf16_kernel(y, rstd, x, w, eps):
-    """rmsnorm_forward_kernel with y (N, D) bf16: each value rounded once where stored."""
-    N, D = x.shape
-    T = x.dtype.type
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    lane = cuda.threadIdx.x % WARP
-    warps = cuda.gridDim.x * (cuda.blockDim.x // WARP)
-    n0 = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
-    for n in range(n0, n0 + (N + warps - 1) // warps * warps, warps):
-        s = T(0.0)
-        if n < N:
-            for d in range(lane, D, WARP):
-                s += x[n, d] * x[n, d]
-        s = warp_sum_all(s, buf, T(0.0))
-        if n < N:
-            r = rms_rstd(s, D, eps, T)
-            for d in range(lane, D, WARP):
-                y[n, d] = bf16_round(rmsnorm_forward_element(x[n, d], r, w[d]))
             if lane == 0:
                 rstd[n] = r
 
@@ -191,7 +168,7 @@ def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
             flat = y.reshape(y.size), rstd, x.reshape(x.size), w
             rmsnorm_forward_vec_bf16_kernel[grid, warps * WARP, stream](*flat, eps, D)
         else:
-            rmsnorm_forward_bf16_kernel[grid, warps * WARP, stream](y, rstd, x, w, eps)
+            rmsnorm_forward_kernel[grid, warps * WARP, stream](y, rstd, x, w, eps)
         return
     if D % 4 == 0 and aligned4(y, x, w):
         flat = y.reshape(y.size), rstd, x.reshape(x.size), w
@@ -223,7 +200,8 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
     """dx (N, D) = dres + J^T dy; partial (C, D) = sum over block c's rows of dy x rstd.
 
     Block c owns rows [c N / C, (c + 1) N / C); its warp q takes every W-th of them and
-    sums dw in acc[q D : (q + 1) D] (dynamic shared memory, W D floats). dx may alias dres.
+    sums dw in acc[q D : (q + 1) D] (dynamic shared memory, W D floats). dx may alias dres;
+    both float32 or both bf16 (bf16.widen, bf16.stored).
     """
     N, D = x.shape
     C = partial.shape[0]
@@ -246,9 +224,10 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
             r = rstd[n]
             k = rmsnorm_backward_coefficient(dot, r, D, T)
             for d in range(lane, D, WARP):
-                dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], dres[n, d], r, k)
+                e = widen(dres[n, d])
+                dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], e, r, k)
                 acc[q * D + d] += dwd
-                dx[n, d] = dxd
+                dx[n, d] = stored(dx, dxd)
     _sum_warp_rows(partial, acc, c, W, D, T)
 
 
@@ -294,38 +273,6 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
                 acc[a + 2] += a2
                 acc[a + 3] += a3
                 store4(dx, n * D + d, e0, e1, e2, e3)
-    _sum_warp_rows(partial, acc, c, W, D, T)
-
-
-@cuda.jit
-def rmsnorm_backward_bf16_kernel(dx, partial, dy, dres, x, w, rstd):
-    """rmsnorm_backward_kernel with dres and dx (N, D) bf16 (dx may alias dres): dres widened
-    where read, dx rounded once where stored."""
-    N, D = x.shape
-    C = partial.shape[0]
-    T = x.dtype.type
-    W = cuda.blockDim.x // WARP
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    acc = cuda.shared.array(0, float32)
-    tid = cuda.threadIdx.x
-    lane, q = tid % WARP, tid // WARP
-    c = cuda.blockIdx.x
-    _zero_warp_row(acc, q, D, lane, T)
-    r0, r1 = c * N // C, (c + 1) * N // C
-    for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
-        dot = T(0.0)
-        if n < r1:
-            for d in range(lane, D, WARP):
-                dot += dy[n, d] * w[d] * x[n, d]
-        dot = warp_sum_all(dot, buf, T(0.0))
-        if n < r1:
-            r = rstd[n]
-            k = rmsnorm_backward_coefficient(dot, r, D, T)
-            for d in range(lane, D, WARP):
-                e = bf16_widen(dres[n, d])
-                dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], e, r, k)
-                acc[q * D + d] += dwd
-                dx[n, d] = bf16_round(dxd)
     _sum_warp_rows(partial, acc, c, W, D, T)
 
 
@@ -447,7 +394,7 @@ def rmsnorm_backward(
                 flat[0], partial, flat[1], flat[2], flat[3], w, rstd, D
             )
         else:
-            rmsnorm_backward_bf16_kernel[C, warps * WARP, stream, nbytes](
+            rmsnorm_backward_kernel[C, warps * WARP, stream, nbytes](
                 dx, partial, dy, dres, x, w, rstd
             )
     elif D % 4 == 0 and aligned4(dx, dy, dres, x, w):

@@ -24,9 +24,10 @@ from numba import cuda, types
 from numba.extending import overload
 
 from euler.backend import check_shapes
+from euler.gpu.bf16 import widen
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import aligned4, aligned8_bf16, load4, load8_bf16, store4, store8_bf16
-from euler.layer_math import bf16_round, bf16_widen, rope_rotate
+from euler.layer_math import bf16_round, rope_rotate
 from euler.precision import is_bf16
 
 
@@ -105,18 +106,6 @@ def rope_rows_kernel(qkv, cos, sin, C, Tn, half, pos0, sign):
 # a bf16 out): these read either as float32, chosen by the array's type when compiled.
 
 
-def _widen(x):
-    """x as float32: bf16 bits widened (the simulator runs this)."""
-    return bf16_widen(x) if isinstance(x, np.uint16) else x
-
-
-@overload(_widen, target="cuda")
-def _widen_overload(x):
-    if x == types.uint16:
-        return lambda x: bf16_widen(x)
-    return lambda x: x
-
-
 def _load8(ary, k):
     """ary[k : k + 8] of a flat array as 8 float32: one 16-byte load of bf16, two of
     float32 (the simulator runs this)."""
@@ -148,7 +137,7 @@ def rope_bf16_kernel(dst, src, cos, sin, n_rot, n_heads, pos0, sign):
             c, s = cos[pos0 + t, i], sign * sin[pos0 + t, i]
             for h in range(cuda.threadIdx.y, n_heads, cuda.blockDim.y):
                 k = h * E + i
-                x1, x2 = _widen(src[b, t, k]), _widen(src[b, t, k + half])
+                x1, x2 = widen(src[b, t, k]), widen(src[b, t, k + half])
                 if h < n_rot:
                     x1, x2 = rope_rotate(x1, x2, c, s)
                 dst[b, t, k] = bf16_round(x1)
