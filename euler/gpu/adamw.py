@@ -96,6 +96,27 @@ def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_dec
         i += cuda.gridsize(1)
 
 
+@cuda.jit(device=True)
+def _adamw4(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T):
+    """The step on parameters i .. i + 3 (16-byte accesses); returns the 4 new parameters."""
+    p0, p1, p2, p3 = load4(params, i)
+    g0, g1, g2, g3 = load4(grads, i)
+    m0, m1, m2, m3 = load4(m, i)
+    v0, v1, v2, v3 = load4(v, i)
+    p0, m0, v0 = _adamw_at(i, p0, g0, m0, v0, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p1, m1, v1 = _adamw_at(i + 1, p1, g1, m1, v1, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p2, m2, v2 = _adamw_at(i + 2, p2, g2, m2, v2, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    p3, m3, v3 = _adamw_at(i + 3, p3, g3, m3, v3, gs, lr, beta1, beta2, eps,
+                           wd, n_decay, bc1, bc2, T)  # fmt: skip
+    store4(params, i, p0, p1, p2, p3)
+    store4(m, i, m0, m1, m2, m3)
+    store4(v, i, v0, v1, v2, v3)
+    return p0, p1, p2, p3
+
+
 @cuda.jit
 def adamw_vec_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_decay):
     """adamw_kernel with 4 parameters per thread and step (16-byte accesses; P % 4 == 0)."""
@@ -104,21 +125,7 @@ def adamw_vec_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n
     lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
     i = 4 * cuda.grid(1)
     while i < params.shape[0]:
-        p0, p1, p2, p3 = load4(params, i)
-        g0, g1, g2, g3 = load4(grads, i)
-        m0, m1, m2, m3 = load4(m, i)
-        v0, v1, v2, v3 = load4(v, i)
-        p0, m0, v0 = _adamw_at(i, p0, g0, m0, v0, gs, lr, beta1, beta2, eps,
-                               wd, n_decay, bc1, bc2, T)  # fmt: skip
-        p1, m1, v1 = _adamw_at(i + 1, p1, g1, m1, v1, gs, lr, beta1, beta2, eps,
-                               wd, n_decay, bc1, bc2, T)  # fmt: skip
-        p2, m2, v2 = _adamw_at(i + 2, p2, g2, m2, v2, gs, lr, beta1, beta2, eps,
-                               wd, n_decay, bc1, bc2, T)  # fmt: skip
-        p3, m3, v3 = _adamw_at(i + 3, p3, g3, m3, v3, gs, lr, beta1, beta2, eps,
-                               wd, n_decay, bc1, bc2, T)  # fmt: skip
-        store4(params, i, p0, p1, p2, p3)
-        store4(m, i, m0, m1, m2, m3)
-        store4(v, i, v0, v1, v2, v3)
+        _adamw4(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T)
         i += 4 * cuda.gridsize(1)
 
 
@@ -137,28 +144,6 @@ def adamw_lowp_kernel(lowp, params, grads, m, v, stats, hyper, beta1, beta2, eps
         v[i] = vi
         lowp[i] = bf16_round(p)
         i += cuda.gridsize(1)
-
-
-@cuda.jit(device=True)
-def _adamw4(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T):
-    """adamw_vec_kernel's step on parameters i .. i + 3 (16-byte accesses); returns the 4
-    new parameters."""
-    p0, p1, p2, p3 = load4(params, i)
-    g0, g1, g2, g3 = load4(grads, i)
-    m0, m1, m2, m3 = load4(m, i)
-    v0, v1, v2, v3 = load4(v, i)
-    p0, m0, v0 = _adamw_at(i, p0, g0, m0, v0, gs, lr, beta1, beta2, eps,
-                           wd, n_decay, bc1, bc2, T)  # fmt: skip
-    p1, m1, v1 = _adamw_at(i + 1, p1, g1, m1, v1, gs, lr, beta1, beta2, eps,
-                           wd, n_decay, bc1, bc2, T)  # fmt: skip
-    p2, m2, v2 = _adamw_at(i + 2, p2, g2, m2, v2, gs, lr, beta1, beta2, eps,
-                           wd, n_decay, bc1, bc2, T)  # fmt: skip
-    p3, m3, v3 = _adamw_at(i + 3, p3, g3, m3, v3, gs, lr, beta1, beta2, eps,
-                           wd, n_decay, bc1, bc2, T)  # fmt: skip
-    store4(params, i, p0, p1, p2, p3)
-    store4(m, i, m0, m1, m2, m3)
-    store4(v, i, v0, v1, v2, v3)
-    return p0, p1, p2, p3
 
 
 @cuda.jit
