@@ -13,29 +13,23 @@ whole and both row lengths are multiples of 4 floats; tiles on the edges, or una
 arrays, go element by element. On the H200 a 768-wide operand (16384 rows) took 0.028 ms
 (3.6 TB/s), against 0.046 with 32 x 32 tiles of 4-byte accesses (bench/labs/transpose_gpu.py).
 
-bf16 operands (uint16 bits) move as bits through a tile of uint32, one element a slot: a
-16-byte piece is 8 elements, 8 threads a tile row; each thread moves two pieces of source
-rows and two of destination rows, a warp four whole 128-byte rows at a time, and its
-shared-memory accesses conflict 2-way at most, as the float32 kernel's do. On the H200 a
-768-wide bf16 operand (16384 rows) took 0.0146 ms (3.4 TB/s; bench/labs/bf16_memory_kernels_gpu.py).
+bf16 weight gradients read their operands as they are: cuBLASLt's bf16 products gained
+nothing from a transposed one on the H200 (GpuOptions), so only float32 is transposed (the
+bf16 transpose measured for that stays in bench/labs/bf16_memory_kernels_gpu.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.vector import (
     aligned4,
-    aligned8_bf16,
     check_dtypes,
     load4,
-    load4_u32,
     store4,
-    store4_u32,
 )
-from euler.precision import BF16, is_bf16
 
 TILE, SIDE = 64, 16  # a block moves one TILE x TILE tile with SIDE x SIDE threads
 PADDED = TILE + 1
@@ -75,64 +69,12 @@ def transpose_kernel(dst, src, R, C, vec):
                 dst[r * R + c] = tile[tx + i, ty + j]
 
 
-@cuda.jit(device=True, inline=True)
-def _split(tile, r, c, w):
-    """tile[r, c], tile[r, c + 1] = the low and high uint16 halves of word w."""
-    tile[r, c] = w & np.uint32(0xFFFF)
-    tile[r, c + 1] = w >> np.uint32(16)
-
-
-@cuda.jit(device=True, inline=True)
-def _join(tile, r, c):
-    """The word of tile[r, c] (low half) and tile[r + 1, c] (high half)."""
-    return tile[r, c] | (tile[r + 1, c] << np.uint32(16))
-
-
-@cuda.jit
-def transpose_bf16_kernel(dst, src, R, C, vec):
-    """transpose_kernel for bf16 bits: dst (C R,) = src (R C,)^T, flat uint16 arrays; vec:
-    rows of both hold whole 16-byte pieces (aligned, R and C multiples of 8)."""
-    tile = cuda.shared.array((TILE, PADDED), uint32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    r0, c0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
-    if vec and r0 + TILE <= R and c0 + TILE <= C:
-        # thread: piece p (columns 8p ..) of tile rows k, k + 32; a warp covers 4 whole rows
-        p, k = tx % 8, 2 * ty + tx // 8
-        for j in range(0, TILE, TILE // 2):
-            w0, w1, w2, w3 = load4_u32(src, (r0 + k + j) * C + c0 + 8 * p)
-            _split(tile, k + j, 8 * p, w0)
-            _split(tile, k + j, 8 * p + 2, w1)
-            _split(tile, k + j, 8 * p + 4, w2)
-            _split(tile, k + j, 8 * p + 6, w3)
-        cuda.syncthreads()
-        for j in range(0, TILE, TILE // 2):  # dst row c0 + k + j holds src column k + j
-            t, a = k + j, 8 * p
-            store4_u32(dst, (c0 + t) * R + r0 + a, _join(tile, a, t), _join(tile, a + 2, t),
-                       _join(tile, a + 4, t), _join(tile, a + 6, t))  # fmt: skip
-        return
-    for j in range(0, TILE, SIDE):  # an edge tile: each thread 16 elements, SIDE apart
-        for i in range(0, TILE, SIDE):
-            r, c = r0 + ty + j, c0 + tx + i
-            if r < R and c < C:
-                tile[ty + j, tx + i] = src[r * C + c]
-    cuda.syncthreads()
-    for j in range(0, TILE, SIDE):
-        for i in range(0, TILE, SIDE):
-            r, c = c0 + ty + j, r0 + tx + i
-            if r < C and c < R:
-                dst[r * R + c] = np.uint16(tile[tx + i, ty + j])
-
-
 def transpose(dst, src, stream=0) -> None:
-    """dst (C, R) = src (R, C)^T, both float32 or both bf16, C-contiguous, on stream."""
+    """dst (C, R) = src (R, C)^T, both float32, C-contiguous, on stream."""
     R, C = src.shape
     check_shapes("transpose", dst=(dst, (C, R)))
+    check_dtypes("transpose", np.float32, dst=dst, src=src)
     grid = ((C + TILE - 1) // TILE, (R + TILE - 1) // TILE)
     flat_dst, flat_src = dst.reshape(dst.size), src.reshape(src.size)
-    if is_bf16(src):
-        check_dtypes("transpose", BF16, dst=dst)
-        vec = aligned8_bf16(dst, src) and R % 8 == 0 and C % 8 == 0
-        transpose_bf16_kernel[grid, (SIDE, SIDE), stream](flat_dst, flat_src, R, C, vec)
-        return
     vec = aligned4(dst, src) and R % 4 == 0 and C % 4 == 0
     transpose_kernel[grid, (SIDE, SIDE), stream](flat_dst, flat_src, R, C, vec)
