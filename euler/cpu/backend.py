@@ -50,6 +50,9 @@ def _bf16_emulated(*outputs: str):
 
         @functools.wraps(method)
         def emulated(self, *args, **kwargs):
+            values = (*args, *kwargs.values())
+            if not any(isinstance(v, np.ndarray) and is_bf16(v) for v in values):
+                return method(self, *args, **kwargs)  # float32: no binding in the hot path
             bound = signature.bind(self, *args, **kwargs)
             originals = dict(bound.arguments)
             wide: list[tuple[np.ndarray, np.ndarray]] = []  # (bf16 array, its float32 copy)
@@ -60,8 +63,6 @@ def _bf16_emulated(*outputs: str):
                         copy = widen(value)
                         wide.append((value, copy))
                     bound.arguments[name] = copy
-            if not wide:
-                return method(self, *args, **kwargs)
             result = method(*bound.args, **bound.kwargs)
             for name in outputs:
                 original = originals.get(name)
