@@ -10,6 +10,19 @@ import typer
 from euler.errors import EulerError
 
 
+def check_json_out(path: Path | None, overwrite: bool) -> None:
+    """Refuse a --json file in a missing folder, a folder, or one that exists (without
+    --overwrite), before any work."""
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise EulerError(f"--json: folder does not exist: {path.parent}")
+    if path.is_dir():
+        raise EulerError(f"--json: {path} is a folder, expected a file name")
+    if path.exists() and not overwrite:
+        raise EulerError(f"--json: {path} exists (use --overwrite to replace it)")
+
+
 def register(app: typer.Typer) -> None:
     """Add the bench command to the app."""
 
@@ -69,13 +82,7 @@ def register(app: typer.Typer) -> None:
             precision=precision,
         )
         opts.resolve()  # flag errors before any output
-        if json_out is not None:
-            if not json_out.parent.is_dir():
-                raise EulerError(f"--json: folder does not exist: {json_out.parent}")
-            if json_out.is_dir():
-                raise EulerError(f"--json: {json_out} is a folder, expected a file name")
-            if json_out.exists() and not overwrite:
-                raise EulerError(f"--json: {json_out} exists (use --overwrite to replace it)")
+        check_json_out(json_out, overwrite)
         console = Console()
         if not console.is_terminal:
             console.width = max(console.width, 140)  # piped output: keep the tables unwrapped

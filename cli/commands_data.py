@@ -182,36 +182,73 @@ def prepare_sft_command(
         Path, typer.Option(help="Tokenizer file, or the pretraining data folder that holds it.")
     ],
     context: Annotated[int, typer.Option(help="Context T the records must fit.")] = 128,
+    long: Annotated[
+        str,
+        typer.Option(
+            help="A record longer than the context: cut (its response at the last sentence "
+            "end that fits, closed by <|end|>), truncate (at the context, no <|end|>) or drop."
+        ),
+    ] = "cut",
+    pack: Annotated[
+        bool, typer.Option(help="Pack several whole records into each window of the context.")
+    ] = True,
+    max_answer: Annotated[
+        int,
+        typer.Option(
+            help="Longest response in tokens, <|end|> included (0: what the context leaves); "
+            "a longer one is treated as --long says."
+        ),
+    ] = 0,
     val_fraction: Annotated[float, typer.Option(help="Fraction of records held out.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
     overwrite: Overwrite = False,
 ) -> None:
-    """Render Alpaca records in the chat template into SFT shards with loss masks."""
+    """Render Alpaca records in the chat template into SFT windows with loss masks."""
     from euler.data.manifest import MAX_CONTEXT
     from euler.data.sft import prepare_sft
+    from euler.data.sft_policy import LONG_RULES
 
     check_int(context, "--context", 2, MAX_CONTEXT)
+    if long not in LONG_RULES:
+        raise EulerError(f"--long must be one of {', '.join(LONG_RULES)}, got {long!r}")
+    check_int(max_answer, "--max-answer", 0, MAX_CONTEXT)
     check_fraction(val_fraction, "--val-fraction")
     check_int(seed, "--seed", 0, MAX_SEED)
     reads = [tokenizer_file(tokenizer)]
     tok = load_tokenizer(tokenizer)
-    m = prepare_sft(inputs, out, tok, context, val_fraction, seed, overwrite=overwrite, reads=reads)
+    m = prepare_sft(inputs, out, tok, context, val_fraction, seed, overwrite=overwrite,
+                    reads=reads, long=long, pack=pack, max_answer=max_answer)  # fmt: skip
     _print_sft_summary(m)
 
 
 def _print_sft_summary(m: dict) -> None:
-    """Records kept, truncated and dropped per split, and the share of tokens the loss sees."""
+    """Records kept whole, cut, truncated and dropped per split; windows and the loss share."""
     from rich.console import Console
+    from rich.table import Table
 
-    context = m["context"]
-    console = Console()
-    console.print(f"{m['records']} records, context {context}; rule: {m['too_long_rule']}")
+    context, policy = m["context"], m["policy"]
+    answer = f"answers of at most {policy['max_answer']} tokens; " if policy["max_answer"] else ""
+    layout = "packed" if policy["pack"] else "one per window"
+    table = Table(title=f"{m['records']} records, context {context}; {answer}long records: "
+                  f"{m['too_long_rule']}; {layout}")  # fmt: skip
+    cols = ("split", "records", "whole", "cut", "truncated", "dropped", "windows",
+            "records/window", "tokens", "loss share")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="right")
     for split, s in m["splits"].items():
-        console.print(
-            f"{split}: kept {s['kept']} (truncated {s['truncated']}), dropped {s['dropped']}; "
-            f"{s['tokens']:,} tokens; loss on {s['loss_fraction_of_record_tokens']:.3f} of "
-            f"record tokens, {s['loss_fraction_of_windows']:.3f} of {context + 1}-token windows"
-        )
+        table.add_row(
+            split, *(f"{s[k]:,}" for k in ("records", "whole", "cut", "truncated", "dropped")),
+            f"{s['windows']:,}", f"{s['records_per_window']:.2f}", f"{s['tokens']:,}",
+            f"{s['loss_fraction_of_windows']:.3f}",
+        )  # fmt: skip
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 140)  # piped output: keep the table unwrapped
+    console.print(table)
+    console.print(
+        f"held-out records as given: {m['heldout']['file']} (for euler eval --instructions); loss "
+        f"share: response tokens over all {context + 1}-token window positions"
+    )
 
 
 @data_app.command()

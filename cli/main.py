@@ -57,9 +57,10 @@ def _register_families() -> None:
     from euler.cli import commands_interop
 
     commands_interop.register(app)
-    from euler.cli import commands_bench
+    from euler.cli import commands_bench, commands_eval
 
     commands_bench.register(app)
+    commands_eval.register(app)
 
 
 def main() -> None:

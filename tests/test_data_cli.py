@@ -47,10 +47,10 @@ def test_prepare_then_prepare_sft(inputs):
         "--out", str(inputs / "sft"), "--context", "32",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "kept" in r.stdout and "dropped" in r.stdout
+    assert "whole" in r.stdout and "dropped" in r.stdout and "windows" in r.stdout
     assert (inputs / "sft" / "sft-train.mask.bin").is_file()
     r = euler("data", "info", str(inputs / "sft"))
-    assert r.returncode == 0 and "sft data, tokenizer V=300" in r.stdout and "kept" in r.stdout
+    assert r.returncode == 0 and "sft data, tokenizer V=300" in r.stdout and "whole" in r.stdout
 
 
 @pytest.mark.parametrize(

@@ -194,7 +194,7 @@ def test_alpaca_by_url(server, tmp_path):
     tok = Tokenizer.train([tmp_path / "s.txt"], 270)
     m = prepare_sft([f"{server}/alpaca.json"], tmp_path / "sft", tok, progress=False)
     assert m["records"] == 20 and m["inputs"][0]["origin"] == f"{server}/alpaca.json"
-    assert len(SFTDataset(tmp_path / "sft")) + len(SFTDataset(tmp_path / "sft", "val")) == 20
+    assert sum(len(SFTDataset(tmp_path / "sft", s).starts) for s in ("train", "val")) == 20
 
 
 def test_corrupt_cached_file_is_fetched_again(server, tmp_path):

@@ -1,4 +1,5 @@
-"""SFT: Alpaca loading and errors, the chat template, masks, the too-long rule, batches."""
+"""SFT: Alpaca loading and errors, the chat template, masks, the long-record policy,
+packing (no target crosses a record, every <|end|> is a target), batches."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import pytest
 from euler.tokenizer import Tokenizer
 
 from euler.data.chat_template import encode_example, encode_prompt, render
-from euler.data.sft import SFTDataset, load_alpaca, prepare_sft
+from euler.data.sft import HELDOUT_FILE, SFTDataset, load_alpaca, prepare_sft
+from euler.data.sft_policy import cut_response, pack_windows, sentence_ends
 from euler.errors import EulerError
+from euler.model.transformer import make_targets
 
 RECORDS = [
     {"instruction": "Name a color.", "input": "", "output": "Blue."},
     {"instruction": "Add the numbers.", "input": "2 and 3", "output": "The sum is 5."},
     {"instruction": "Say hello " * 40, "input": "", "output": "Hello."},  # prompt too long
-    {"instruction": "Tell a story.", "input": "", "output": "Once upon a time " * 30},  # truncated
+    {"instruction": "Tell a story.", "input": "", "output": "Once upon a time " * 30},  # no "."
+    {"instruction": "Describe it.", "input": "", "output": "The sky is blue. " * 12},  # cut
+    {"instruction": "", "input": "", "output": "Yes."},  # a 3-token prompt
 ] + [{"instruction": f"Repeat {i}.", "input": "", "output": f"{i} {i} {i}"} for i in range(40)]
+# (long rule, pack) -> records dropped, cut and truncated
+POLICIES = {("cut", True): (2, 1, 0), ("truncate", False): (1, 0, 2), ("drop", False): (3, 0, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -50,40 +57,88 @@ def test_template_text_and_mask_cover_exactly_the_response(tok):
     assert tok.end_id not in encode_prompt(tok, "say <|end|>")[1:-2]
 
 
-def test_prepare_sft_rule_counts_and_masks(tok, alpaca, tmp_path):
-    m = prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.2, seed=0)
+@pytest.mark.parametrize(("long", "pack"), list(POLICIES))
+def test_prepare_sft_policy_counts_and_records(tok, alpaca, tmp_path, long, pack):
+    m = prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.2, seed=0,
+                    long=long, pack=pack)  # fmt: skip
     splits = m["splits"]
-    assert m["records"] == len(RECORDS)
+    assert m["records"] == len(RECORDS) and m["policy"] == {
+        "long": long, "pack": pack, "max_answer": 0}  # fmt: skip
+    total = {k: sum(s[k] for s in splits.values()) for k in ("dropped", "cut", "truncated")}
+    assert (total["dropped"], total["cut"], total["truncated"]) == POLICIES[(long, pack)]
     assert sum(s["kept"] + s["dropped"] for s in splits.values()) == len(RECORDS)
-    assert sum(s["dropped"] for s in splits.values()) == 1
-    assert sum(s["truncated"] for s in splits.values()) == 1
+    heldout = json.loads((tmp_path / "sft" / HELDOUT_FILE).read_text())
+    assert len(heldout) == splits["val"]["records"] and all(r in RECORDS for r in heldout)
     for split in ("train", "val"):
         data = SFTDataset(tmp_path / "sft", split)
-        assert len(data) == splits[split]["kept"]
-        for i in range(len(data)):
-            lo, hi = data.offsets[i], data.offsets[i + 1]
+        assert len(data) == splits[split]["windows"] and len(data.starts) == splits[split]["kept"]
+        if not pack:
+            assert len(data) == splits[split]["kept"]
+        ends = [*data.starts[1:], len(data.tokens)]
+        for lo, hi in zip(data.starts, ends, strict=True):
             ids, mask = np.asarray(data.tokens[lo:hi]), np.asarray(data.mask[lo:hi])
             assert len(ids) <= 49 and ids[0] == tok.user_id
             response = tok.decode(ids[mask == 1])
-            rec = next(r for r in RECORDS if tok.decode(ids).startswith(render(**r)[:20]))
-            if len(ids) < 49:
-                assert response == rec["output"].strip() + "<|end|>"
-            else:  # cut: a prefix of the response, no closing <|end|>
-                assert (rec["output"].strip() + "<|end|>").startswith(response)
+            prompt = tok.decode(ids[mask == 0])  # ends with <|assistant|>: one record's
+            rec = next(r for r in RECORDS if render(**r).startswith(prompt))
+            whole = rec["output"].strip() + "<|end|>"
+            if response.endswith("<|end|>") and response != whole:  # cut at a sentence end
+                assert long == "cut" and whole.startswith(response[: -len("<|end|>")])
+                assert response.endswith(".<|end|>")
+            elif response != whole:  # truncated: a prefix of the response, no <|end|>
+                assert long == "truncate" and len(ids) == 49 and whole.startswith(response)
+
+
+def test_packed_targets_stay_inside_records_and_every_end_is_one(tok, alpaca, tmp_path):
+    prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.0)
+    data = SFTDataset(tmp_path / "sft")
+    assert data.manifest["splits"]["train"]["records_per_window"] > 2
+    K, crossing = 4, 0
+    for tokens, mask, segments in data.iter_sequential(B=8, T=48, K=K):
+        targets = make_targets(tokens, 48, K, mask, segments)
+        for k in range(K):
+            t = np.argwhere(targets[k] >= 0)
+            b, t, j = t[:, 0], t[:, 1], t[:, 1] + 1 + k
+            assert np.all(segments[b, t] == segments[b, j]) and np.all(mask[b, j] == 1)
+        b, j = np.nonzero((tokens == tok.end_id) & (mask == 1))
+        assert len(b) == (segments.max(axis=1) + 1).sum()  # one closing <|end|> per record
+        assert np.all(targets[0, b, j - 1] == tok.end_id)  # ... and each is head 0's target
+        crossing += int(((make_targets(tokens, 48, K, mask) >= 0) & (targets < 0)).sum())
+    assert crossing > 0  # the 3-token prompt: without segments a target would cross
+
+
+def test_sentence_ends_and_cut():
+    text = "Here are tips:\n1. Eat well.\n2. Sleep (8 hours!) daily\nDone"
+    cuts = [text[:i] for i in sentence_ends(text)]
+    first = "Here are tips:\n1. Eat well."
+    assert cuts == [first, first + "\n2. Sleep (8 hours!)", first + "\n2. Sleep (8 hours!) daily"]
+    encode = lambda s: np.arange(len(s))  # one token a character
+    assert [len(cut_response(text, n, encode)) for n in (50, 47, 46, 27)] == [47, 47, 27, 27]
+    assert cut_response(text, 26, encode) is None
+
+
+def test_pack_windows_fill_and_cover():
+    lengths = np.array([30, 20, 20, 10, 49, 5, 5])
+    windows = pack_windows(lengths, 49, pack=True, seed=0)
+    assert sorted(i for w in windows for i in w) == list(range(len(lengths)))
+    assert all(sum(lengths[w]) <= 49 for w in windows) and len(windows) == 3
+    assert sorted(map(tuple, pack_windows(lengths, 49, pack=False, seed=0))) == [
+        (i,) for i in range(len(lengths))]  # fmt: skip
 
 
 def test_sft_batches_pad_and_mask_and_are_deterministic(tok, alpaca, tmp_path):
-    prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.2)
+    prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.2, pack=False)
     data = SFTDataset(tmp_path / "sft", "train", vocab_size=tok.vocab_size)
-    tokens, mask = data.batch(step=5, seed=1, B=8, T=48, K=4)
-    assert tokens.shape == mask.shape == (8, 52) and tokens.dtype == np.int32
+    tokens, mask, segments = data.batch(step=5, seed=1, B=8, T=48, K=4)
+    assert tokens.shape == mask.shape == segments.shape == (8, 52) and tokens.dtype == np.int32
     assert mask.dtype == np.uint8
     again = SFTDataset(tmp_path / "sft", "train").batch(step=5, seed=1, B=8, T=48, K=4)
-    np.testing.assert_array_equal(again[0], tokens)
-    np.testing.assert_array_equal(again[1], mask)
+    for x, y in zip(again, (tokens, mask, segments), strict=True):
+        np.testing.assert_array_equal(x, y)
     assert np.all(mask[tokens == tok.eot_id] == 0)  # padding never counts
+    assert np.all(segments[tokens == tok.eot_id] == -1) and segments.max() == 0
     assert np.all(mask[:, 0] == 0) and np.all(mask.sum(axis=1) > 0)
-    rows = list(data.iter_sequential(B=16, T=48, K=4))
+    rows = list(data.iter_sequential(B=len(data) - 1, T=48, K=4))  # 1 window in the last
     seen = sum(int((r[0][:, 0] == tok.user_id).sum()) for r in rows)
     assert seen == len(data) and rows[-1][1][-1].sum() == 0  # last batch filled with padding
 

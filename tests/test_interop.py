@@ -260,3 +260,31 @@ def test_cli_export_import_and_one_line_error(model, tmp_path, monkeypatch, caps
     assert ckpt.load(out).cfg.n_mtp == 2
     assert euler("export", "--format", "gguf", "--checkpoint", model[0], "--out", tmp_path) == 2
     assert capsys.readouterr().err == "error: --format: unknown format 'gguf' (known: hf)\n"
+
+
+def test_eval_text_equals_transformers(model, exported, tmp_path):
+    """`euler eval --text`'s bits per byte, recomputed from transformers' logits over the
+    same windows (T + 1 tokens at stride T, the tail window shorter)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from euler.cpu.backend import CpuBackend
+    from euler.eval.text import evaluate_text, load_text
+
+    (tmp_path / "t.txt").write_text(TEXT * 7, encoding="utf-8")
+    ck = ckpt.load(model[0])
+    sources = load_text([tmp_path / "t.txt"], ck)
+    ours = evaluate_text(ck, sources, CpuBackend())["overall"]
+    stream, T = sources[0].streams[0], ck.cfg.context
+    assert len(stream) % T > 1  # a shorter last window is scored too
+    hf = transformers.LlamaForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    nats, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(stream) - 1, T):
+            w = torch.tensor(stream[s : s + T + 1], dtype=torch.long)
+            logits = hf(w[None, :-1]).logits[0].double()
+            nats += float(torch.nn.functional.cross_entropy(logits, w[1:], reduction="sum"))
+            n += len(w) - 1
+    assert ours["tokens"] == n == len(stream) - 1
+    assert ours["bytes"] == len((TEXT * 7).strip().encode("utf-8"))
+    theirs = nats / np.log(2) / ours["bytes"]
+    assert ours["bits_per_byte"] == pytest.approx(theirs, rel=2e-6)

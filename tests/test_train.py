@@ -153,11 +153,12 @@ def _cfg(_root):
 def test_sft_targets_are_the_response_tokens_only(data_root, tmp_path):
     tc = tiny_config(tmp_path / "sft", data_root / "sft", kind="sft", batch_size=4)
     data = Batches(tc, _cfg(data_root), print)
-    window, mask = data.train.batch(3, 0, 4, 24, 4)
+    window, mask, seg = data.train.batch(3, 0, 4, 24, 4)
     tokens, targets = data.get("train", 3, 0)
     assert (tokens == window[:, :24]).all()
     for k in range(4):
-        want = np.where(mask[:, 1 + k : 25 + k] == 1, window[:, 1 + k : 25 + k], -1)
+        same = (mask[:, 1 + k : 25 + k] == 1) & (seg[:, :24] == seg[:, 1 + k : 25 + k])
+        want = np.where(same, window[:, 1 + k : 25 + k], -1)
         assert (targets[k] == want).all()
     tok = data.tokenizer
     # prompt positions never have a head-0 target; the response and its <|end|> do

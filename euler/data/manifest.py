@@ -32,11 +32,11 @@ MANIFEST_VERSION = 2
 KINDS = ("pretrain", "sft")
 SPLITS = ("train", "val")
 MAX_CONTEXT = 1 << 20  # tokens; far beyond any preset, so a larger one is corruption
-SFT_FILES = ("tokens", "mask", "offsets")
+SFT_FILES = ("tokens", "mask", "offsets", "records")
 
 
 def sft_file(split: str, what: str) -> str:
-    """Name of an SFT folder's `what` shard ("tokens", "mask" or "offsets") of a split."""
+    """Name of an SFT folder's `what` shard (one of SFT_FILES) of a split."""
     return f"sft-{split}.{what}.bin"
 
 
@@ -124,15 +124,30 @@ def _check_pretrain(m: Fields, files: Fields) -> None:
 
 
 def _check_sft(m: Fields, files: Fields) -> None:
-    """context, the per-split statistics, and the three shards of each split."""
+    """context, the policy, the per-split statistics, and the four shards of each split."""
     m.int("context", lo=1, hi=MAX_CONTEXT)
+    if "policy" not in m.data:
+        raise EulerError(
+            f"{m.where}: no policy: prepared by an older `euler data prepare-sft` (one record a "
+            "window); prepare it again"
+        )
+    policy = _obj(m, "policy")
+    policy.str("long", choices=("cut", "truncate", "drop"))
+    policy.bool("pack")
+    policy.int("max_answer", lo=0)
     m.str("too_long_rule")
     m.int("records", lo=0)
+    heldout = _obj(m, "heldout")
+    _file_name(heldout, "file")
+    heldout.int("records", lo=0)
+    _hex64(heldout, "sha256")
     splits = _obj(m, "splits")
     for split in SPLITS:
         st = _obj(splits, split)
-        for key in ("kept", "truncated", "dropped", "tokens", "loss_tokens"):
+        for key in ("records", "whole", "cut", "truncated", "dropped", "kept", "windows",
+                    "tokens", "loss_tokens"):  # fmt: skip
             st.int(key, lo=0)
+        st.float("records_per_window", lo=0.0)
         st.float("loss_fraction_of_record_tokens", lo=0.0, hi=1.0)
         st.float("loss_fraction_of_windows", lo=0.0, hi=1.0)
         for what in SFT_FILES:

@@ -1,20 +1,20 @@
-"""SFT data: Alpaca records -> chat-template token sequences with a loss mask.
+"""SFT data: Alpaca records -> chat-template token windows with a loss mask.
 
-Too-long rule (C = the context given to prepare, default 128): a record's sequence
-is prompt (P tokens, ending with <|assistant|>) + response + <|end|>. Positions
-1..C are the head-0 targets of a C-token window, so
-  - a record whose prompt alone exceeds the context (P > C) is dropped: not one
-    response token could be learned;
-  - otherwise the sequence is cut to its first C + 1 tokens (the response loses its
-    tail and, then, its closing <|end|>), counted as truncated.
-Prepared folder: manifest.json (kind "sft"), tokenizer.json and per split
-sft-<split>.tokens.bin, sft-<split>.mask.bin (uint8) and sft-<split>.offsets.bin
-(uint64, records + 1 entries: record i is tokens[offsets[i]:offsets[i+1]]).
+What a C-token context keeps of each record, and how records share windows, is the
+policy of sft_policy.py (default: long responses cut at a sentence end and closed by
+<|end|>, several whole records packed into each window of C + 1 tokens).
+Prepared folder: manifest.json (kind "sft", the policy and per-split counts),
+tokenizer.json, val-instructions.json (the held-out records as given, an Alpaca file
+for `euler eval --instructions`) and per split sft-<split>.tokens.bin,
+sft-<split>.mask.bin (uint8), sft-<split>.offsets.bin (uint64, windows + 1 entries:
+window i is tokens[offsets[i]:offsets[i+1]]) and sft-<split>.records.bin (uint64, the
+position of each record's first token; every window starts with one).
 Training on it needs a model context of at least C (SFTDataset's `context`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -29,6 +29,7 @@ from euler.data.download import download
 from euler.data.files import check_output, sha256_file, staged_dir
 from euler.data.manifest import MAX_CONTEXT, SFT_FILES, read_manifest, sft_file, write_manifest
 from euler.data.prepare import SPLITS, TOKENIZER_FILE, is_val
+from euler.data.sft_policy import LONG_RULES, classify, pack_windows
 from euler.data.shards import first_out_of_range, open_shard, token_dtype, write_shard
 from euler.errors import EulerError
 from euler.schema import MISSING, Fields, describe, read_json
@@ -37,7 +38,12 @@ if TYPE_CHECKING:
     from euler.tokenizer import Tokenizer
 
 FIELDS = ("instruction", "input", "output")
-TOO_LONG_RULE = "drop if the prompt alone exceeds the context (P > C), else cut to C + 1 tokens"
+HELDOUT_FILE = "val-instructions.json"
+LONG_HELP = {
+    "cut": "cut the response at its last sentence end that fits, closed by <|end|>",
+    "truncate": "cut to the window's C + 1 tokens, with no <|end|>",
+    "drop": "drop the record",
+}
 
 
 def load_alpaca(path: Path) -> list[dict]:
@@ -72,11 +78,16 @@ def prepare_sft(
     progress: bool = True,
     overwrite: bool = False,
     reads: Iterable[Path] = (),
+    long: str = "cut",
+    pack: bool = True,
+    max_answer: int = 0,
 ) -> dict:
-    """Render Alpaca files/URLs into SFT shards in `out_dir`; return the manifest.
+    """Render Alpaca files/URLs into SFT windows in `out_dir`; return the manifest.
 
-    An earlier preparation in `out_dir` is replaced only with `overwrite`, and never when
-    it holds an instruction file or one of `reads` (e.g. the tokenizer file).
+    long: what a record longer than a window (or whose response exceeds max_answer > 0
+    tokens) becomes (sft_policy.LONG_RULES); pack: several whole records to a window. An
+    earlier preparation in `out_dir` is replaced only with `overwrite`, and never when it
+    holds an instruction file or one of `reads`.
     """
     if not 1 <= context <= MAX_CONTEXT:
         raise EulerError(f"context must be in [1, {MAX_CONTEXT}], got {context}")
@@ -84,6 +95,8 @@ def prepare_sft(
         raise EulerError("no instruction files given")
     if not 0.0 <= val_fraction < 1.0:
         raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
+    if long not in LONG_RULES:
+        raise EulerError(f"--long must be one of {', '.join(LONG_RULES)}, got {long!r}")
     reads = [*reads, *(Path(i) for i in items if not i.startswith(("http://", "https://")))]
     check_output(Path(out_dir), overwrite, reads)  # before any download or encoding
     threads = threads or os.cpu_count() or 1
@@ -113,44 +126,42 @@ def prepare_sft(
     )
     responses = tokenizer.encode_batch([r["output"].strip() for r in records], threads=threads)
 
-    stats = {
-        s: {"kept": 0, "truncated": 0, "dropped": 0, "tokens": 0, "loss_tokens": 0} for s in SPLITS
-    }
-    seqs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SPLITS}
+    kinds = ("whole", "cut", "truncated", "dropped")
+    stats = {s: dict.fromkeys(("records", *kinds, "kept", "tokens", "loss_tokens"), 0)
+             for s in SPLITS}  # fmt: skip
+    kept: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SPLITS}
+    heldout = []
     for rec, p_tok, r_tok in zip(records, prompts, responses, strict=True):
         split = "val" if is_val(render(**rec), seed, val_fraction) else "train"
-        p, r = prompt_ids(tokenizer, p_tok), response_ids(tokenizer, r_tok)
+        if split == "val":
+            heldout.append(rec)
+        kind, ids, mask = classify(
+            prompt_ids(tokenizer, p_tok), response_ids(tokenizer, r_tok), rec["output"].strip(),
+            context, long, tokenizer.encode, tokenizer.end_id, max_answer,
+        )  # fmt: skip
         st = stats[split]
-        if len(p) > context:
-            st["dropped"] += 1
-            continue
-        ids = np.concatenate([p, r])
-        mask = np.concatenate([np.zeros(len(p), np.uint8), np.ones(len(r), np.uint8)])
-        if len(ids) > context + 1:
-            ids, mask = ids[: context + 1], mask[: context + 1]
-            st["truncated"] += 1
-        st["kept"] += 1
-        st["tokens"] += len(ids)
-        st["loss_tokens"] += int(mask.sum())
-        seqs[split].append((ids, mask))
+        st["records"] += 1
+        st[kind] += 1
+        if ids is not None:
+            st["kept"] += 1
+            st["tokens"] += len(ids)
+            st["loss_tokens"] += int(mask.sum())
+            kept[split].append((ids, mask))
 
-    if not seqs["train"]:
+    if not kept["train"]:
         raise EulerError(f"no record fits a context of {context} tokens")
     V = tokenizer.vocab_size
     with staged_dir(Path(out_dir), overwrite, reads) as work:
         (work / TOKENIZER_FILE).write_text(tokenizer.to_json(), encoding="utf-8")
+        (work / HELDOUT_FILE).write_text(json.dumps(heldout, indent=1), encoding="utf-8")
         for split in SPLITS:
-            pairs = seqs[split]
-            lengths = np.array([len(ids) for ids, _ in pairs], dtype=np.uint64)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
-            ids = np.concatenate([i for i, _ in pairs]) if pairs else np.zeros(0, np.int32)
-            mask = np.concatenate([m for _, m in pairs]) if pairs else np.zeros(0, np.uint8)
-            write_shard(work / sft_file(split, "tokens"), ids, V, token_dtype(V))
-            write_shard(work / sft_file(split, "mask"), mask, V, np.uint8)
-            write_shard(work / sft_file(split, "offsets"), offsets, V, np.uint64)
             st = stats[split]
+            st["windows"] = _write_windows(work, split, kept[split], context + 1, pack, seed, V)
+            st["records_per_window"] = st["kept"] / max(st["windows"], 1)
             st["loss_fraction_of_record_tokens"] = st["loss_tokens"] / max(st["tokens"], 1)
-            st["loss_fraction_of_windows"] = st["loss_tokens"] / max(st["kept"] * (context + 1), 1)
+            st["loss_fraction_of_windows"] = st["loss_tokens"] / max(
+                st["windows"] * (context + 1), 1
+            )
         manifest = {
             "kind": "sft",
             "tokenizer": {
@@ -160,10 +171,16 @@ def prepare_sft(
                 "eot_id": tokenizer.eot_id,
             },
             "context": context,
-            "too_long_rule": TOO_LONG_RULE,
+            "policy": {"long": long, "pack": pack, "max_answer": max_answer},
+            "too_long_rule": LONG_HELP[long],
             "split": {"val_fraction": val_fraction, "seed": seed},
             "inputs": inputs,
             "records": len(records),
+            "heldout": {
+                "file": HELDOUT_FILE,
+                "records": len(heldout),
+                "sha256": sha256_file(work / HELDOUT_FILE),
+            },
             "splits": stats,
             "seconds": round(time.perf_counter() - t0, 3),
         }
@@ -171,13 +188,36 @@ def prepare_sft(
     return manifest
 
 
-class SFTDataset:
-    """Rendered SFT records of one split; batches of (tokens, mask) windows.
+def _write_windows(
+    work: Path, split: str, kept: list[tuple[np.ndarray, np.ndarray]], W: int, pack: bool,
+    seed: int, V: int,
+) -> int:  # fmt: skip
+    """Pack one split's records into windows of at most W tokens and write its four
+    shards; return the number of windows."""
+    lengths = np.array([len(ids) for ids, _ in kept], dtype=np.int64)
+    windows = pack_windows(lengths, W, pack, seed)
+    order = [i for w in windows for i in w]
+    sizes = np.array([sum(lengths[i] for i in w) for w in windows], dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.uint64)
+    starts = np.concatenate([[0], np.cumsum(lengths[order])[:-1]]) if order else np.zeros(0)
+    ids = np.concatenate([kept[i][0] for i in order]) if order else np.zeros(0, np.int32)
+    mask = np.concatenate([kept[i][1] for i in order]) if order else np.zeros(0, np.uint8)
+    write_shard(work / sft_file(split, "tokens"), ids, V, token_dtype(V))
+    write_shard(work / sft_file(split, "mask"), mask, V, np.uint8)
+    write_shard(work / sft_file(split, "offsets"), offsets, V, np.uint64)
+    write_shard(work / sft_file(split, "records"), starts.astype(np.uint64), V, np.uint64)
+    return len(windows)
 
-    Row b of a batch is one record placed at position 0, cut to T+K tokens and padded
-    with <|endoftext|>; mask[b, j] = 1 iff token j is a response token or the
-    response's closing <|end|>. The target of head k at position t is
-    tokens[b, t+1+k] and counts iff mask[b, t+1+k] = 1.
+
+class SFTDataset:
+    """The prepared SFT windows of one split; batches of (tokens, mask, segments).
+
+    Row b of a batch is one window (one or several records) placed at position 0 and
+    padded with <|endoftext|> to T+K tokens; mask[b, j] = 1 iff token j is a response
+    token or a response's closing <|end|>; segments[b, j] is the index inside the row of
+    the record that token j belongs to (-1 on padding). The target of head k at position
+    t is tokens[b, t+1+k] and counts iff mask[b, t+1+k] = 1 and segments[b, t] =
+    segments[b, t+1+k] (make_targets): no target crosses a record boundary.
     """
 
     def __init__(
@@ -188,11 +228,12 @@ class SFTDataset:
         context: int | None = None,
     ) -> None:
         """Open one split of a prepared SFT folder, checked: the manifest, each shard's
-        size and sampled checksum, element sizes, token ids below V, offsets rising from
-        0 to the number of tokens, and a mask of 0/1 as long as the tokens.
+        size and sampled checksum, element sizes, token ids below V, window offsets rising
+        from 0 to the number of tokens, record starts rising and holding every window's
+        start, and a mask of 0/1 as long as the tokens.
 
         context: the model's context T; data prepared for a longer one is refused (its
-        records would be cut at T + K without a word), here or else at the first batch.
+        windows would be cut at T + K without a word), here or else at the first batch.
         """
         if split not in SPLITS:
             raise EulerError(f"split must be 'train' or 'val', got {split!r}")
@@ -208,13 +249,16 @@ class SFTDataset:
                 f"but the tokenizer has {vocab_size}"
             )
         arrays = {}
-        for what, size in (("tokens", token_dtype(V)().itemsize), ("mask", 1), ("offsets", 8)):
+        sizes = {"tokens": token_dtype(V)().itemsize, "mask": 1, "offsets": 8, "records": 8}
+        for what in SFT_FILES:
             path = folder / sft_file(split, what)
-            arrays[what] = open_shard(path, V, size)  # a foreign file is named as such first
+            arrays[what] = open_shard(path, V, sizes[what])  # a foreign file is named first
             check_sample(path, m["files"][path.name])
         self.tokens, self.mask = arrays["tokens"], arrays["mask"]
         self.offsets = _checked_offsets(folder / sft_file(split, "offsets"), arrays["offsets"],
                                         len(self.tokens), m["context"])  # fmt: skip
+        self.starts = _checked_starts(folder / sft_file(split, "records"), arrays["records"],
+                                      self.offsets)  # fmt: skip
         if len(self.mask) != len(self.tokens):
             raise EulerError(
                 f"{folder / sft_file(split, 'mask')}: {len(self.mask)} mask values for "
@@ -244,30 +288,40 @@ class SFTDataset:
             )
 
     def __len__(self) -> int:
+        """The number of windows."""
         return len(self.offsets) - 1
 
-    def _rows(self, index: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray]:
-        """(len(index), W) int32 tokens and uint8 mask; index -1 gives a padding row."""
+    def _rows(self, index: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(len(index), W) int32 tokens, uint8 mask and int32 segments; index -1 pads a row."""
         tokens = np.full((len(index), W), self.pad_id, dtype=np.int32)
         mask = np.zeros((len(index), W), dtype=np.uint8)
+        segments = np.full((len(index), W), -1, dtype=np.int32)
         for b, i in enumerate(index):
             if i < 0:
                 continue
             lo, hi = self.offsets[i], min(self.offsets[i + 1], self.offsets[i] + W)
             tokens[b, : hi - lo] = self.tokens[lo:hi]
             mask[b, : hi - lo] = self.mask[lo:hi]
-        return tokens, mask
+            first = np.zeros(hi - lo, dtype=np.int32)
+            s0, s1 = np.searchsorted(self.starts, [lo, hi])
+            first[self.starts[s0:s1] - lo] = 1
+            segments[b, : hi - lo] = np.cumsum(first) - 1
+        return tokens, mask, segments
 
-    def batch(self, step: int, seed: int, B: int, T: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-        """(B, T+K) int32 tokens and (B, T+K) uint8 mask, records drawn from (seed, step) alone."""
+    def batch(
+        self, step: int, seed: int, B: int, T: int, K: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, T+K) tokens, mask and segments (see the class), windows drawn from (seed, step)."""
         self.check_context(T)
         if len(self) == 0:
             raise EulerError("this SFT split holds no records")
         rng = np.random.default_rng([seed, step])
         return self._rows(rng.integers(0, len(self), size=B), T + K)
 
-    def iter_sequential(self, B: int, T: int, K: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Every record once, in order, B per batch; the last batch is filled with padding rows."""
+    def iter_sequential(
+        self, B: int, T: int, K: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Every window once, in order, B per batch; the last batch is filled with padding rows."""
         self.check_context(T)
         for start in range(0, len(self), B):
             index = np.arange(start, start + B)
@@ -276,10 +330,10 @@ class SFTDataset:
 
 
 def _checked_offsets(path: Path, raw: np.ndarray, n_tokens: int, context: int) -> np.ndarray:
-    """The int64 record offsets, checked: 0 first, rising, n_tokens last, and no record
-    longer than the C + 1 tokens that prepare keeps."""
+    """The int64 window offsets, checked: 0 first, rising, n_tokens last, and no window
+    longer than the C + 1 tokens that prepare writes."""
     if len(raw) == 0:
-        raise EulerError(f"{path}: no offsets (a split of R records has R + 1)")
+        raise EulerError(f"{path}: no offsets (a split of R windows has R + 1)")
     raw = np.asarray(raw)
     if raw[0] != 0 or raw[-1] != n_tokens or int(raw.max()) > n_tokens:
         raise EulerError(
@@ -292,7 +346,24 @@ def _checked_offsets(path: Path, raw: np.ndarray, n_tokens: int, context: int) -
     if bad.size:
         i = int(bad[0])
         raise EulerError(
-            f"{path}: position {i + 1}: record {i} spans {int(steps[i])} tokens, "
+            f"{path}: position {i + 1}: window {i} spans {int(steps[i])} tokens, "
             f"expected 1 to {context + 1} (offsets must rise)"
         )
     return offsets
+
+
+def _checked_starts(path: Path, raw: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The int64 record starts, checked: rising, below the number of tokens, and holding
+    every window's first position (a window begins with a record)."""
+    starts = np.asarray(raw).astype(np.int64)
+    n_tokens = int(offsets[-1])
+    if len(starts) and (int(starts.min()) < 0 or int(np.asarray(raw).max()) >= max(n_tokens, 1)):
+        raise EulerError(f"{path}: record starts must lie in 0 .. {n_tokens - 1}")
+    bad = np.flatnonzero(np.diff(starts) <= 0)
+    if bad.size:
+        raise EulerError(f"{path}: position {int(bad[0]) + 1}: record starts must rise")
+    missing = np.flatnonzero(~np.isin(offsets[:-1], starts))
+    if missing.size:
+        i = int(missing[0])
+        raise EulerError(f"{path}: window {i} (at token {int(offsets[i])}) starts no record")
+    return starts

@@ -51,6 +51,9 @@ def verify_folder(folder: Path) -> dict:
     else:
         for split in SPLITS:
             SFTDataset(folder, split)  # offsets, mask and token ids, checked on opening
+        heldout = folder / m["heldout"]["file"]
+        if not heldout.is_file() or sha256_file(heldout) != m["heldout"]["sha256"]:
+            raise EulerError(f"{heldout}: missing, or its SHA-256 differs from the manifest's")
     return {
         "kind": m["kind"],
         "files": len(m["files"]) + 1,

@@ -32,11 +32,18 @@ def rope_tables(cfg: ModelConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
-def make_targets(window: np.ndarray, T: int, K: int, mask: np.ndarray | None = None) -> np.ndarray:
+def make_targets(
+    window: np.ndarray,
+    T: int,
+    K: int,
+    mask: np.ndarray | None = None,
+    segments: np.ndarray | None = None,
+) -> np.ndarray:
     """Targets (K, B, T) int32 for inputs window[:, :T]: head k at t predicts window[:, t+1+k].
 
     A position whose target lies past the window's end, or whose target token has mask 0,
-    gets -1 (no target). window (B, N) with N >= T; mask (B, N) or None.
+    or (given segments) lies in another segment than the position, gets -1 (no target).
+    window, mask and segments (B, N) with N >= T.
     """
     B, N = window.shape
     targets = np.full((K, B, T), -1, dtype=np.int32)
@@ -47,6 +54,8 @@ def make_targets(window: np.ndarray, T: int, K: int, mask: np.ndarray | None = N
         targets[k, :, :n] = window[:, 1 + k : 1 + k + n]
         if mask is not None:
             targets[k, :, :n][mask[:, 1 + k : 1 + k + n] == 0] = -1
+        if segments is not None:
+            targets[k, :, :n][segments[:, :n] != segments[:, 1 + k : 1 + k + n]] = -1
     return targets
 
 

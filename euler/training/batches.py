@@ -55,10 +55,11 @@ class Batches:
         src = self.train if split == "train" else self.val
         B, T, K = self.tc.batch_size, self.T, self.K
         if self.tc.kind == "pretrain":
-            window, mask = src.batch(index, seed, B, T, K), None
-        else:  # SFT: the loss counts response tokens only
-            window, mask = src.batch(index, seed, B, T, K)
-        return window[:, :T], make_targets(window, T, K, mask)
+            window = src.batch(index, seed, B, T, K)
+            return window[:, :T], make_targets(window, T, K)
+        # SFT: the loss counts response tokens only, each within its own record
+        window, mask, segments = src.batch(index, seed, B, T, K)
+        return window[:, :T], make_targets(window, T, K, mask, segments)
 
     def sample_prompt(self) -> np.ndarray:
         """The prompt of the text sample shown at each evaluation."""

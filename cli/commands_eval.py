@@ -1,0 +1,162 @@
+"""`euler eval`: held-out bits per byte on text, and greedy answers to instructions."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+SHOWN = 3  # answers printed beside the table
+
+
+def register(app: typer.Typer) -> None:
+    """Add the eval command to the app."""
+
+    @app.command("eval")
+    def eval_command(
+        checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file, or a run folder.")],
+        text: Annotated[
+            list[Path] | None,
+            typer.Option(
+                help="Text to score in bits per byte: a .txt file or folder (books), "
+                "WikiExtractor, JSONL or Parquet files, or a folder from `euler data "
+                "prepare` (its held-out split). Repeat for several sources."
+            ),
+        ] = None,
+        instructions: Annotated[
+            Path | None,
+            typer.Option(help="Alpaca JSON file of instructions to answer greedily."),
+        ] = None,
+        max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 64,
+        limit: Annotated[
+            int, typer.Option(help="Answer only the first N instructions (0: all).")
+        ] = 0,
+        device: Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra).")] = "cpu",
+        precision: Annotated[
+            str | None, typer.Option(help="fp32, tf32 (cuda) or bf16; default per device.")
+        ] = None,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Also write the results here as JSON.")
+        ] = None,
+        overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
+    ) -> None:
+        """Score a checkpoint: bits per byte on --text, answers to --instructions."""
+        from euler.cli.commands_bench import check_json_out
+        from euler.cli.commands_data import check_int
+        from euler.cli.commands_train import chat_precision
+        from rich.console import Console
+
+        from euler.data.files import write_json_atomic
+        from euler.training import checkpoint as ckpt
+
+        if not text and instructions is None:
+            raise EulerError("give --text PATH and/or --instructions FILE")
+        check_int(max_tokens, "--max-tokens", 1, 1 << 20)
+        check_int(limit, "--limit", 0, 1 << 40)
+        if device not in ("cpu", "cuda"):
+            raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+        precision = chat_precision(device, precision)
+        check_json_out(json_out, overwrite)
+        records = None
+        if instructions is not None:
+            from euler.data.sft import load_alpaca
+
+            records = load_alpaca(instructions)
+            if not records:
+                raise EulerError(f"--instructions: {instructions}: no records")
+            records = records[:limit] if limit else records
+        ck = ckpt.load(checkpoint)
+        console = Console()
+        if not console.is_terminal:
+            console.width = max(console.width, 140)
+        result: dict = {"checkpoint": str(ck.path), "step": ck.step}
+        if text:
+            result["text"] = _eval_text(ck, text, device, precision, console)
+        if records is not None:
+            result["instructions"] = _eval_instructions(
+                ck, records, instructions, max_tokens, device, precision, console
+            )
+        if json_out is not None:
+            write_json_atomic(json_out, result)
+            console.print(f"wrote {json_out}")
+
+
+@contextlib.contextmanager
+def _progress(console, what: str, total: int):
+    """A rich progress bar; yields advance(n)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    cols = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*cols, console=console, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> dict:
+    """Bits per byte per source and overall, printed as a table."""
+    from rich.table import Table
+
+    from euler.backend import make_backend
+    from euler.eval.text import evaluate_text, load_text, n_windows
+
+    sources = load_text(paths, ck)
+    backend = make_backend(device, precision)
+    with _progress(console, "scoring text", n_windows(sources, ck.cfg.context)) as advance:
+        res = evaluate_text(ck, sources, backend, precision, on_batch=advance)
+    table = Table(
+        title=f"held-out text, {ck.path} (windows of {res['context']} + 1, stride "
+        f"{res['context']}, head 0)"
+    )
+    for col in ("source", "documents", "tokens", "MB", "nats/token", "tokens/byte", "bits/byte"):
+        table.add_column(col, justify="right" if col != "source" else "left")
+    for row in [*res["sources"], res["overall"]]:
+        table.add_row(
+            row["source"],
+            f"{row['documents']:,}",
+            f"{row['tokens']:,}",
+            f"{row['bytes'] / 1e6:.2f}",
+            f"{row['nats_per_token']:.4f}",
+            f"{row['tokens_per_byte']:.4f}",
+            f"{row['bits_per_byte']:.4f}",
+        )
+    console.print(table)
+    return res
+
+
+def _eval_instructions(
+    ck, records: list[dict], path: Path, max_tokens: int, device: str, precision: str, console
+) -> dict:
+    """Greedy answers scored (ended, length, loops, ROUGE-L), a table and a few answers."""
+    from euler.cli.commands_train import _decoder_factory
+    from rich.table import Table
+
+    from euler.eval.instructions import answer_records, summarize
+    from euler.inference.generate import ChatSession
+
+    session = ChatSession(_decoder_factory(ck, device, precision)(), ck.tokenizer())
+    with _progress(console, "answering", len(records)) as advance:
+        answers = answer_records(session, records, max_tokens, on_record=advance)
+    s = summarize(answers, max_tokens, path)
+    table = Table(
+        title=f"greedy answers to {s['records']} instructions of {path}, "
+        f"at most {max_tokens} tokens"
+    )
+    cols = {
+        f"end with <|end|> within {max_tokens}": f"{s['ended_share']:.1%}",
+        "mean tokens": f"{s['mean_tokens']:.1f}",
+        f"loops (a word {s['loop_n']}-gram {s['loop_times']}x)": f"{s['loop_share']:.1%}",
+        f"(references, first {max_tokens} tokens)": f"{s['reference_loop_share']:.1%}",
+        "ROUGE-L F1": f"{s['rouge_l']:.4f}",
+    }
+    for col in cols:
+        table.add_column(col, justify="right")
+    table.add_row(*cols.values())
+    console.print(table)
+    for a in answers[:SHOWN]:
+        console.print(f"[bold]> {a['instruction']}[/bold]", markup=True, highlight=False)
+        console.print(a["answer"] + ("" if a["ended"] else " [...]"), markup=False, highlight=False)
+    return {**s, "answers": answers}

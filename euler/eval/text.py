@@ -1,0 +1,200 @@
+"""Bits per byte of a model on text: comparable across tokenizers and with the trainer.
+
+Scoring rule. A source is one `--text` path: a text file or a folder of them (one book,
+Project Gutenberg header and footer stripped, is one document), WikiExtractor files (one
+article per document), JSON Lines or Parquet with a text column, read as `euler data
+prepare` reads them; or a folder prepared by `euler data prepare`, whose held-out (val)
+split is scored source by source, exactly the token stream the trainer's validation
+loss draws from. Every document is encoded with the checkpoint's tokenizer and preceded
+by <|endoftext|>, and a source's documents are concatenated in order. The stream is cut
+into consecutive windows of T + 1 tokens that overlap by one (stride T, T = the model's
+context): each token after the first is predicted once, by head 0, from the tokens before
+it in its window (0 to T - 1 of them), the last window being shorter. So the mean loss is
+the expectation of the trainer's head-0 validation loss, whose windows start anywhere.
+
+    bits per byte = sum of head-0 cross-entropies (nats) / ln 2 / UTF-8 bytes of the documents
+
+which is nats per token / ln 2 x tokens per byte: the tokenizer's compression cancels, so
+models with different tokenizers compare. The separators are predicted and scored, their
+bytes not counted (a tokenizer-independent convention: one boundary per document).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from euler.errors import EulerError
+
+EVAL_BATCH = 16  # windows per forward
+
+
+@dataclass
+class Stream:
+    """One source's tokens to score: streams (each scored apart) and their text's bytes."""
+
+    name: str
+    streams: list[np.ndarray]
+    text_bytes: int
+    documents: int
+
+
+def text_streams(path: Path, tok) -> list[Stream]:
+    """The sources of one --text path: one for a file or folder of documents, one per
+    corpus source for a prepared data folder (its val split)."""
+    path = Path(path)
+    if not path.exists():
+        raise EulerError(f"--text: {path} not found")
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return _prepared_streams(path, tok)
+    from euler.data.corpus import file_source
+
+    txt = path.suffix == ".txt" or (path.is_dir() and any(path.rglob("*.txt")))
+    src = file_source("books" if txt else "web", [str(path)], progress=False)
+    return [_encoded(str(path), src.documents(), tok)]
+
+
+def _encoded(name: str, docs: Iterator[str], tok) -> Stream:
+    """Stream of documents: each preceded by <|endoftext|>, concatenated."""
+    from euler.data.prepare import encode_stream
+
+    parts, n_bytes, n_docs = [], 0, 0
+    eot = np.array([tok.eot_id], dtype=np.int32)
+    for text, ids in encode_stream(tok, docs, threads=1):
+        parts += [eot, ids.astype(np.int32)]
+        n_bytes += len(text.encode("utf-8"))
+        n_docs += 1
+    if not n_docs:
+        raise EulerError(f"--text: {name}: no document to score (empty files or folder)")
+    return Stream(name, [np.concatenate(parts)], n_bytes, n_docs)
+
+
+def _prepared_streams(folder: Path, tok) -> list[Stream]:
+    """The val split of a prepared folder, per source: its shards as they are when the
+    tokenizer is the checkpoint's, else their documents decoded and encoded again."""
+    from euler.data.manifest import read_manifest
+    from euler.data.shards import open_shard, token_dtype
+
+    m = read_manifest(folder, kind="pretrain")
+    V = m["tokenizer"]["vocab_size"]
+    same = m["tokenizer"]["sha256"] == tok.sha256
+    folder_tok = None
+    if not same:
+        from euler.tokenizer import Tokenizer
+
+        folder_tok = Tokenizer.load(folder / m["tokenizer"]["file"])
+    out = []
+    for src in m["sources"]:
+        name = f"{folder}:{src['name']} (val)"
+        shards = [
+            np.asarray(open_shard(folder / f, V, token_dtype(V)().itemsize), dtype=np.int32)
+            for f in src["shards"]["val"]
+        ]
+        if not src["documents"]["val"]:
+            raise EulerError(f"--text: {name}: the val split holds no document")
+        if same:
+            out.append(Stream(name, shards, src["text_bytes"]["val"], src["documents"]["val"]))
+        else:
+            docs = (doc for s in shards for doc in _split_documents(s, folder_tok))
+            out.append(_encoded(name, docs, tok))
+    return out
+
+
+def _split_documents(shard: np.ndarray, tok) -> Iterator[str]:
+    """The documents of a shard (each after an <|endoftext|>) as text."""
+    starts = np.flatnonzero(shard == tok.eot_id)
+    for a, b in zip(starts, [*starts[1:], len(shard)], strict=True):
+        yield tok.decode_bytes(shard[a + 1 : b]).decode("utf-8")
+
+
+def score_stream(
+    model, stream: np.ndarray, T: int, on_batch: Callable[[int], None] | None = None
+) -> tuple[float, int]:
+    """(sum of head-0 cross-entropies in nats, number of predicted tokens) of one stream,
+    in windows of T + 1 tokens at stride T, EVAL_BATCH windows per forward of `model`;
+    on_batch(windows) after each forward."""
+    from euler.model.transformer import make_targets
+
+    B, K = EVAL_BATCH, model.cfg.n_mtp
+    starts = list(range(0, max(len(stream) - 1, 0), T))
+    total, count = 0.0, 0
+    for i in range(0, len(starts), B):
+        window = np.zeros((B, T + 1), dtype=np.int32)
+        valid = np.zeros((B, T + 1), dtype=np.uint8)
+        for b, s in enumerate(starts[i : i + B]):
+            piece = stream[s : s + T + 1]
+            window[b, : len(piece)], valid[b, : len(piece)] = piece, 1
+        targets = make_targets(window, T, K, valid)
+        targets[1:] = -1  # head 0 alone: the language model's loss
+        model.forward(window[:, :T], targets, need_grad=False)
+        losses = model.be.to_host(model.acts.losses)[0].astype(np.float64).reshape(B, T)
+        keep = targets[0] >= 0
+        total += float(losses[keep].sum())
+        count += int(keep.sum())
+        if on_batch:
+            on_batch(len(starts[i : i + B]))
+    return total, count
+
+
+def load_text(paths: list[Path], ck) -> list[Stream]:
+    """The sources of every --text path, encoded with checkpoint ck's tokenizer."""
+    tok = ck.tokenizer()
+    if tok.vocab_size > ck.cfg.vocab_size:
+        raise EulerError(
+            f"{ck.path}: its tokenizer has {tok.vocab_size} tokens but the model only "
+            f"{ck.cfg.vocab_size}: the checkpoint cannot score text"
+        )
+    return [s for p in paths for s in text_streams(p, tok)]
+
+
+def n_windows(sources: list[Stream], T: int) -> int:
+    """How many windows of stride T score `sources` (a progress bar's total)."""
+    return sum(len(range(0, max(len(s) - 1, 0), T)) for src in sources for s in src.streams)
+
+
+def evaluate_text(
+    ck,
+    sources: list[Stream],
+    backend,
+    precision: str = "fp32",
+    on_batch: Callable[[int], None] | None = None,
+) -> dict:
+    """Bits per byte of checkpoint ck on each source and overall (the module's rule);
+    on_batch(windows) after each forward."""
+    from euler.model.transformer import Model
+
+    T = ck.cfg.context
+    model = Model(ck.cfg, backend, flat_params=ck.params, precision=precision)
+    rows, nats, tokens, n_bytes = [], 0.0, 0, 0
+    for src in sources:
+        s_nats, s_tokens = 0.0, 0
+        for stream in src.streams:
+            a, b = score_stream(model, stream, T, on_batch)
+            s_nats, s_tokens = s_nats + a, s_tokens + b
+        rows.append(_row(src.name, s_nats, s_tokens, src.text_bytes, src.documents))
+        nats, tokens, n_bytes = nats + s_nats, tokens + s_tokens, n_bytes + src.text_bytes
+    return {
+        "checkpoint": str(ck.path),
+        "context": T,
+        "rule": "documents after <|endoftext|>, concatenated per source; windows of T + 1 "
+        "tokens at stride T; head 0; bits per byte = nats / ln 2 / UTF-8 bytes",
+        "sources": rows,
+        "overall": _row("overall", nats, tokens, n_bytes, sum(s.documents for s in sources)),
+    }
+
+
+def _row(name: str, nats: float, tokens: int, n_bytes: int, documents: int) -> dict:
+    """One table row: loss per token, tokens per byte and bits per byte."""
+    return {
+        "source": name,
+        "documents": documents,
+        "tokens": tokens,
+        "bytes": n_bytes,
+        "nats_per_token": nats / tokens if tokens else float("nan"),
+        "tokens_per_byte": tokens / n_bytes if n_bytes else float("nan"),
+        "bits_per_byte": nats / math.log(2) / n_bytes if n_bytes else float("nan"),
+    }

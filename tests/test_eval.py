@@ -1,0 +1,211 @@
+"""`euler eval`: bits per byte and instruction metrics on models whose answers are known by
+hand, the JSON and table output, and bad input in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from euler.tokenizer import Tokenizer
+
+from euler.eval.answers import has_loop, rouge_l
+from euler.model.config import get_preset
+from euler.model.params import ParamLayout
+from euler.training import checkpoint as ckpt
+from tests.bad_input import Case, assert_refused
+from tests.train_helpers import run_cli
+
+TOK = Tokenizer([])  # bytes and the special tokens: one token per byte
+
+
+def _checkpoint(path, edit=None):
+    """A tiny model with every block weight zero, so head 0's logits are W[k] . norm(emb[last
+    token]): uniform when the embedding is zero, else whatever edit(tensors) wires up."""
+    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=TOK.vocab_size, context=128)
+    layout = ParamLayout(cfg)
+    params = np.zeros(layout.size, np.float32)
+    views = layout.views(params)
+    views["final_norm"][:] = 1.0
+    if edit:
+        edit(views)
+    ckpt.save(path, cfg, params, None, {"step": 1}, {}, TOK.to_json())
+    return path
+
+
+def _alternating(views):
+    """After <|assistant|> or " ": "a"; after "a": " " (so the answer is "a a a ...")."""
+    a, sp = TOK.encode("a")[0], TOK.encode(" ")[0]
+    views["tok_emb"][TOK.assistant_id, 0] = views["tok_emb"][sp, 0] = 1.0
+    views["tok_emb"][a, 1] = 1.0
+    views["mtp_heads"][0, a, 0] = views["mtp_heads"][0, sp, 1] = 10.0
+
+
+def _ends_at_once(views):
+    """After <|assistant|>: <|end|>."""
+    views["tok_emb"][TOK.assistant_id, 2] = 1.0
+    views["mtp_heads"][0, TOK.end_id, 2] = 10.0
+
+
+def test_uniform_model_scores_log2_vocab_bits_per_byte(tmp_path, monkeypatch, capsys):
+    """Uniform predictions over V tokens cost ln V nats each; one token per byte: log2 V."""
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("Call me Ishmael. " * 9 + "café", encoding="utf-8")
+    (books / "b.txt").write_text("It was the best of times.", encoding="utf-8")
+    (tmp_path / "w.jsonl").write_text(json.dumps({"text": "A web page.\nWith two lines."}))
+    ck = _checkpoint(tmp_path / "u.safetensors")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "eval",
+        str(ck),
+        "--text",
+        str(books),
+        "--text",
+        str(tmp_path / "w.jsonl"),
+        "--json",
+        str(tmp_path / "e.json"),
+    )
+    assert code == 0, err
+    res = json.loads((tmp_path / "e.json").read_text())["text"]
+    docs = [("Call me Ishmael. " * 9 + "café").strip(), "It was the best of times."]
+    web = "A web page.\nWith two lines."
+    rows = {r["source"]: r for r in res["sources"]}
+    n_books = sum(len(d.encode()) for d in docs)
+    assert rows[str(books)]["bytes"] == n_books and rows[str(books)]["documents"] == 2
+    # every byte and the second document's <|endoftext|> are predicted, the first is not
+    assert rows[str(books)]["tokens"] == n_books + 1
+    assert rows[str(tmp_path / "w.jsonl")]["tokens"] == len(web.encode())
+    for row in [*res["sources"], res["overall"]]:
+        assert row["nats_per_token"] == pytest.approx(math.log(TOK.vocab_size), rel=1e-6)
+        expect = math.log2(TOK.vocab_size) * row["tokens"] / row["bytes"]
+        assert row["bits_per_byte"] == pytest.approx(expect, rel=1e-6)
+    assert res["overall"]["bytes"] == n_books + len(web.encode())
+    assert "bits/byte" in out and "overall" in out
+
+
+def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):
+    records = [
+        {"instruction": "Say a.", "input": "", "output": "a a"},
+        {"instruction": "Other.", "input": "x", "output": "b"},
+    ]
+    (tmp_path / "i.json").write_text(json.dumps(records))
+    loops = _checkpoint(tmp_path / "loop.safetensors", _alternating)
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "eval",
+        str(loops),
+        "--instructions",
+        str(tmp_path / "i.json"),
+        "--max-tokens",
+        "64",
+        "--json",
+        str(tmp_path / "loop.json"),
+    )
+    assert code == 0, err
+    s = json.loads((tmp_path / "loop.json").read_text())["instructions"]
+    assert s["answers"][0]["answer"] == "a " * 32
+    assert (s["ended_share"], s["mean_tokens"], s["loop_share"]) == (0.0, 64.0, 1.0)
+    # 32 words against "a a": LCS 2, precision 2/32, recall 1; against "b": nothing
+    assert s["rouge_l"] == pytest.approx((2 * (1 / 16) / (1 / 16 + 1)) / 2)
+    assert "a a a" in out and "[...]" in out  # answers shown, cut ones marked
+    ends = _checkpoint(tmp_path / "end.safetensors", _ends_at_once)
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "eval",
+        str(ends),
+        "--instructions",
+        str(tmp_path / "i.json"),
+        "--json",
+        str(tmp_path / "end.json"),
+    )
+    s = json.loads((tmp_path / "end.json").read_text())["instructions"]
+    assert (s["ended_share"], s["mean_tokens"], s["loop_share"], s["rouge_l"]) == (1, 0, 0, 0)
+
+
+def test_loop_and_overlap_scores():
+    assert has_loop("go on and on and on and on and on") and not has_loop("a b c d a b c d")
+    assert has_loop("x y z w " * 3) and not has_loop("Hello, hello, hello.")
+    assert rouge_l("The cats sat", "the cat sat down") == pytest.approx(2 * 1 * 0.75 / 1.75)
+
+
+CASES = [
+    Case("eval-nothing", ("eval", "{root}/c.safetensors"), ("--text", "--instructions")),
+    Case(
+        "eval-not-alpaca",
+        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json"),
+        ("i.json", "[0]", "record object"),
+        lambda r: (r / "i.json").write_text('["just a string"]'),
+    ),
+    Case(
+        "eval-alpaca-no-output",
+        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json"),
+        ("i.json", "[0].output"),
+        lambda r: (r / "i.json").write_text('[{"instruction": "a"}]'),
+    ),
+    Case(
+        "eval-empty-folder",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/empty"),
+        ("empty", "no files"),
+        lambda r: (r / "empty").mkdir(),
+    ),
+    Case(
+        "eval-empty-text",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/e.txt"),
+        ("e.txt", "no document"),
+        lambda r: (r / "e.txt").write_text("  \n"),
+    ),
+    Case(
+        "eval-not-utf8",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/b.txt"),
+        ("b.txt", "not UTF-8", "byte 3"),
+        lambda r: (r / "b.txt").write_bytes(b"abc\xff"),
+    ),
+    Case(
+        "eval-missing-text",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/none.txt"),
+        ("--text", "none.txt", "not found"),
+    ),
+    Case(
+        "eval-max-tokens",
+        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json", "--max-tokens", "0"),
+        ("--max-tokens",),
+    ),
+    Case(
+        "eval-json-exists",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/t.txt", "--json", "{root}/t.txt"),
+        ("--json", "--overwrite"),
+        lambda r: (r / "t.txt").write_text("hi."),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input_is_one_line(case, tmp_path, monkeypatch, capsys):
+    _checkpoint(tmp_path / "c.safetensors")
+    assert_refused(monkeypatch, capsys, case, tmp_path)
+
+
+def test_tokenizer_larger_than_the_model_is_refused(tmp_path, monkeypatch, capsys):
+    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=TOK.vocab_size - 1)
+    ckpt.save(
+        tmp_path / "c.safetensors",
+        cfg,
+        np.zeros(ParamLayout(cfg).size, np.float32),
+        None,
+        {},
+        {},
+        TOK.to_json(),
+    )
+    (tmp_path / "t.txt").write_text("hi.")
+    case = Case(
+        "eval-vocab",
+        ("eval", "{root}/c.safetensors", "--text", "{root}/t.txt"),
+        ("c.safetensors", "tokenizer has", "cannot score"),
+    )
+    assert_refused(monkeypatch, capsys, case, tmp_path)
