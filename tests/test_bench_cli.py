@@ -108,10 +108,10 @@ def test_peer_skipped_with_a_note_when_torch_is_missing(monkeypatch):
 
 
 def test_best_ms_times_rounds_of_calls_per_call(monkeypatch):
-    """A round is `calls` calls and one sync, reported per call: on a GPU the launches then
-    queue ahead of the device instead of each waiting for the last (GPU_CALLS there)."""
+    """A round is `calls` calls and one sync, reported per call; the CPU's layers take one
+    call a round (call_ms), a GPU's GPU_CALLS behind a spinning kernel."""
+    from euler.bench import kernels as bench_kernels
     from euler.bench import timing as bench_timing
-    from euler.bench.kernels import GPU_CALLS, calls_for
 
     clock = iter(range(0, 1000, 6))  # each round takes 6 "seconds"
     monkeypatch.setattr(bench_timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
@@ -119,7 +119,10 @@ def test_best_ms_times_rounds_of_calls_per_call(monkeypatch):
     ms = bench_timing.best_ms(lambda: log.append("call"), lambda: log.append("sync"), 2, calls=3)
     assert ms == 1e3 * 6 / 3
     assert log == ["call", "sync"] + ["call"] * 3 + ["sync"] + ["call"] * 3 + ["sync"]
-    assert calls_for(CpuBackend()) == 1 and GPU_CALLS > 1
+    log.clear()
+    monkeypatch.setattr(bench_kernels, "best_ms", bench_timing.best_ms)
+    bench_kernels.call_ms(CpuBackend(), lambda: log.append("call"), 2)
+    assert log == ["call"] * 3 and bench_kernels.GPU_CALLS > 1
 
 
 # ------------------------------------------------------------------ --precision

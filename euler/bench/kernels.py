@@ -1,8 +1,9 @@
 """`euler bench`'s measurements apart from the training step: layer kernels, attention, tokenizer.
 
 Every figure is the fastest of `reps` synchronised rounds, in ms per call, after one
-untimed call (which compiles or warms caches); a round is one call on the CPU and
-GPU_CALLS back-to-back calls on a GPU (the host's launch cost hides behind the kernels).
+untimed call (which compiles or warms caches); a round is one call on the CPU and, on a
+GPU, GPU_CALLS calls queued behind a spinning kernel and timed by CUDA events, so that the
+host's launches (40-90 us a call from Python) are not counted (call_ms).
 Layer cases are shared with bench/test_bench_cpu.py and bench/test_bench_gpu.py, whose
 test ids are their names.
 """
@@ -27,12 +28,18 @@ from euler.precision import BF16, as_float32, storage_dtype, to_bf16
 from euler.training.optim import AdamWConfig
 
 NAIVE_SCORES_BYTES = 256 * 2**20  # the host memory naive attention's scores may take
-GPU_CALLS = 10  # calls a timed round on a GPU (best_ms): the launches queue ahead of it
+GPU_CALLS = 10  # calls a timed round on a GPU (call_ms), queued behind a spinning kernel
 
 
-def calls_for(be) -> int:
-    """Calls per timed round on be: GPU_CALLS on a GPU, 1 on the CPU."""
-    return GPU_CALLS if be.name == "cuda" else 1
+def call_ms(be, fn: Callable[[], None], reps: int) -> float:
+    """Best-of-reps ms of one fn() on be: on a GPU device time, each round's GPU_CALLS calls
+    queued behind a spinning kernel (euler.bench.device_time: the host's launches, 40-90 us
+    a call from Python, are not counted); on the CPU best_ms of one call a round."""
+    if be.name == "cuda":
+        from euler.bench.device_time import best_device_ms
+
+        return best_device_ms(be.stream, fn, reps, GPU_CALLS)
+    return best_ms(fn, be.synchronize, reps, 1)
 
 
 # ------------------------------------------------------------------ layers
@@ -124,10 +131,10 @@ def _linear_backward(be, dx, dw, dy, x, w) -> None:
 def time_layers(
     be, cfg: ModelConfig, B: int, T: int, reps: int, precision: str = "fp32"
 ) -> dict[str, float]:
-    """Best-of-reps ms of each layer case at (B, T) in `precision`."""
+    """Best-of-reps ms of each layer case at (B, T) in `precision` (call_ms: device time on
+    a GPU)."""
     return {
-        name: best_ms(fn, be.synchronize, reps, calls_for(be))
-        for name, fn in layer_cases(be, cfg, B, T, precision).items()
+        name: call_ms(be, fn, reps) for name, fn in layer_cases(be, cfg, B, T, precision).items()
     }
 
 
@@ -196,17 +203,13 @@ def compare_attention(
     qkv_h, dout_h = as_float32(qkv_s), as_float32(dout_s)  # the naive one's: the same values
     out, lse = be.zeros((B, T, H * E), dtype("att")), be.zeros((B, H, T), dtype("lse"))
     dqkv = be.zeros(qkv_h.shape, dtype("dqkv"))
-    n = calls_for(be)
-    flash_f = best_ms(lambda: be.attention_forward(out, lse, qkv, H, G, E), be.synchronize, reps, n)
-    flash_b = best_ms(
-        lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), be.synchronize, reps, n
-    )
+    flash_f = call_ms(be, lambda: be.attention_forward(out, lse, qkv, H, G, E), reps)
+    flash_b = call_ms(be, lambda: be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E), reps)
     if on_gpu:
         from euler.gpu.naive_attention import NaiveAttention
 
         naive = NaiveAttention(be, qkv_h, dout_h, H, G, E)
-        naive_f = best_ms(naive.forward, be.synchronize, reps, n)
-        naive_b = best_ms(naive.backward, be.synchronize, reps, n)
+        naive_f, naive_b = call_ms(be, naive.forward, reps), call_ms(be, naive.backward, reps)
         naive_out, scores_bytes = naive.out(), naive.scores_bytes()
     else:
         naive_f, naive_b, naive_out, scores_bytes = _naive_numpy(qkv_h, dout_h, H, G, E, reps)
