@@ -1,6 +1,7 @@
 """GPU benchmark: the `gpu` preset's training step, per-layer times, FlashAttention vs naive.
 
     python bench/bench_gpu.py --out bench/results/gpu-DATE-h200.json
+    python bench/bench_gpu.py --profile-only --precision bf16 --out FILE   # the profile alone
 
 Measures on the current CUDA GPU in `--precision` (tf32 by default, as training runs; fp32
 exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
@@ -21,6 +22,9 @@ exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
   how many a step makes;
 - our FlashAttention forward and backward against a naive attention that materialises the
   (B H, T, T) scores (batched cuBLAS GEMMs and a row softmax kernel) at each `--attn-t`.
+
+`--profile-only` measures just the training step's rows: its tokens/s, the per-method
+profile (launched and device only) and the products alone, in a minute or so.
 """
 
 from __future__ import annotations
@@ -340,6 +344,10 @@ def main() -> None:
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--steps-only", action="store_true", help="just the overlap_steps table")
+    ap.add_argument(
+        "--profile-only", action="store_true",
+        help="just the training step: its per-method profile and the products alone",
+    )  # fmt: skip
     args = ap.parse_args()
     args.peak = args.peak or H200_PEAK_TFLOPS[args.precision]
     result = {
@@ -348,14 +356,20 @@ def main() -> None:
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
     }
-    result["steps"] = overlap_steps(args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if args.steps_only:
-        return
+    if not args.profile_only:
+        result["steps"] = overlap_steps(args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        if args.steps_only:
+            return
     result["train_step"] = bench_step(args)
     print(json.dumps(result["train_step"], indent=1), flush=True)
+    if args.profile_only:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
     be = GpuBackend(tf32=args.precision != "fp32")
     result["attention"] = [bench_attention(be, t, args) for t in args.attn_t]
     result["kernel_resources"] = kernel_resources()
