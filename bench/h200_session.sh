@@ -13,12 +13,27 @@
 #     bash bench/h200_session.sh final      # euler bench with torch.compile, then the gpu tests
 #     bash bench/h200_session.sh defaults   # gpu tests, then euler bench --no-peer (~5 min)
 #     bash bench/h200_session.sh bf16       # the bf16 gpu tests, then euler bench in bf16 (~8 min)
+#     bash bench/h200_session.sh speed      # euler bench in bf16 and in tf32 (PyTorch eager and
+#                                           # compiled), bf16 attention against torch SDPA's flash
+#                                           # backend, each precision's device-only step profile
+#     bash bench/h200_session.sh bf16curves # tf32 and bf16 trainings side by side (same seed,
+#                                           # data, steps: CURVE_STEPS, 4500), pytest -m gpu beside
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
-# so a call cut short still returns what it finished.
+# so a call cut short still returns what it finished. `speed` and `bf16curves` end their
+# steps by a deadline BUDGET_S (585) seconds after the script started, inside a call's 600.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/log.txt"; }
+keep() { grep --line-buffered -v Warning | tee -a "$OUT/log.txt"; }  # a step's whole output
+deadline=$((SECONDS + ${BUDGET_S:-585}))
+# seconds for a step: at most $1, and no later than the deadline (at least 1: timeout 0 is none)
+left() {
+    local l=$((deadline - SECONDS))
+    l=$((l < $1 ? l : $1))
+    echo $((l < 1 ? 1 : l))
+}
 
 log setup
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -121,8 +136,53 @@ bf16)
     timeout 300 python3 -m euler.cli bench --device cuda --preset gpu --precision bf16 \
         --steps 10 --json "$OUT/bench-bf16.json" 2>&1 | tail -60 | tee -a "$OUT/log.txt"
     ;;
+speed)
+    # issue 33, run 1: each engine's step in bf16 and in tf32 with the PyTorch peer (eager and
+    # compiled, each in its own process), per-layer kernels and peak memory; the attention
+    # alone in bf16 against torch SDPA (flash); where a step's device time goes, per method
+    for p in bf16 tf32; do
+        log "euler bench --precision $p (ours, ours_cuda_graph, torch eager, torch compiled)"
+        timeout "$(left 200)" python3 -m euler.cli bench --device cuda --preset gpu --precision $p \
+            --steps 10 --json "$OUT/bench-$p.json" 2>&1 | keep | tail -3
+    done
+    log "bf16 attention against torch SDPA (flash backend), T=512 and 2048"
+    timeout "$(left 150)" python3 bench/attention_tc_gpu.py --precision bf16 \
+        --out "$OUT/attention-bf16.json" 2>&1 | keep | tail -3
+    for p in bf16 tf32; do
+        log "device-only per-method profile of the $p step"
+        timeout "$(left 100)" python3 bench/bench_gpu.py --profile-only --precision $p \
+            --out "$OUT/profile-$p.json" 2>&1 | keep | tail -3
+    done
+    ;;
+bf16curves)
+    # issue 33, runs 2 and 5: the gpu preset in tf32 and in bf16, the same seed, data order
+    # and steps, side by side on the one GPU (each gets part of it), with pytest -m gpu
+    # beside them (niced). The data travels compressed: .carry/gpu-data.tar.xz (euler data
+    # prepare --books ../shared/data/books --web ../shared/data/web --vocab-size 4096
+    # --out gpu-data; tar -cJf .carry/gpu-data.tar.xz gpu-data). A run still going at the
+    # deadline gets Ctrl-C (SIGINT: it saves a checkpoint and stops).
+    mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
+    common=(--device cuda --preset gpu --data runs/gpu-data --batch-size 32
+        --steps "${CURVE_STEPS:-4500}" --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 500
+        --eval-batches 20 --sample-tokens 0 --ckpt-every 100000 --log-every 50)
+    log "curves: tf32 and bf16 side by side, ${CURVE_STEPS:-4500} steps each"
+    for p in tf32 bf16; do
+        timeout -s INT "$(left 575)" python3 -m euler.cli train "${common[@]}" --precision $p \
+            --out /tmp/runs/$p >"$OUT/train-$p.txt" 2>&1 &
+    done
+    log "pytest -m gpu, beside the trainings"
+    timeout "$(left 560)" nice -n 5 python3 -m pytest -q -m gpu >"$OUT/pytest-gpu.txt" 2>&1
+    grep -E "passed|failed|error" "$OUT/pytest-gpu.txt" | tail -5 | tee -a "$OUT/log.txt"
+    wait
+    for p in tf32 bf16; do
+        cp /tmp/runs/$p/metrics.jsonl "$OUT/metrics-$p.jsonl"
+        cp /tmp/runs/$p/run.json "$OUT/run-$p.json"
+        tail -6 "$OUT/train-$p.txt" | tee -a "$OUT/log.txt"
+    done
+    ;;
 *)
-    echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16" >&2
+    echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
+        "speed|bf16curves" >&2
     exit 2
     ;;
 esac
