@@ -174,19 +174,21 @@ class Backend(Protocol):
         """(graph of the work fn() enqueues, fn's result); EulerError without can_capture."""
 
     # ------------------------------------------------------------ decoding with a KV cache
-    # Generation (euler/inference/generate.py) feeds n new rows with embedding_forward,
-    # rmsnorm_forward, rope_forward (at pos0), swiglu_forward and residual_forward, and these:
+    # Decoding (euler/inference/batch.py) feeds n rows, each a token of one of S sequences,
+    # with embedding_forward, rmsnorm_forward, rope_forward (tables gathered at the rows'
+    # positions), swiglu_forward and residual_forward, and these. Each row is computed
+    # alone: its result does not depend on which or how many rows share the call.
     def decode_linear(self, out: Array, x: Array, w: Array) -> None:
-        """out (n, M) = x (n, D) @ w (M, D)^T, each row alone: a row's result does not depend
-        on n. EulerError without kv_cache."""
+        """out (n, M) = x (n, D) @ w (M, D)^T, each row alone. EulerError without kv_cache."""
 
     def decode_attention(
-        self, out: Array, qkv: Array, k_cache: Array, v_cache: Array, pos0: int, H: int, G: int,
-        E: int,
+        self, out: Array, qkv: Array, k_cache: Array, v_cache: Array, slots: Array,
+        positions: Array, H: int, G: int, E: int,
     ) -> None:  # fmt: skip
-        """Append the keys and values of qkv (n, (H + 2G) E) (RoPE applied) to k_cache,
-        v_cache (G, C, E) at positions pos0..pos0+n-1, then out (n, H E): row i attends to
-        cached positions 0..pos0+i, alone (independent of n). EulerError without kv_cache."""
+        """Write the keys and values of qkv (n, (H + 2G) E) (RoPE applied) into k_cache,
+        v_cache (S, G, C, E) at slot slots[r], position positions[r] of each row r (n,)
+        int32, then out (n, H E): row r attends to its slot's positions 0..positions[r]
+        (this call's rows included). EulerError without kv_cache."""
 
 
 def make_backend(device: str, precision: str = "tf32", exact_attention: bool = False) -> Backend:

@@ -337,6 +337,19 @@ def logsumexp_row(logits, T):
     return m + math.log(s)
 
 
+# ---------------------------------------------------------------- products
+
+
+@register_jitable(fastmath=ROW_FAST)
+def dot_row(a, b, T):
+    """sum(a * b) of two rows (D,), in one fixed order for a given D: the decoding products
+    compute every element of a row alone, so a row's result cannot depend on its batch."""
+    s = T(0.0)
+    for d in range(a.shape[0]):
+        s += a[d] * b[d]
+    return s
+
+
 # ---------------------------------------------------------------- AdamW
 
 

@@ -102,7 +102,7 @@ def test_the_gpu_declares_no_kv_cache_and_refuses_to_decode():
     with pytest.raises(EulerError, match="kv_cache is False"):
         GpuBackend.decode_linear(None, None, None, None)
     with pytest.raises(EulerError, match="kv_cache is False"):
-        GpuBackend.decode_attention(None, None, None, None, None, 0, 4, 2, 8)
+        GpuBackend.decode_attention(None, None, None, None, None, None, None, 4, 2, 8)
 
 
 # ------------------------------------------------------------------ shape checks
@@ -122,6 +122,8 @@ def _cases():
     hp = type("HP", (), {"grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
                          "weight_decay": 0.0})  # fmt: skip
     hyper = np.array([1e-3, 0.1, 0.05])
+    slots = np.array([0, 1, 1], np.int32)  # N rows: one of slot 0, two of slot 1
+    at = lambda p: np.arange(p, p + N, dtype=np.int32)  # noqa: E731  (positions p.. of N rows)
     return {
         "embedding_forward": (
             "tokens",
@@ -186,13 +188,25 @@ def _cases():
         "decode_attention": (
             "k_cache",
             lambda be: be.decode_attention(
-                _z(N, H * E), _z(N, QKV), _z(G, C, E + 1), _z(G, C, E), 0, H, G, E
+                _z(N, H * E), _z(N, QKV), _z(2, G, C, E + 1), _z(2, G, C, E), slots, at(0), H, G, E
+            ),
+        ),  # fmt: skip
+        "decode_attention slots": (
+            "slots",
+            lambda be: be.decode_attention(
+                _z(N, H * E), _z(N, QKV), _z(2, G, C, E), _z(2, G, C, E), slots[:2], at(0), H, G, E
             ),
         ),  # fmt: skip
         "decode_attention past the cache": (
             "positions",
             lambda be: be.decode_attention(
-                _z(N, H * E), _z(N, QKV), _z(G, C, E), _z(G, C, E), C - 1, H, G, E
+                _z(N, H * E), _z(N, QKV), _z(2, G, C, E), _z(2, G, C, E), slots, at(C - 1), H, G, E
+            ),
+        ),  # fmt: skip
+        "decode_attention past the slots": (
+            "slots",
+            lambda be: be.decode_attention(
+                _z(N, H * E), _z(N, QKV), _z(2, G, C, E), _z(2, G, C, E), slots + 1, at(0), H, G, E
             ),
         ),  # fmt: skip
     }
@@ -201,7 +215,7 @@ def _cases():
 @pytest.mark.parametrize("case", list(_cases()))
 def test_a_wrong_shape_is_a_one_line_error_naming_the_tensor(case):
     tensor, call = _cases()[case]
-    named = tensor if tensor == "positions" else rf"\b{tensor} has shape"
+    named = tensor if tensor == "positions" or " " in case else rf"\b{tensor} has shape"
     with pytest.raises(ValueError, match=named) as info:
         call(CpuBackend())
     assert "\n" not in str(info.value)

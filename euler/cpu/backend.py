@@ -315,31 +315,33 @@ class CpuBackend:
 
     # ------------------------------------------------------------ decoding with a KV cache
     def decode_linear(self, out, x, w) -> None:
-        """out (n, M) = x (n, D) @ w (M, D)^T, one matrix-vector product per row, so that a
-        row's result is bit-identical whatever n (speculative decoding's exactness)."""
+        """out (n, M) = x (n, D) @ w (M, D)^T, every element a dot product of its own (not
+        BLAS, whose blocking depends on n), so a row's result is bit-identical whatever rows
+        share the call: batched and speculative decoding stay exact."""
         check_shapes("decode_linear", x=(x, (out.shape[0], w.shape[1])),
                      out=(out, (x.shape[0], w.shape[0])))  # fmt: skip
-        for i in range(x.shape[0]):
-            np.matmul(w, x[i], out=out[i])
+        decode.linear_rows(out, x, w)
 
-    def decode_attention(self, out, qkv, k_cache, v_cache, pos0, H, G, E) -> None:
-        """Append qkv (n, (H + 2G) E)'s keys and values to k_cache, v_cache (G, C, E) at
-        pos0..pos0+n-1, then out (n, H E): row i attends to cached positions 0..pos0+i."""
+    def decode_attention(self, out, qkv, k_cache, v_cache, slots, positions, H, G, E) -> None:
+        """Write qkv (n, (H + 2G) E)'s keys and values into k_cache, v_cache (S, G, C, E) at
+        (slots[r], positions[r]) for each row r, then out (n, H E): row r attends to its
+        slot's positions 0..positions[r]; slots and positions (n,) int32."""
         n = qkv.shape[0]
-        C = k_cache.shape[1] if k_cache.ndim == 3 else -1
+        S, C = (k_cache.shape[0], k_cache.shape[2]) if k_cache.ndim == 4 else (-1, -1)
         check_shapes("decode_attention", qkv=(qkv, (n, (H + 2 * G) * E)), out=(out, (n, H * E)),
-                     k_cache=(k_cache, (G, C, E)), v_cache=(v_cache, (G, C, E)))  # fmt: skip
-        if pos0 < 0 or pos0 + n > C:
-            raise ValueError(f"decode_attention: positions {pos0}..{pos0 + n - 1} outside the "
-                             f"cache's {C}")  # fmt: skip
+                     k_cache=(k_cache, (S, G, C, E)), v_cache=(v_cache, (S, G, C, E)),
+                     slots=(slots, (n,)), positions=(positions, (n,)))  # fmt: skip
+        if slots.dtype != np.int32 or positions.dtype != np.int32:
+            raise ValueError("decode_attention: slots and positions must be int32")
+        if n and (positions.min() < 0 or positions.max() >= C):
+            raise ValueError(f"decode_attention: positions {positions.min()}..{positions.max()} "
+                             f"outside the cache's {C}")  # fmt: skip
+        if n and (slots.min() < 0 or slots.max() >= S):
+            raise ValueError(f"decode_attention: slots {slots.min()}..{slots.max()} outside the "
+                             f"cache's {S}")  # fmt: skip
         if G < 1 or H % G:
             raise ValueError(f"decode_attention: G={G} key/value heads do not divide H={H}")
-        k_cache[:, pos0 : pos0 + n] = (
-            qkv[:, H * E : (H + G) * E].reshape(n, G, E).transpose(1, 0, 2)
-        )
-        v_cache[:, pos0 : pos0 + n] = qkv[:, (H + G) * E :].reshape(n, G, E).transpose(1, 0, 2)
-        q = np.ascontiguousarray(qkv[:, : H * E])
-        decode.attention_decode(out, q, k_cache, v_cache, pos0, H, G, E)
+        decode.attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E)
 
 
 def _cross_entropy_shapes(where: str, losses, logits, targets) -> None:

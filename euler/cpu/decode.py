@@ -1,12 +1,16 @@
-"""Inference kernels on the CPU: attention of a few new query rows over a KV cache.
+"""Inference kernels on the CPU: KV-cache attention and matrix products for decoding rows.
 
-Generation feeds n new tokens at positions pos0 .. pos0+n-1 (n = the prompt at prefill,
-1 per plain decoding step, K when speculative decoding verifies a draft). Their keys and
-values are appended to the cache first, so row i attends to cached positions 0 .. pos0+i.
+A decoding forward feeds n rows, each a token of some sequence: row r belongs to cache slot
+slots[r] and sits at position positions[r] (a prompt's rows at prefill, 1 row per active
+sequence at each batched step, K rows when speculative decoding verifies a draft). The
+keys and values of every row are written to the cache first, so row r attends to its
+slot's positions 0 .. positions[r], this call's earlier rows of that slot included.
 
-Each query row is computed alone, in the same order of operations whatever n is: a row's
-output must not depend on how many rows share the call, or speculative decoding (n = K)
-could disagree with plain greedy decoding (n = 1) in the last bit and flip an argmax.
+Each row is computed alone, in the same order of operations whatever n is and whichever
+rows share the call: a row's output must not depend on them, or batched decoding could
+disagree with decoding a sequence alone (and speculative decoding, n = K, with plain
+greedy decoding, n = 1) in the last bit and flip an argmax. nogil: the server's scheduler
+thread runs these beside the event loop that streams their tokens.
 """
 
 from __future__ import annotations
@@ -16,33 +20,41 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from euler.layer_math import exp_, online_softmax_rescale
+from euler.layer_math import dot_row, exp_, online_softmax_rescale
 
 TILE = 32  # keys per online-softmax rescale
+OUT_BLOCK = 16  # output features per prange job of linear_rows: a weight block kept in L1
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def attention_decode(out, q, k_cache, v_cache, pos0, H, G, E):
-    """out (n, H E), assigned, from q (n, H E) and k_cache, v_cache (G, C, E).
+@njit(parallel=True, cache=True, error_model="numpy", nogil=True)
+def attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E):
+    """out (n, H E), assigned, from qkv (n, (H + 2G) E) (RoPE applied) and the caches
+    k_cache, v_cache (S, G, C, E), into which this call's keys and values are written.
 
-    Row i is the query at position pos0 + i (RoPE applied); it attends causally to the
-    cache's positions 0 .. pos0 + i, which must already hold this call's keys and values.
-    Query head h reads kv head h // (H / G).
+    Row r is the query at position positions[r] of slot slots[r]; it attends causally to
+    that slot's positions 0 .. positions[r]. Query head h reads kv head h // (H / G).
     """
-    n = q.shape[0]
-    T = q.dtype.type
+    n = qkv.shape[0]
+    T = qkv.dtype.type
     scale = T(1.0 / math.sqrt(E))
     rep = H // G
+    for r in prange(n):  # every key and value first: a row may attend to an earlier row
+        s, p = slots[r], positions[r]
+        for g in range(G):
+            for e in range(E):
+                k_cache[s, g, p, e] = qkv[r, (H + g) * E + e]
+                v_cache[s, g, p, e] = qkv[r, (H + G + g) * E + e]
     for job in prange(n * H):
         i = job // H
         h = job % H
         g = h // rep
-        keys = pos0 + i + 1
-        qv = np.empty(E, dtype=q.dtype)
+        s = slots[i]
+        keys = positions[i] + 1
+        qv = np.empty(E, dtype=qkv.dtype)
         for e in range(E):
-            qv[e] = q[i, h * E + e] * scale
-        acc = np.zeros(E, dtype=q.dtype)
-        s = np.empty(TILE, dtype=q.dtype)
+            qv[e] = qkv[i, h * E + e] * scale
+        acc = np.zeros(E, dtype=qkv.dtype)
+        sc = np.empty(TILE, dtype=qkv.dtype)
         m = T(-np.inf)
         total = T(0.0)
         for j0 in range(0, keys, TILE):
@@ -51,8 +63,8 @@ def attention_decode(out, q, k_cache, v_cache, pos0, H, G, E):
             for j in range(nt):
                 d = T(0.0)
                 for e in range(E):
-                    d += qv[e] * k_cache[g, j0 + j, e]
-                s[j] = d
+                    d += qv[e] * k_cache[s, g, j0 + j, e]
+                sc[j] = d
                 mt = max(mt, d)
             m_new = max(m, mt)
             alpha = online_softmax_rescale(m, m_new, T)
@@ -60,11 +72,28 @@ def attention_decode(out, q, k_cache, v_cache, pos0, H, G, E):
             for e in range(E):
                 acc[e] *= alpha
             for j in range(nt):
-                p = exp_(s[j] - m_new)
-                total += p
+                pj = exp_(sc[j] - m_new)
+                total += pj
                 for e in range(E):
-                    acc[e] += p * v_cache[g, j0 + j, e]
+                    acc[e] += pj * v_cache[s, g, j0 + j, e]
             m = m_new
         inv = T(1.0) / total
         for e in range(E):
             out[i, h * E + e] = acc[e] * inv
+
+
+@njit(parallel=True, cache=True, error_model="numpy", nogil=True)
+def linear_rows(out, x, w):
+    """out (n, M), assigned, = x (n, D) @ w (M, D)^T, every element one dot_row.
+
+    The jobs are blocks of OUT_BLOCK output features; each reads its block of w once for
+    all n rows (what batching buys), and each element is the same dot product of two rows
+    whatever n is, so a row's result does not depend on the rows beside it.
+    """
+    n = x.shape[0]
+    M = w.shape[0]
+    T = x.dtype.type
+    for b in prange((M + OUT_BLOCK - 1) // OUT_BLOCK):
+        for i in range(n):
+            for m in range(b * OUT_BLOCK, min(M, (b + 1) * OUT_BLOCK)):
+                out[i, m] = dot_row(x[i], w[m], T)

@@ -506,6 +506,6 @@ class GpuBackend:
         """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
         raise EulerError(NO_KV_CACHE)
 
-    def decode_attention(self, out, qkv, k_cache, v_cache, pos0, H, G, E) -> None:
+    def decode_attention(self, out, qkv, k_cache, v_cache, slots, positions, H, G, E) -> None:
         """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
         raise EulerError(NO_KV_CACHE)

@@ -19,7 +19,8 @@ import numpy as np
 
 from euler.backend import Backend
 from euler.errors import EulerError
-from euler.inference.generate import Decoder, check_feed
+from euler.inference.batch import check_feed
+from euler.inference.generate import Decoder
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import Model

@@ -1,13 +1,15 @@
 """Generation with a KV cache: plain (greedy or sampled) and self-speculative decoding.
 
-The Decoder is an inference-only forward pass on a backend with a KV cache (kv_cache: the
-CPU's): it keeps, per layer, the keys (after RoPE) and values of every position fed so
-far, so feeding n new tokens costs O(n * context) attention and O(n) everything else,
-instead of a full recompute of the sequence. A backend without one decodes through
-euler.inference.decode_device.RecomputeDecoder (make_decoder picks).
+The Decoder is one sequence's inference-only forward on a backend with a KV cache
+(kv_cache: the CPU's), a one-slot euler.inference.batch.BatchDecoder: it keeps, per layer,
+the keys (after RoPE) and values of every position fed so far, so feeding n new tokens
+costs O(n * context) attention and O(n) everything else, instead of a full recompute of
+the sequence. A backend without one decodes through
+euler.inference.decode_device.RecomputeDecoder (make_decoder picks). Several sequences at
+once, one token each a forward: euler.inference.engine.
 
 Every per-row step (embedding, RMSNorm, RoPE, attention, SwiGLU) treats rows alone, and
-the matrix products run one row at a time (decode_linear), so the hidden state of a
+the matrix products compute each row alone (decode_linear), so the hidden state of a
 position is bit-identical whether it was fed alone or with others. That is what makes
 speculative decoding produce exactly the greedy tokens.
 
@@ -28,91 +30,42 @@ import numpy as np
 
 from euler.backend import Backend
 from euler.errors import EulerError
+from euler.inference.batch import BatchDecoder
 from euler.inference.sampling import SamplingConfig, greedy, sample
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout
-from euler.model.transformer import rope_tables
-
-
-def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
-    """tokens as int32 (n,), after checking they exist, fit after pos0 and are in the vocab."""
-    tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-    n = len(tokens)
-    if n == 0:
-        raise EulerError("feed: no tokens")
-    if pos0 + n > cfg.context:
-        raise EulerError(f"sequence length {pos0 + n} exceeds the context ({cfg.context})")
-    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
-        raise EulerError(f"token ids must be in [0, {cfg.vocab_size})")
-    return tokens
 
 
 class Decoder:
-    """Inference forward with a KV cache of `cfg.context` positions on a backend that has
-    one (kv_cache; default the CPU's). feed and logits take and return host arrays."""
+    """One sequence's decoding: a slot of a BatchDecoder (by default one of its own, on
+    the CPU). feed and logits take and return host arrays; rows are computed as they are
+    in any batch, so this sequence's tokens do not depend on what else the batch decodes."""
 
     def __init__(
-        self, cfg: ModelConfig, params: np.ndarray, dtype=np.float32, backend: Backend | None = None
+        self,
+        cfg: ModelConfig,
+        params: np.ndarray,
+        dtype=np.float32,
+        backend: Backend | None = None,
     ):
-        if backend is None:
-            from euler.cpu.backend import CpuBackend
+        self.batch, self.slot = BatchDecoder(cfg, params, 1, dtype, backend), 0
+        self.cfg = cfg
 
-            backend = CpuBackend()
-        if not backend.kv_cache:
-            raise EulerError(
-                f"the {backend.name} backend has no KV-cache kernels: decode with RecomputeDecoder"
-            )
-        layout = ParamLayout(cfg)
-        if params.shape != (layout.size,):
-            raise EulerError(f"parameters: expected {layout.size} values, got {params.size}")
-        self.cfg, self.be = cfg, backend
-        self.dtype = np.dtype(dtype)
-        self.params = backend.to_device(np.ascontiguousarray(params, dtype=self.dtype))
-        self.p = layout.views(self.params)
-        self.cos, self.sin = (backend.to_device(a) for a in rope_tables(cfg, self.dtype))
-        L, G, C, E = cfg.n_layer, cfg.n_kv_head, cfg.context, cfg.head_size
-        self.k_cache = backend.zeros((L, G, C, E), self.dtype)  # keys after RoPE
-        self.v_cache = backend.zeros((L, G, C, E), self.dtype)
-        self.length = 0  # positions 0..length-1 are cached
+    @property
+    def length(self) -> int:
+        """Positions 0..length-1 are cached."""
+        return self.batch.lengths[self.slot]
 
     def truncate(self, length: int) -> None:
         """Forget cached positions >= length (rejected speculative tokens, /reset)."""
-        self.length = min(self.length, length)
+        self.batch.truncate(self.slot, length)
 
     def feed(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Append n tokens at positions length..length+n-1; return their final hidden (n, D)."""
-        cfg, be, p = self.cfg, self.be, self.p
-        tokens = check_feed(cfg, tokens, self.length)
-        n, pos0 = len(tokens), self.length
-        H, G, E, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.d_model, cfg.ffn_hidden
-        z = lambda *shape: be.zeros(shape, self.dtype)  # noqa: E731
-        x, xn, tmp, rstd = z(n, D), z(n, D), z(n, D), z(n)
-        qkv, att, gu, h = z(n, cfg.qkv_dim), z(n, cfg.q_dim), z(n, 2 * F), z(n, F)
-        be.embedding_forward(x, be.to_device(tokens), p["tok_emb"])
-        for layer in range(cfg.n_layer):
-            w = f"layers.{layer}."
-            be.rmsnorm_forward(xn, rstd, x, p[w + "attn_norm"], cfg.norm_eps)
-            be.decode_linear(qkv, xn, p[w + "attn.wqkv"])
-            be.rope_forward(qkv.reshape(1, n, cfg.qkv_dim), self.cos, self.sin, H, G, E, pos0)
-            be.decode_attention(att, qkv, self.k_cache[layer], self.v_cache[layer], pos0, H, G, E)
-            be.decode_linear(tmp, att, p[w + "attn.wo"])
-            be.residual_forward(x, x, tmp)
-            be.rmsnorm_forward(xn, rstd, x, p[w + "mlp_norm"], cfg.norm_eps)
-            be.decode_linear(gu, xn, p[w + "mlp.w_gateup"])
-            be.swiglu_forward(h, gu)
-            be.decode_linear(tmp, h, p[w + "mlp.w_down"])
-            be.residual_forward(x, x, tmp)
-        xf = z(n, D)
-        be.rmsnorm_forward(xf, rstd, x, p["final_norm"], cfg.norm_eps)
-        self.length = pos0 + n
-        return be.to_host(xf)
+        return self.batch.feed([(self.slot, tokens)])[0]
 
     def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
         """Head k's logits (n, V) for hidden rows xf (n, D); head k predicts token t+1+k."""
-        xf = self.be.to_device(np.atleast_2d(xf))
-        out = self.be.zeros((xf.shape[0], self.cfg.vocab_size), self.dtype)
-        self.be.decode_linear(out, xf, self.p["mtp_heads"][k])
-        return self.be.to_host(out)
+        return self.batch.logits(xf, k)
 
 
 @dataclass
