@@ -234,11 +234,11 @@ def test_tensor_core_attention_matches_float64(B, T) -> None:
     _gpu_backend()  # skips without a GPU
     gpu = GpuBackend(tf32=True)
     H, G, E = 12, 4, 64
-    assert gpu._tensor_cores(E)
     rng = np.random.default_rng(T)
     qkv, dout = _f32(rng, B, T, (H + 2 * G) * E), _f32(rng, B, T, H * E)
     ref = attention_with_grads(qkv, dout, H, G, E)
     d_qkv, d_dout = gpu.to_device(qkv), gpu.to_device(dout)
+    assert gpu._tensor_cores(d_qkv, E)
     out, lse = gpu.zeros((B, T, H * E), np.float32), gpu.zeros((B, H, T), np.float32)
     dqkv = gpu.zeros(qkv.shape, np.float32)
     gpu.attention_forward(out, lse, d_qkv, H, G, E)
