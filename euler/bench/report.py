@@ -26,7 +26,7 @@ def step_table(res: BenchResult) -> Table:
     m = res.meta
     title = (
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
-        f"{m['device']}, {m['precision']}"
+        f"{m.get('gpu', m['device'])}, {m['precision']}"
     )
     t = Table(title=title)
     cols = ("engine", "precision", "tokens/s", "ms/step", "MFU", "peak MiB (start)")

@@ -243,6 +243,12 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         "numpy": np.__version__,
         "numba": numba.__version__,
     }
+    if opts.device == "cuda":  # the hardware a GPU run's figures belong to
+        from numba import cuda
+
+        gpu = cuda.get_current_device()
+        name = gpu.name.decode() if isinstance(gpu.name, bytes) else str(gpu.name)
+        meta["gpu"] = f"{name}, compute capability {'.'.join(map(str, gpu.compute_capability))}"
     log("peak: measuring a large matmul")
     if opts.peak_tflops is None:
         peak = measure_peak(be, opts.device, precision)
