@@ -61,6 +61,9 @@ def _register_families() -> None:
 
     commands_bench.register(app)
     commands_eval.register(app)
+    from euler.cli import commands_serve
+
+    commands_serve.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,266 @@
+"""`euler serve`'s HTTP side: an OpenAI-compatible API and the chat page, on FastAPI.
+
+Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events in
+OpenAI's chunk format, ending with `data: [DONE]`, or answered whole), GET /v1/models and
+/v1/models/{id}, GET /health, and GET / (the chat page, page.html: plain HTML and
+JavaScript, nothing fetched from elsewhere). With an API key every /v1 route needs
+`Authorization: Bearer KEY` (401 otherwise); / and /health stay open, as llama.cpp's do.
+
+Every error, from a malformed body to an unknown route, is OpenAI's error object with the
+field at fault in param (euler.serve.protocol); only a fault of the server itself is a 500.
+The model runs on the scheduler's thread; each request waits on an asyncio queue that the
+scheduler fills, and a streamed request whose client goes away is cancelled (its slot
+freed) when Starlette cancels the stream; a request answered whole polls for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from euler.serve.protocol import (
+    ApiError,
+    Generation,
+    Limits,
+    check_model,
+    parse_chat,
+    parse_completion,
+)
+from euler.serve.scheduler import Busy, Delta, Done, Failed, Scheduler
+
+DISCONNECT_POLL_S = 0.25  # how often a request answered whole checks for its client
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How `euler serve` serves: the model's name, the API key (None: open), the batch's
+    slots, the queue behind them, the prompt tokens a request feeds a step, the limits."""
+
+    model_name: str
+    api_key: str | None = None
+    slots: int = 8
+    max_queue: int = 64
+    prefill_chunk: int = 64
+    limits: Limits = field(default_factory=Limits)
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _json_body(request: Request, limits: Limits) -> dict:
+    """The body as a JSON object, read up to limits.max_body_bytes."""
+    cap = limits.max_body_bytes
+    too_big = ApiError(413, f"The request body is larger than {cap} bytes.", None,
+                       "request_too_large")  # fmt: skip
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise too_big
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise too_big
+    try:
+        body = json.loads(bytes(data))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"The body of the request is not valid JSON ({e}).", None,
+                       "invalid_json") from None  # fmt: skip
+    if not isinstance(body, dict):
+        raise ApiError(400, "The body of the request must be a JSON object.", None,
+                       "invalid_json")  # fmt: skip
+    return body
+
+
+def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
+    """The FastAPI app serving scheduler's model (a context of `context` tokens) by cfg."""
+    app = FastAPI(title="euler serve", docs_url=None, redoc_url=None, openapi_url=None)
+    page = resources.files("euler.serve").joinpath("page.html").read_text(encoding="utf-8")
+    tok = scheduler.tok
+    created = int(time.time())
+    model_card = {"id": cfg.model_name, "object": "model", "created": created,
+                  "owned_by": "nanoeuler"}  # fmt: skip
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        if e.status_code == 404:
+            message, code = (
+                f"Unknown request URL: {request.method} {request.url.path}.",
+                "unknown_url",
+            )
+        else:
+            message, code = f"{e.detail} ({request.method} {request.url.path}).", None
+        return _error(ApiError(e.status_code, message, None, code))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        return _error(ApiError(500, f"The server failed: {type(e).__name__}.", None, None,
+                               "server_error"))  # fmt: skip
+
+    def authorize(request: Request) -> None:
+        if cfg.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise ApiError(401, "You didn't provide an API key: send it in an Authorization "
+                           "header as 'Bearer KEY'.", None, "invalid_api_key")  # fmt: skip
+        if not hmac.compare_digest(key.strip().encode(), cfg.api_key.encode()):
+            raise ApiError(401, "Incorrect API key provided.", None, "invalid_api_key")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": cfg.model_name, **scheduler.stats()}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        authorize(request)
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> dict:
+        authorize(request)
+        check_model({"model": model_id}, cfg.model_name)
+        return model_card
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        body = await _json_body(request, cfg.limits)
+        check_model(body, cfg.model_name)
+        return await _answer(request, parse_chat(body, tok, cfg.limits, context))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        body = await _json_body(request, cfg.limits)
+        check_model(body, cfg.model_name)
+        return await _answer(request, parse_completion(body, tok, cfg.limits, context))
+
+    async def _answer(request: Request, gen: Generation) -> Response:
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def sink(item: object) -> None:  # called on the scheduler's thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+        try:
+            job = scheduler.submit(gen, sink)
+        except Busy as e:
+            raise ApiError(503, f"The server is busy: {e}.", None, "server_busy",
+                           "server_error") from None  # fmt: skip
+        shape = _Shape(gen, cfg.model_name)
+        if gen.stream:
+            return StreamingResponse(_stream(queue, shape, lambda: scheduler.cancel(job)),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+        text = []
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return Response(status_code=499)  # nobody reads it
+                    continue
+                if isinstance(item, Delta):
+                    text.append(item.text)
+                elif isinstance(item, Done):
+                    return JSONResponse(shape.whole("".join(text), item))
+                else:
+                    raise ApiError(500, f"The model failed: {item.message}.", None,
+                                   "model_error", "server_error")  # fmt: skip
+        finally:
+            scheduler.cancel(job)
+
+    return app
+
+
+class _Shape:
+    """OpenAI's response objects for one request: chat.completion(.chunk) or text_completion."""
+
+    def __init__(self, gen: Generation, model: str):
+        self.gen, self.model = gen, model
+        self.chat = gen.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict:
+        kind = "chat.completion" if self.chat else "text_completion"
+        kind += ".chunk" if chunk and self.chat else ""
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def usage(done: Done) -> dict:
+        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                "total_tokens": done.prompt_tokens + done.completion_tokens}  # fmt: skip
+
+    def whole(self, text: str, done: Done) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text}
+        choice |= {"logprobs": None, "finish_reason": done.finish_reason}
+        return {**self._head(False), "choices": [choice], "usage": self.usage(done)}
+
+    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice |= {"logprobs": None, "finish_reason": finish}
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, done: Done) -> dict:
+        return {**self._head(True), "choices": [], "usage": self.usage(done)}
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def _stream(queue: asyncio.Queue, shape: _Shape, cancel) -> AsyncIterator[str]:
+    """The server-sent events of one request; cancel() runs however the stream ends
+    (Starlette cancels it when the client disconnects)."""
+    try:
+        if shape.chat:
+            yield _sse(shape.chunk(None, None, role=True))
+        while True:
+            item = await queue.get()
+            if isinstance(item, Delta):
+                yield _sse(shape.chunk(item.text, None))
+                continue
+            if isinstance(item, Done):
+                yield _sse(shape.chunk(None if shape.chat else "", item.finish_reason))
+                if shape.gen.include_usage:
+                    yield _sse(shape.usage_chunk(item))
+            elif isinstance(item, Failed):
+                err = ApiError(500, f"The model failed: {item.message}.", None, "model_error",
+                               "server_error")  # fmt: skip
+                yield _sse(err.body())
+            yield _sse("[DONE]")
+            return
+    finally:
+        cancel()

@@ -1,0 +1,90 @@
+"""Serving a checkpoint: load it, warm the kernels, start the scheduler and uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from euler.errors import EulerError
+from euler.serve.app import ServeConfig
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one); EulerError if refused."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]  # fmt: skip
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise EulerError(
+            f"--host {host} --port {port}: cannot listen there ({e.strerror or e})"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    checkpoint: Path,
+    host: str,
+    port: int,
+    device: str,
+    cfg: ServeConfig,
+    say: Callable[[str], None] = print,
+) -> None:
+    """Serve checkpoint (a file or run folder) on host:port until interrupted; say() gets
+    the line naming the address once the server listens, with the model ready."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise EulerError(
+            "euler serve needs FastAPI and uvicorn: pip install -e '.[serve]'"
+        ) from None
+    from euler.backend import make_backend
+    from euler.inference.batch import BatchDecoder
+    from euler.inference.engine import GenRequest, generate_batch
+    from euler.serve.app import create_app
+    from euler.serve.scheduler import Scheduler
+    from euler.training import checkpoint as ckpt
+
+    ck = ckpt.load(checkpoint)
+    tok = ck.tokenizer()
+    limit = cfg.limits.max_tokens
+    if limit is not None and not 1 <= limit <= ck.cfg.context:
+        raise EulerError(f"--max-tokens must be in [1, {ck.cfg.context}] (the model's "
+                         f"context), got {limit}")  # fmt: skip
+    backend = make_backend(device, "fp32")
+    if not backend.kv_cache:
+        raise EulerError(f"--device {device}: this backend has no KV-cache decoding kernels "
+                         "yet, so it cannot batch requests; serve with --device cpu")  # fmt: skip
+    dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=backend)
+    # compile (or load) every kernel a request runs now, not on the first request
+    generate_batch(dec, [GenRequest(tuple(tok.encode("warm up").tolist()) or (tok.eot_id,), 2)])
+    sock = bind(host, port)
+    scheduler = Scheduler(dec, tok, cfg.max_queue, cfg.prefill_chunk)
+    app = create_app(cfg, scheduler, ck.cfg.context)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    where = sock.getsockname()
+    url_host = f"[{where[0]}]" if sock.family == socket.AF_INET6 else where[0]
+    say(f"serving {cfg.model_name} (step {ck.step}) at http://{url_host}:{where[1]}/ "
+        f"({cfg.slots} slots; OpenAI API at /v1)")  # fmt: skip
+    try:
+        server.run(sockets=[sock])
+    finally:
+        scheduler.close()
+        sock.close()
