@@ -11,7 +11,7 @@ from euler.tokenizer import Tokenizer
 
 from euler.data.chat_template import encode_example, encode_prompt, render
 from euler.data.sft import HELDOUT_FILE, SFTDataset, load_alpaca, prepare_sft
-from euler.data.sft_policy import cut_response, pack_windows, sentence_ends
+from euler.data.sft_policy import classify, cut_response, pack_windows, sentence_ends
 from euler.errors import EulerError
 from euler.model.transformer import make_targets
 
@@ -60,7 +60,7 @@ def test_template_text_and_mask_cover_exactly_the_response(tok):
 @pytest.mark.parametrize(("long", "pack"), list(POLICIES))
 def test_prepare_sft_policy_counts_and_records(tok, alpaca, tmp_path, long, pack):
     m = prepare_sft([str(alpaca)], tmp_path / "sft", tok, context=48, val_fraction=0.2, seed=0,
-                    long=long, pack=pack)  # fmt: skip
+                    long=long, pack=pack, max_answer=0)  # fmt: skip
     splits = m["splits"]
     assert m["records"] == len(RECORDS) and m["policy"] == {
         "long": long, "pack": pack, "max_answer": 0}  # fmt: skip
@@ -115,6 +115,21 @@ def test_sentence_ends_and_cut():
     encode = lambda s: np.arange(len(s))  # one token a character
     assert [len(cut_response(text, n, encode)) for n in (50, 47, 46, 27)] == [47, 47, 27, 27]
     assert cut_response(text, 26, encode) is None
+
+
+def test_max_answer_bounds_the_response_whatever_the_window_leaves():
+    encode = lambda s: np.frombuffer(s.encode(), np.uint8).astype(np.int32)  # a token a byte
+    text = "One two. Three four. Five."
+    prompt, response = np.zeros(4, np.int32), np.append(encode(text), 99).astype(np.int32)
+    kind, ids, mask = classify(prompt, response, text, 64, "cut", encode, 99, max_answer=0)
+    assert kind == "whole" and len(ids) == 4 + len(text) + 1
+    kind, ids, mask = classify(prompt, response, text, 64, "cut", encode, 99, max_answer=21)
+    assert kind == "cut" and bytes(ids[4:-1].astype(np.uint8)) == b"One two. Three four."
+    assert ids[-1] == 99 and mask.tolist() == [0] * 4 + [1] * 21
+    kind, ids, _ = classify(prompt, response, text, 64, "truncate", encode, 99, max_answer=21)
+    assert kind == "truncated" and len(ids) == 4 + 21 and 99 not in ids
+    assert classify(prompt, response, text, 64, "drop", encode, 99, max_answer=21)[0] == "dropped"
+    assert classify(prompt, response, text, 64, "cut", encode, 99, max_answer=8)[0] == "dropped"
 
 
 def test_pack_windows_fill_and_cover():

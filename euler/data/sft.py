@@ -1,8 +1,9 @@
 """SFT data: Alpaca records -> chat-template token windows with a loss mask.
 
 What a C-token context keeps of each record, and how records share windows, is the
-policy of sft_policy.py (default: long responses cut at a sentence end and closed by
-<|end|>, several whole records packed into each window of C + 1 tokens).
+policy of sft_policy.py (default: responses of at most 40 tokens, longer ones cut at a
+sentence end and closed by <|end|>, several records packed into each window of C + 1
+tokens; docs/sft-policy.md measures the choices).
 Prepared folder: manifest.json (kind "sft", the policy and per-split counts),
 tokenizer.json, val-instructions.json (the held-out records as given, an Alpaca file
 for `euler eval --instructions`) and per split sft-<split>.tokens.bin,
@@ -80,7 +81,7 @@ def prepare_sft(
     reads: Iterable[Path] = (),
     long: str = "cut",
     pack: bool = True,
-    max_answer: int = 0,
+    max_answer: int = 40,
 ) -> dict:
     """Render Alpaca files/URLs into SFT windows in `out_dir`; return the manifest.
 

@@ -66,7 +66,7 @@ def classify(
     long: str,
     encode: Callable[[str], np.ndarray],
     end_id: int,
-    max_answer: int = 0,
+    max_answer: int,
 ) -> tuple[str, np.ndarray | None, np.ndarray | None]:
     """(kind, ids, mask) of one record for windows of context + 1 tokens.
 
