@@ -55,8 +55,7 @@ def register(app: typer.Typer) -> None:
         """Serve a checkpoint over HTTP: an OpenAI-compatible API (/v1/chat/completions,
         /v1/completions, /v1/models), /health, and a chat page at /. Needs the serve extra
         (pip install -e '.[serve]')."""
-        from euler.serve.app import ServeConfig
-        from euler.serve.protocol import Limits
+        from euler.serve.protocol import Limits, ServeConfig
         from euler.serve.run import is_loopback, serve
 
         check_int(port, "--port", 0, 65535)

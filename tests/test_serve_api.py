@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
@@ -18,6 +19,7 @@ pytest.importorskip("fastapi")
 from euler.data.chat_template import encode_prompt  # noqa: E402
 from euler.training import checkpoint  # noqa: E402
 from tests.serve_helpers import Server, tiny_checkpoint  # noqa: E402
+from tests.train_helpers import run_cli  # noqa: E402
 
 KEY = "test-key-1234"
 MODEL = "tiny-test"
@@ -207,3 +209,27 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
     conn.sock.close()  # gone, mid-stream
     conn.close()
     server.wait_for(lambda h: h["active"] == 0 and h["cancelled"] == before + 1, 5.0)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--slots", "0"], "--slots must be an integer in [1, 1,024], got 0"),
+        (["--port", "70000"], "--port must be an integer in [0, 65,535], got 70000"),
+        (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+        (["--api-key", " "], "--api-key is empty"),
+        (["--max-tokens", "5000"], "--max-tokens must be in [1, 2048] (the model's context)"),
+        (["--host", "127.0.0.1", "--port", "{taken}"], "cannot listen there"),
+        (["--host", "no.such.host.invalid"], "cannot listen there"),
+    ],
+)  # fmt: skip
+def test_bad_serve_flags_are_one_line(run, monkeypatch, capsys, flags, message):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = [f.format(taken=taken.getsockname()[1]) for f in flags]
+        code, _, err = run_cli(monkeypatch, capsys, "serve", "--checkpoint", str(run), *flags)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    code, _, err = run_cli(monkeypatch, capsys, "serve", "--checkpoint", str(run / "nowhere"))
+    assert code == 2 and err.startswith("error: checkpoint not found")

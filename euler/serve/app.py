@@ -21,7 +21,6 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from importlib import resources
 
 from fastapi import FastAPI, Request
@@ -32,6 +31,7 @@ from euler.serve.protocol import (
     ApiError,
     Generation,
     Limits,
+    ServeConfig,
     check_model,
     parse_chat,
     parse_completion,
@@ -39,19 +39,6 @@ from euler.serve.protocol import (
 from euler.serve.scheduler import Busy, Delta, Done, Failed, Scheduler
 
 DISCONNECT_POLL_S = 0.25  # how often a request answered whole checks for its client
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """How `euler serve` serves: the model's name, the API key (None: open), the batch's
-    slots, the queue behind them, the prompt tokens a request feeds a step, the limits."""
-
-    model_name: str
-    api_key: str | None = None
-    slots: int = 8
-    max_queue: int = 64
-    prefill_chunk: int = 64
-    limits: Limits = field(default_factory=Limits)
 
 
 def _error(e: ApiError) -> JSONResponse:

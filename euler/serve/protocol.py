@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +40,19 @@ class Limits:
     max_stop: int = 4  # stop sequences, as OpenAI allows
     max_stop_chars: int = 256
     max_body_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How `euler serve` serves: the model's name, the API key (None: open), the batch's
+    slots, the queue behind them, the prompt tokens a request feeds a step, the limits."""
+
+    model_name: str
+    api_key: str | None = None
+    slots: int = 8
+    max_queue: int = 64
+    prefill_chunk: int = 64
+    limits: Limits = field(default_factory=Limits)
 
 
 class ApiError(Exception):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from euler.errors import EulerError
-from euler.serve.app import ServeConfig
+from euler.serve.protocol import ServeConfig
 
 
 def is_loopback(host: str) -> bool:
@@ -50,11 +50,22 @@ def serve(
     """Serve checkpoint (a file or run folder) on host:port until interrupted; say() gets
     the line naming the address once the server listens, with the model ready."""
     try:
+        import fastapi  # noqa: F401  (euler.serve.app's, imported once the model is loaded)
         import uvicorn
     except ImportError:
         raise EulerError(
             "euler serve needs FastAPI and uvicorn: pip install -e '.[serve]'"
         ) from None
+    sock = bind(host, port)  # first: a taken port is refused before the model loads
+    try:
+        _serve_on(sock, checkpoint, device, cfg, say, uvicorn)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, checkpoint: Path, device: str, cfg: ServeConfig, say,
+              uvicorn) -> None:  # fmt: skip
+    """serve() on a bound socket: load, warm up, schedule, run uvicorn until interrupted."""
     from euler.backend import make_backend
     from euler.inference.batch import BatchDecoder
     from euler.inference.engine import GenRequest, generate_batch
@@ -75,7 +86,6 @@ def serve(
     dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=backend)
     # compile (or load) every kernel a request runs now, not on the first request
     generate_batch(dec, [GenRequest(tuple(tok.encode("warm up").tolist()) or (tok.eot_id,), 2)])
-    sock = bind(host, port)
     scheduler = Scheduler(dec, tok, cfg.max_queue, cfg.prefill_chunk)
     app = create_app(cfg, scheduler, ck.cfg.context)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
@@ -87,4 +97,3 @@ def serve(
         server.run(sockets=[sock])
     finally:
         scheduler.close()
-        sock.close()
