@@ -19,6 +19,10 @@
 #     bash bench/h200_session.sh bf16curves # tf32 and bf16 trainings side by side (same seed,
 #                                           # data, steps: CURVE_STEPS, 4500), pytest -m gpu beside
 #     bash bench/h200_session.sh gputests   # pytest -m gpu on every file holding gpu tests
+#     bash bench/h200_session.sh pipeline   # issue 33 run 3: the gpu preset (116M) pretrained
+#                                           # (PIPE_SECONDS, 330), fine-tuned, evaluated, chatting;
+#                                           # carry .whl (bench/device_wheels.sh) and .carry
+#                                           # (the data tarball, and instructions/*.json)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished. `speed`, `bf16curves` and `gputests`
 # end their steps by a deadline BUDGET_S (585) seconds after the script started, inside a
@@ -197,9 +201,53 @@ bf16curves)
         tail -6 "$OUT/train-$p.txt" | tee -a "$OUT/log.txt"
     done
     ;;
+pipeline)
+    # issue 33, run 3: pretrain the gpu preset in PIPE_PRECISION (bf16) for PIPE_SECONDS on
+    # the carried books + web shards (4,096-token tokenizer, as bf16curves), fine-tune on the
+    # carried instructions with prepare-sft's default policy, then euler eval (held-out bits
+    # per byte; the held-out instruction metrics) and euler chat on ten fixed instructions,
+    # greedy and sampled. Everything small comes back under $OUT; the checkpoints do not.
+    p=${PIPE_PRECISION:-bf16}
+    mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
+    log "prepare-sft (context 512, default policy)"
+    python3 -m euler.cli data prepare-sft .carry/instructions/*.json --tokenizer runs/gpu-data \
+        --context 512 --out runs/sft-data 2>&1 | keep
+    log "pretrain: gpu preset, $p, ${PIPE_SECONDS:-330} s (Ctrl-C then: it saves and stops)"
+    timeout -s INT "$(left "${PIPE_SECONDS:-330}")" python3 -m euler.cli train --device cuda \
+        --preset gpu --precision "$p" --data runs/gpu-data --out runs/pre --batch-size 32 \
+        --steps "${PIPE_STEPS:-9000}" --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 1000 \
+        --eval-batches 20 --ckpt-every 100000 --log-every 250 >"$OUT/pipeline-train.txt" 2>&1
+    tail -3 "$OUT/pipeline-train.txt" | tee -a "$OUT/log.txt"
+    # 243 windows of about 9 records (2,212 kept at context 512): 200 steps of 8 see each
+    # about 6.6 times
+    log "sft: ${PIPE_SFT_STEPS:-200} steps of 8 windows"
+    timeout "$(left 120)" python3 -m euler.cli sft --device cuda --precision "$p" --from runs/pre \
+        --data runs/sft-data --out runs/sft --batch-size 8 --steps "${PIPE_SFT_STEPS:-200}" \
+        >"$OUT/pipeline-sft.txt" 2>&1
+    tail -2 "$OUT/pipeline-sft.txt" | tee -a "$OUT/log.txt"
+    log "euler eval: held-out text, then the held-out instructions"
+    timeout "$(left 90)" python3 -m euler.cli eval runs/pre --text runs/gpu-data --device cuda \
+        --precision "$p" --json "$OUT/pipeline-eval-text.json" 2>&1 | keep
+    timeout "$(left 120)" python3 -m euler.cli eval runs/sft --device cuda --precision "$p" \
+        --instructions runs/sft-data/val-instructions.json \
+        --json "$OUT/pipeline-eval-instructions.json" 2>&1 | keep | tail -12
+    log "euler chat --device cuda: ten instructions, greedy, then sampled"
+    for t in 0 0.8; do
+        for q in "Give three tips for staying healthy." "What is the capital of France?" \
+            "Write a short poem about the sea." "Explain why the sky is blue." \
+            "Name three primary colors." "Describe a cat in one sentence." \
+            "Translate 'good morning' into Spanish." "What is 2 plus 2?" \
+            "Suggest a name for a bakery." "Summarize the story of Cinderella."; do
+            printf '%s\n/reset\n' "$q"
+        done | timeout "$(left 60)" python3 -m euler.cli chat --checkpoint runs/sft \
+            --device cuda --precision "$p" --temperature $t --max-tokens 64 \
+            >>"$OUT/pipeline-chat.txt" 2>&1
+    done
+    for r in pre sft; do cp runs/$r/metrics.jsonl "$OUT/pipeline-$r-metrics.jsonl"; done
+    ;;
 *)
     echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
-        "speed|bf16curves|gputests" >&2
+        "speed|bf16curves|gputests|pipeline" >&2
     exit 2
     ;;
 esac

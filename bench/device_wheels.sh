@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The wheels a lent H200 lacks, into .whl/ (ignored by git; carry it: carry [".whl"]), for
+# Python 3.12 on x86-64: numpy 2.3.5 (the image's 2.5 breaks numba-cuda) and rouge-score with
+# nltk (euler eval --instructions; rouge-score ships only a source archive, so it is built
+# into a wheel here); `bash bench/device_wheels.sh duckdb` adds duckdb (25 MB: web-text
+# preparation, and collecting the test files that import it). h200_session.sh installs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
+    platforms+=(--platform "$p")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platforms[@]}" -d .whl numpy==2.3.5 "$@"
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl nltk
+python3 -m pip wheel -q --no-deps -w .whl rouge-score
+ls .whl
