@@ -39,7 +39,9 @@ def _browser_paths() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tiny_checkpoint(tmp_path_factory.mktemp("page") / "run"), "--api-key", KEY,
+    # a context of 8192: a long answer streams for seconds, time enough to stop it
+    run = tiny_checkpoint(tmp_path_factory.mktemp("page") / "run", context=8192)
+    srv = Server(run, "--api-key", KEY,
                  "--model-name", MODEL)  # fmt: skip
     yield srv
     srv.stop()
@@ -97,7 +99,7 @@ def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
     assert d.execute_script(answer) == [want] and want
 
     # a long answer streams in piece by piece until Stop ends it
-    _set(d, "max_tokens", "1500")
+    _set(d, "max_tokens", "8000")
     _set(d, "prompt", "Tell me a long story.")
     d.find_element("id", "send").click()
     seen = set()
@@ -106,9 +108,9 @@ def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
         texts = d.execute_script(answer)
         if len(texts) == 2 and texts[1]:
             seen.add(len(texts[1]))
-        return len(seen) >= 3
+        return len(seen) >= 2
 
-    _until(growing, what="three lengths of the streamed answer")
+    _until(growing, what="two lengths of the streamed answer")
     assert d.find_element("id", "stop").is_enabled()
     assert not d.find_element("id", "send").is_enabled()
     d.find_element("id", "stop").click()

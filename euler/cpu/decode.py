@@ -20,13 +20,13 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from euler.layer_math import dot_row, exp_, online_softmax_rescale
+from euler.layer_math import ROW_FAST, dot_row, exp_, online_softmax_rescale
 
 TILE = 32  # keys per online-softmax rescale
 OUT_BLOCK = 16  # output features per prange job of linear_rows: a weight block kept in L1
 
 
-@njit(parallel=True, cache=True, error_model="numpy", nogil=True)
+@njit(parallel=True, cache=True, error_model="numpy", nogil=True, fastmath=ROW_FAST)
 def attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E):
     """out (n, H E), assigned, from qkv (n, (H + 2G) E) (RoPE applied) and the caches
     k_cache, v_cache (S, G, C, E), into which this call's keys and values are written.

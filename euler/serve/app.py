@@ -190,6 +190,14 @@ class _Shape:
         self.chat = gen.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
+        # a text chunk's event is the same for every token but its text: encode it once,
+        # around a placeholder, and each token's text alone (the server's cost per token)
+        event = _sse(self.chunk("\x00", None))
+        self._before, self._after = event.split(json.dumps("\x00"))
+
+    def text_event(self, text: str) -> str:
+        """The server-sent event of a chunk carrying text (as _sse(chunk(text, None)))."""
+        return self._before + json.dumps(text) + self._after
 
     def _head(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -235,19 +243,25 @@ async def _stream(queue: asyncio.Queue, shape: _Shape, cancel) -> AsyncIterator[
         if shape.chat:
             yield _sse(shape.chunk(None, None, role=True))
         while True:
-            item = await queue.get()
-            if isinstance(item, Delta):
-                yield _sse(shape.chunk(item.text, None))
-                continue
-            if isinstance(item, Done):
-                yield _sse(shape.chunk(None if shape.chat else "", item.finish_reason))
-                if shape.gen.include_usage:
-                    yield _sse(shape.usage_chunk(item))
-            elif isinstance(item, Failed):
-                err = ApiError(500, f"The model failed: {item.message}.", None, "model_error",
-                               "server_error")  # fmt: skip
-                yield _sse(err.body())
-            yield _sse("[DONE]")
-            return
+            items = [await queue.get()]
+            while not queue.empty():  # a loop that fell behind sends what came in one write
+                items.append(queue.get_nowait())
+            events = []
+            for item in items:
+                if isinstance(item, Delta):
+                    events.append(shape.text_event(item.text))
+                    continue
+                if isinstance(item, Done):
+                    events.append(_sse(shape.chunk(None if shape.chat else "", item.finish_reason)))
+                    if shape.gen.include_usage:
+                        events.append(_sse(shape.usage_chunk(item)))
+                elif isinstance(item, Failed):
+                    err = ApiError(500, f"The model failed: {item.message}.", None,
+                                   "model_error", "server_error")  # fmt: skip
+                    events.append(_sse(err.body()))
+                events.append(_sse("[DONE]"))
+                yield "".join(events)
+                return
+            yield "".join(events)
     finally:
         cancel()
