@@ -1,0 +1,91 @@
+"""Batched KV-cache decoding on the CPU: tokens/s at batch 1, 8 and 32 against batch 1 x B.
+
+    python bench/decode_batch_cpu.py --checkpoint /work/runs/sw-cut56-300b16 --json FILE
+
+B sequences (random 16-token prompts of the checkpoint's vocabulary, greedy, no stop
+token) decode together in one BatchDecoder through euler.inference.engine.BatchGenerator:
+the prompts are fed and each sequence's first token chosen (untimed), then `steps`
+decoding steps are timed, each one forward of B rows, the heads' logits and B choices.
+tokens/s = B * steps / seconds; each batch size is run `rounds` times, alternating, and
+its best and median round kept, with the load average before the run (the machine is
+shared). The ideal is B times batch 1: the speed-up column says how close batching comes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from euler.inference.batch import BatchDecoder
+from euler.inference.engine import BatchGenerator, GenRequest
+from euler.training import checkpoint
+
+
+def decode_round(dec: BatchDecoder, B: int, steps: int, prompt_len: int, seed: int) -> float:
+    """Seconds of `steps` batched decoding steps of B fresh sequences in dec's slots."""
+    rng = np.random.default_rng(seed)
+    gen = BatchGenerator(dec)
+    for _ in range(B):
+        prompt = tuple(int(t) for t in rng.integers(0, dec.cfg.vocab_size, prompt_len))
+        gen.add(GenRequest(prompt, steps + 1))
+    gen.step()  # the prompts, and every sequence's first token
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        events = gen.step()
+        assert len(events) == B and all(e.token is not None for e in events)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True, help="Checkpoint or run folder.")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--steps", type=int, default=96, help="Timed steps a round.")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", type=Path, help="Write the results here.")
+    args = ap.parse_args()
+    ck = checkpoint.load(args.checkpoint)
+    if args.prompt_len + args.steps + 1 > ck.cfg.context:
+        ap.error(f"--prompt-len + --steps + 1 must fit the context ({ck.cfg.context})")
+    decoders = {B: BatchDecoder(ck.cfg, ck.params, B) for B in args.batches}
+    for B, dec in decoders.items():  # compile or load the kernels, warm the caches
+        decode_round(dec, B, 4, args.prompt_len, 0)
+    load = os.getloadavg()[0]
+    seconds: dict[int, list[float]] = {B: [] for B in args.batches}
+    for r in range(args.rounds):
+        for B, dec in decoders.items():
+            seconds[B].append(decode_round(dec, B, args.steps, args.prompt_len, 1 + r))
+    rows = []
+    for B in args.batches:
+        rates = [B * args.steps / s for s in seconds[B]]
+        rows.append({"batch": B, "best_tokens_per_s": max(rates),
+                     "median_tokens_per_s": statistics.median(rates),
+                     "ms_per_step_best": 1e3 * min(seconds[B]) / args.steps})  # fmt: skip
+    one = rows[0]["best_tokens_per_s"] if args.batches[0] == 1 else None
+    print(f"{'batch':>5} {'best tok/s':>11} {'median':>9} {'ms/step':>8} {'x batch 1':>9}"
+          f" {'ideal':>6}")  # fmt: skip
+    for row in rows:
+        row["speedup_over_batch_1"] = row["best_tokens_per_s"] / one if one else None
+        print(f"{row['batch']:>5} {row['best_tokens_per_s']:>11,.0f} "
+              f"{row['median_tokens_per_s']:>9,.0f} {row['ms_per_step_best']:>8.2f} "
+              f"{row['speedup_over_batch_1'] or float('nan'):>9.2f} {row['batch']:>6}")  # fmt: skip
+    print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
+    if args.json:
+        record = {"what": "batched KV-cache decoding, CPU", "checkpoint": str(ck.path),
+                  "model": ck.cfg.to_dict(), "steps": args.steps, "prompt_len": args.prompt_len,
+                  "rounds": args.rounds, "load_average_before": load, "cpus": os.cpu_count(),
+                  "machine": platform.processor() or platform.machine(),
+                  "date": time.strftime("%Y-%m-%d"), "rows": rows}  # fmt: skip
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
