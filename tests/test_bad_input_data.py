@@ -138,6 +138,16 @@ def set_id(at: int, value: int):
     return change
 
 
+def _shift(at: int, by: int):
+    """change(a): a[at] moved by `by` (clamped at 0)."""
+
+    def change(a: np.ndarray) -> np.ndarray:
+        a[at] = max(int(a[at]) + by, 0)
+        return a
+
+    return change
+
+
 def sft_long_context(root: Path) -> None:
     """An SFT folder prepared for a 48-token context, longer than the tiny model's 24."""
     tok = Tokenizer.load(SHARED["data"] / "pre" / "tokenizer.json")
@@ -364,6 +374,15 @@ CASES = [
     Case("verify-sft-mask-value", ("data", "verify", "{root}/sft"),
          ("sft-val.mask.bin", "position 3", "mask value 7"),
          copy("sft", replace_array("sft-val.mask.bin", set_id(3, 7), np.uint8))),
+    Case("verify-sft-record-start-moved", ("data", "verify", "{root}/sft"),
+         ("sft-train.records.bin", "window 1", "starts no record"),
+         copy("sft", replace_array("sft-train.records.bin", _shift(1, 1), np.uint64))),
+    Case("verify-sft-record-starts-fall", ("data", "verify", "{root}/sft"),
+         ("sft-train.records.bin", "position 2", "must rise"),
+         copy("sft", replace_array("sft-train.records.bin", _shift(2, -10**6), np.uint64))),
+    Case("verify-sft-heldout-edited", ("data", "verify", "{root}/sft"),
+         ("val-instructions.json", "SHA-256"),
+         copy("sft", edit=lambda f: (f / "val-instructions.json").write_text("[]"))),
     Case("verify-not-a-folder", ("data", "verify", "{root}/none"), ("data folder not found",)),
     # ------------------------------------------------ euler data download (no network)
     Case("download-sha-short", ("data", "download", "https://example.invalid/x", "--sha256",
