@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 from euler.tokenizer import Tokenizer
 
+from euler.cpu.backend import CpuBackend
+from euler.data.corpus import CorpusSource
+from euler.data.prepare import is_val, prepare_corpus
 from euler.eval.answers import has_loop, rouge_l
+from euler.eval.text import evaluate_text, load_text
 from euler.model.config import get_preset
-from euler.model.params import ParamLayout
+from euler.model.params import ParamLayout, init_params
 from euler.training import checkpoint as ckpt
 from tests.bad_input import Case, assert_refused
 from tests.train_helpers import run_cli
@@ -21,17 +25,19 @@ from tests.train_helpers import run_cli
 TOK = Tokenizer([])  # bytes and the special tokens: one token per byte
 
 
-def _checkpoint(path, edit=None):
+def _checkpoint(path, edit=None, tok=TOK, random=False):
     """A tiny model with every block weight zero, so head 0's logits are W[k] . norm(emb[last
-    token]): uniform when the embedding is zero, else whatever edit(tensors) wires up."""
-    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=TOK.vocab_size, context=128)
+    token]): uniform when the embedding is zero, else whatever edit(tensors) wires up; with
+    random, initialised weights instead."""
+    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=tok.vocab_size, context=128)
     layout = ParamLayout(cfg)
-    params = np.zeros(layout.size, np.float32)
+    params = init_params(layout, 3) if random else np.zeros(layout.size, np.float32)
     views = layout.views(params)
-    views["final_norm"][:] = 1.0
+    if not random:
+        views["final_norm"][:] = 1.0
     if edit:
         edit(views)
-    ckpt.save(path, cfg, params, None, {"step": 1}, {}, TOK.to_json())
+    ckpt.save(path, cfg, params, None, {"step": 1}, {}, tok.to_json())
     return path
 
 
@@ -85,6 +91,32 @@ def test_uniform_model_scores_log2_vocab_bits_per_byte(tmp_path, monkeypatch, ca
         assert row["bits_per_byte"] == pytest.approx(expect, rel=1e-6)
     assert res["overall"]["bytes"] == n_books + len(web.encode())
     assert "bits/byte" in out and "overall" in out
+
+
+def test_prepared_folder_scores_its_val_split_as_its_text(tmp_path):
+    """A prepared folder's val split scores as its held-out documents given as text do:
+    with the folder's tokenizer (its shards as they are) and with another (decoded and
+    encoded again)."""
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat and ran to the red house by the river".split()
+    docs = [" ".join(rng.choice(words, 40)) + "." for _ in range(30)]
+    src = CorpusSource("books", lambda: iter(docs), [{"origin": "generated"}])
+    prepare_corpus([src], tmp_path / "pre", vocab_size=290, val_fraction=0.3, seed=0)
+    held = [d for d in docs if is_val(d, 0, 0.3)]
+    (tmp_path / "val.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in held))
+    folder_tok = Tokenizer.load(tmp_path / "pre" / "tokenizer.json")
+    for tok in (folder_tok, TOK):
+        ck = ckpt.load(_checkpoint(tmp_path / f"c{tok.vocab_size}.safetensors", tok=tok,
+                                   random=True))  # fmt: skip
+        res = [
+            evaluate_text(ck, load_text([tmp_path / p], ck), CpuBackend())["overall"]
+            for p in ("pre", "val.jsonl")
+        ]
+        assert res[0]["documents"] == len(held) > 0
+        for key in ("tokens", "bytes", "documents"):
+            assert res[0][key] == res[1][key]
+        assert res[0]["bits_per_byte"] == pytest.approx(res[1]["bits_per_byte"], rel=1e-12)
+    assert res[0]["tokens"] == sum(len(d) for d in held) + len(held) - 1  # TOK: one a byte
 
 
 def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):

@@ -95,12 +95,14 @@ def _prepared_streams(folder: Path, tok) -> list[Stream]:
             for f in src["shards"]["val"]
         ]
         if not src["documents"]["val"]:
-            raise EulerError(f"--text: {name}: the val split holds no document")
+            continue  # a source too small to hold a document out
         if same:
             out.append(Stream(name, shards, src["text_bytes"]["val"], src["documents"]["val"]))
         else:
             docs = (doc for s in shards for doc in _split_documents(s, folder_tok))
             out.append(_encoded(name, docs, tok))
+    if not out:
+        raise EulerError(f"--text: {folder}: its val split holds no document")
     return out
 
 
