@@ -8,7 +8,9 @@ checksums.py), then per kind:
 - pretrain: split (val_fraction, seed, rule), sources (one entry per named source with
   its inputs and checksums, weight, documents, tokens, text_bytes and shard files per
   split), totals and timing;
-- sft: context, too_long_rule, split, inputs, records, splits (per split statistics).
+- sft: context, policy (long, pack, max_answer), too_long_rule (the policy in words),
+  split, inputs, records, heldout (file, records, sha256), splits (per split statistics:
+  records, whole, cut, truncated, dropped, kept, windows, tokens, loss shares).
 
 `read_manifest` checks every field that any reader of the folder uses, so that code can
 index the returned dict freely; a bad field is one line naming the file and the field.
