@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="Address to listen on; other than loopback, set --api-key.")
         ] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed).")] = 8000,
-        device: Annotated[str, typer.Option(help="cpu (the KV-cache batched decoder).")] = "cpu",
+        device: Annotated[
+            str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU); float32.")
+        ] = "cpu",
         api_key: Annotated[
             str | None,
             typer.Option(

@@ -224,13 +224,16 @@ def register(app: typer.Typer) -> None:
         device: Device = "cpu",
         precision: Annotated[
             str | None,
-            typer.Option(help="cuda: fp32, tf32 or bf16 (default tf32); the cpu decodes in fp32."),
+            typer.Option(
+                help="cuda: bf16 recomputes the context in bf16; fp32 or tf32 (the "
+                "default) decode with the KV cache in fp32, as the cpu does."
+            ),
         ] = None,
     ) -> None:
         """Chat with a checkpoint: a REPL (/reset, Ctrl-D to quit) or one --prompt.
 
-        --device cuda recomputes the whole context per step on the GPU (no KV cache there),
-        in --precision; the CPU decoder keeps a KV cache and decodes in fp32.
+        Both devices decode with a KV cache in fp32; --device cuda --precision bf16
+        recomputes the whole context per step on the GPU in bf16 instead.
 
         Long prompts: the newest turns that fit in the context minus the room kept for the
         answer (min(max tokens, context/2)) are kept; a single prompt longer than that keeps
@@ -338,8 +341,7 @@ def chat_precision(device: str, precision: str | None) -> str:
 
 def _decoder_factory(ck, device: str, precision: str):
     """A function making fresh decoders of checkpoint ck on device (cpu or cuda): with a KV
-    cache where the backend has one (the CPU's), else recomputing the context (the GPU's)
-    in precision."""
+    cache in fp32, or under bf16 recomputing the context in bf16 (make_decoder)."""
     from euler.backend import make_backend
     from euler.inference.decode_device import make_decoder
 

@@ -96,13 +96,15 @@ def test_the_cpu_answers_its_capabilities_honestly():
         be.capture(lambda: None)
 
 
-def test_the_gpu_declares_no_kv_cache_and_refuses_to_decode():
-    assert GpuBackend.name == "cuda" and GpuBackend.kv_cache is False
+def test_the_gpu_declares_its_kv_cache_and_decodes_float32_only():
+    assert GpuBackend.name == "cuda" and GpuBackend.kv_cache is True
     assert isinstance(inspect.getattr_static(GpuBackend, "can_capture"), property)
-    with pytest.raises(EulerError, match="kv_cache is False"):
-        GpuBackend.decode_linear(None, None, None, None)
-    with pytest.raises(EulerError, match="kv_cache is False"):
-        GpuBackend.decode_attention(None, None, None, None, None, None, None, 4, 2, 8)
+    f32, f64 = np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float64)
+    with pytest.raises(ValueError, match="decode_linear: x is float64; float32 expected"):
+        GpuBackend.decode_linear(None, f32, f64, f32)
+    cache, at = np.zeros((1, 2, 4, 8), np.float32), np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="slots and positions must be int32"):
+        GpuBackend.decode_attention(None, f32, f32, cache, cache, at, at, 4, 2, 8)
 
 
 # ------------------------------------------------------------------ shape checks

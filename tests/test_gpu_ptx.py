@@ -28,6 +28,7 @@ from euler.gpu import (  # noqa: E402
     attention,
     attention_tiles,
     cross_entropy,
+    decode,
     embedding,
     memory,
     naive_attention,
@@ -121,6 +122,11 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         hyper = np.ones(3)
         adamw.adamw_update(f32(p), f32(p), f32(p), f32(p), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
     _bf16_rope_ce_adamw_launches(B, T, N, K, tokens)
+    decode.linear_rows(f32(N, V), f32(N, D), f32(V, D))  # KV-cache decoding (decode.py)
+    S, C, H, G, E = 2, 5, 4, 2, 8
+    at = np.zeros(N, np.int32)
+    decode.attention_decode(f32(N, H * E), f32(N, (H + 2 * G) * E), f32(S, G, C, E),
+                            f32(S, G, C, E), at, at, H, G, E)  # fmt: skip
     for E, tile in ((64, 64), (32, 64), (8, 0)):
         # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
         # sizes; the generated register-tiled ones (tile 0) at a small head size, since
@@ -212,7 +218,8 @@ if IN_BACKGROUND:  # conftest.py's run of this file, beside the session on the o
         launched = {k.py_func.__name__ for k, _ in calls}
         defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
         defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
-        modules = (adamw, attention, cross_entropy, embedding, memory, naive_attention, residual)
+        modules = (adamw, attention, cross_entropy, decode, embedding, memory, naive_attention)
+        modules += (residual,)
         modules += (rmsnorm, rope, swiglu, transpose)
         for module in modules:
             for name, obj in vars(module).items():

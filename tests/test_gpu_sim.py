@@ -404,3 +404,57 @@ else:
         np.testing.assert_allclose(d_dsum.copy_to_host(), want, rtol=1e-5, atol=1e-5)
         got = d_dqkv.copy_to_host()
         assert not got[..., : H * E].any() and (got[..., H * E :] == 1).all()
+
+    def test_kv_cache_kernels_match_the_cpu(gpu) -> None:
+        """euler/gpu/decode.py against the CPU backend's decode methods: rows of two slots
+        (one fed two rows at once, one at position 3 of a cache filled before), E = 40
+        spanning two lanes' elements, 3 query heads on one kv head; a product's D = 70. A
+        row computed alone has the bits it has beside others."""
+        from numba import cuda
+
+        rng = np.random.default_rng(6)
+        S, H, G, E, C = 2, 3, 1, 40, 6
+        qkv = rng.standard_normal((3, (H + 2 * G) * E)).astype(np.float32)
+        slots, positions = np.array([1, 1, 0], np.int32), np.array([0, 1, 3], np.int32)
+        caches = [rng.standard_normal((S, G, C, E)).astype(np.float32) for _ in range(2)]
+        want = np.zeros((3, H * E), np.float32)
+        cpu_caches = [c.copy() for c in caches]
+        CpuBackend().decode_attention(want, qkv, *cpu_caches, slots, positions, H, G, E)
+        out, dev_caches = cuda.to_device(np.zeros_like(want)), [cuda.to_device(c) for c in caches]
+        gpu.decode_attention(out, cuda.to_device(qkv), *dev_caches, cuda.to_device(slots),
+                             cuda.to_device(positions), H, G, E)  # fmt: skip
+        np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+        for got, ref in zip(dev_caches, cpu_caches, strict=True):
+            np.testing.assert_array_equal(got.copy_to_host(), ref)
+        # the last row again, alone: the same bits
+        one = cuda.to_device(np.zeros((1, H * E), np.float32))
+        gpu.decode_attention(one, cuda.to_device(qkv[2:]), *dev_caches, cuda.to_device(slots[2:]),
+                             cuda.to_device(positions[2:]), H, G, E)  # fmt: skip
+        assert one.copy_to_host().tobytes() == out.copy_to_host()[2:].tobytes()
+        x, w = (rng.standard_normal(s).astype(np.float32) for s in ((3, 70), (5, 70)))
+        y, y1 = (
+            cuda.to_device(np.zeros((3, 5), np.float32)),
+            cuda.to_device(np.zeros((1, 5), np.float32)),
+        )
+        gpu.decode_linear(y, cuda.to_device(x), cuda.to_device(w))
+        gpu.decode_linear(y1, cuda.to_device(x[1:2]), cuda.to_device(w))
+        np.testing.assert_allclose(y.copy_to_host(), x @ w.T, rtol=1e-5, atol=1e-5)
+        assert y1.copy_to_host().tobytes() == y.copy_to_host()[1:2].tobytes()
+
+    def test_kv_cache_decoder_matches_the_cpu(gpu) -> None:
+        """A BatchDecoder on the GPU backend against the CPU's: hidden rows to float32
+        rounding and the same greedy next tokens."""
+        from euler.inference.batch import BatchDecoder
+        from euler.model.config import ModelConfig
+        from euler.model.transformer import Model
+
+        cfg = ModelConfig(vocab_size=24, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
+                          context=8, ffn_hidden=8, init_std=0.5)  # fmt: skip
+        params = Model(cfg, seed=4).params
+        feeds = [(1, [3, 1]), (0, [9])]
+        cpu, dev = BatchDecoder(cfg, params, 2), BatchDecoder(cfg, params, 2, backend=gpu)
+        want, got = cpu.feed(feeds), dev.feed(feeds)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+        rows = np.concatenate(got)
+        assert (dev.logits(rows).argmax(1) == cpu.logits(np.concatenate(want)).argmax(1)).all()

@@ -8,9 +8,10 @@ stream with its own cuBLAS handle, forked from the stream and joined back by eve
 (wait_deferred), so it runs beside the backward's next kernels.
 Scratch buffers (norm partials, attention's D_i) are allocated on first use at a given
 size and reused, so steps after the first allocate nothing.
-Capabilities: CUDA graphs (capture) on a real GPU with the real cuBLAS; no KV-cache kernels
-yet (kv_cache is False, the decode_* methods refuse), so generation recomputes the whole
-context through the training forward (euler/inference/decode_device.py).
+Capabilities: CUDA graphs (capture) on a real GPU with the real cuBLAS; KV-cache decoding
+in float32 (the decode_* methods, euler/gpu/decode.py), batched across sequences as on the
+CPU; bf16 decoding recomputes the context through the training forward instead
+(euler/inference/decode_device.py).
 """
 
 from __future__ import annotations
@@ -70,10 +71,6 @@ def _on_stream(library, stream, tf32: bool):
     return library(handle, tf32=tf32, workspace=workspace)
 
 
-NO_KV_CACHE = (
-    "GPU backend: no KV-cache kernels (kv_cache is False); "
-    "decode with euler.inference.decode_device.RecomputeDecoder"
-)
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 
 
@@ -135,7 +132,7 @@ class GpuBackend:
     """
 
     name = "cuda"
-    kv_cache = False  # no KV-cache kernels yet: decode_linear and decode_attention refuse
+    kv_cache = True  # decode_linear and decode_attention exist (float32)
 
     def __init__(
         self,
@@ -153,6 +150,7 @@ class GpuBackend:
             attention,
             attention_tc,
             cross_entropy,
+            decode,
             embedding,
             memory,
             residual,
@@ -165,7 +163,7 @@ class GpuBackend:
         self.k_adamw, self.k_attention, self.k_ce = adamw, attention, cross_entropy
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
-        self.k_transpose = transpose
+        self.k_transpose, self.k_decode = transpose, decode
         self.threads, self.tile, self.options = threads, tile, options
         self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
@@ -503,9 +501,25 @@ class GpuBackend:
 
     # ------------------------------------------------------------ decoding with a KV cache
     def decode_linear(self, out, x, w) -> None:
-        """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
-        raise EulerError(NO_KV_CACHE)
+        """out (n, M) = x (n, D) @ w (M, D)^T in float32, each element one warp's reduction
+        in a fixed order, so a row's result does not depend on the rows beside it."""
+        _float32("decode_linear", out=out, x=x, w=w)
+        self.k_decode.linear_rows(out, x, w, self.stream)
 
     def decode_attention(self, out, qkv, k_cache, v_cache, slots, positions, H, G, E) -> None:
-        """Refused: the GPU has no KV-cache decoding kernels (kv_cache is False)."""
-        raise EulerError(NO_KV_CACHE)
+        """Write qkv (n, (H + 2G) E)'s keys and values into k_cache, v_cache (S, G, C, E) at
+        (slots[r], positions[r]), then out (n, H E): row r attends to its slot's positions
+        0..positions[r]. float32; slots and positions (n,) int32, their values checked by
+        the caller (euler.inference.batch checks them on the host)."""
+        _float32("decode_attention", out=out, qkv=qkv, k_cache=k_cache, v_cache=v_cache)
+        if slots.dtype != np.int32 or positions.dtype != np.int32:
+            raise ValueError("decode_attention: slots and positions must be int32")
+        self.k_decode.attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E,
+                                       self.stream)  # fmt: skip
+
+
+def _float32(where: str, **arrays) -> None:
+    """ValueError naming the first of arrays that is not float32 (decoding is float32)."""
+    for name, a in arrays.items():
+        if a.dtype != np.float32:
+            raise ValueError(f"{where}: {name} is {a.dtype}; float32 expected")

@@ -1,8 +1,9 @@
 """Decoding on any backend, the GPU's included, by recomputing the whole context per call.
 
-The GPU backend has no KV-cache kernels (kv_cache is False). A forward of the full context
-of the `gpu` preset costs milliseconds on an H200, so `euler chat --device cuda` feeds
-tokens by running the training forward over positions 0..context-1 each time. Positions
+The KV-cache decoders compute in float32; under --precision bf16 (on the GPU) `euler chat`
+decodes through this one instead, and any backend could. A forward of the full context of
+the `gpu` preset costs milliseconds on an H200, so it feeds tokens by running the training
+forward over positions 0..context-1 each time. Positions
 after the fed ones hold padding (token 0), which causal attention keeps from reaching the
 earlier rows, and the shapes are the same on every call, so a position's hidden row does
 not depend on how the tokens were split into calls: speculative decoding stays exactly
@@ -18,7 +19,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from euler.backend import Backend
-from euler.errors import EulerError
 from euler.inference.batch import check_feed
 from euler.inference.generate import Decoder
 from euler.model.config import ModelConfig
@@ -64,13 +64,9 @@ class RecomputeDecoder:
 def make_decoder(
     cfg: ModelConfig, params: np.ndarray, backend: Backend, precision: str = "fp32"
 ) -> Decoder | RecomputeDecoder:
-    """A decoder of flat params (P,) on backend: the KV-cache Decoder where the backend has
-    one (kv_cache; it decodes in fp32), else a RecomputeDecoder in `precision`."""
-    if backend.kv_cache:
-        if precision == "bf16":
-            raise EulerError(
-                "--precision bf16: the KV-cache decoder (--device cpu) decodes in fp32; "
-                "bf16 decoding runs with --device cuda"
-            )
+    """A decoder of flat params (P,) on backend: the KV-cache Decoder (float32) where the
+    backend has one (kv_cache) and precision is not bf16, else a RecomputeDecoder in
+    `precision` (bf16 decoding runs the training forward in bf16)."""
+    if backend.kv_cache and precision != "bf16":
         return Decoder(cfg, params, backend=backend)
     return RecomputeDecoder(cfg, params, backend, precision)

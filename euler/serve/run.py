@@ -79,11 +79,7 @@ def _serve_on(sock: socket.socket, checkpoint: Path, device: str, cfg: ServeConf
     if limit is not None and not 1 <= limit <= ck.cfg.context:
         raise EulerError(f"--max-tokens must be in [1, {ck.cfg.context}] (the model's "
                          f"context), got {limit}")  # fmt: skip
-    backend = make_backend(device, "fp32")
-    if not backend.kv_cache:
-        raise EulerError(f"--device {device}: this backend has no KV-cache decoding kernels "
-                         "yet, so it cannot batch requests; serve with --device cpu")  # fmt: skip
-    dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=backend)
+    dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=make_backend(device, "fp32"))
     # compile (or load) every kernel a request runs now, not on the first request
     generate_batch(dec, [GenRequest(tuple(tok.encode("warm up").tolist()) or (tok.eot_id,), 2)])
     scheduler = Scheduler(dec, tok, cfg.max_queue, cfg.prefill_chunk)
