@@ -233,3 +233,17 @@ def test_bad_serve_flags_are_one_line(run, monkeypatch, capsys, flags, message):
     assert message in err
     code, _, err = run_cli(monkeypatch, capsys, "serve", "--checkpoint", str(run / "nowhere"))
     assert code == 2 and err.startswith("error: checkpoint not found")
+
+
+def test_a_client_that_leaves_before_a_whole_answer_frees_its_slot(server):
+    """The same for a request answered whole: the server notices within its poll (0.25 s)."""
+    before = server.request("GET", "/health")[1]["cancelled"]
+    url = urlparse(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    body = {"prompt": "The", "max_tokens": 1500, "temperature": 0.0}
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    server.wait_for(lambda h: h["active"] == 1)
+    conn.sock.close()
+    conn.close()
+    server.wait_for(lambda h: h["active"] == 0 and h["cancelled"] == before + 1, 5.0)

@@ -160,15 +160,20 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
             return StreamingResponse(_stream(queue, shape, lambda: scheduler.cancel(job)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
+        gone = object()  # what the watcher queues when the client has left
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await asyncio.sleep(DISCONNECT_POLL_S)
+            queue.put_nowait(gone)
+
+        watcher = asyncio.create_task(watch())
         text = []
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return Response(status_code=499)  # nobody reads it
-                    continue
+                item = await queue.get()
+                if item is gone:
+                    return Response(status_code=499)  # nobody reads it
                 if isinstance(item, Delta):
                     text.append(item.text)
                 elif isinstance(item, Done):
@@ -177,6 +182,7 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
                     raise ApiError(500, f"The model failed: {item.message}.", None,
                                    "model_error", "server_error")  # fmt: skip
         finally:
+            watcher.cancel()
             scheduler.cancel(job)
 
     return app
