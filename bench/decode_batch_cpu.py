@@ -7,8 +7,9 @@ token) decode together in one BatchDecoder through euler.inference.engine.BatchG
 the prompts are fed and each sequence's first token chosen (untimed), then `steps`
 decoding steps are timed, each one forward of B rows, the heads' logits and B choices.
 tokens/s = B * steps / seconds; each batch size is run `rounds` times, alternating, and
-its best and median round kept, with the load average before the run (the machine is
+its best and median round kept, with the load average before and after (the machine is
 shared). The ideal is B times batch 1: the speed-up column says how close batching comes.
+Each thread count of --threads (Numba threads the forward's kernels run on) is a table.
 """
 
 from __future__ import annotations
@@ -43,22 +44,11 @@ def decode_round(dec: BatchDecoder, B: int, steps: int, prompt_len: int, seed: i
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", type=Path, required=True, help="Checkpoint or run folder.")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--steps", type=int, default=96, help="Timed steps a round.")
-    ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", type=Path, help="Write the results here.")
-    args = ap.parse_args()
-    ck = checkpoint.load(args.checkpoint)
-    if args.prompt_len + args.steps + 1 > ck.cfg.context:
-        ap.error(f"--prompt-len + --steps + 1 must fit the context ({ck.cfg.context})")
-    decoders = {B: BatchDecoder(ck.cfg, ck.params, B) for B in args.batches}
+def measure(ck, args, threads: int) -> list[dict]:
+    """The rows of one thread count: each batch size's best and median tokens/s."""
+    decoders = {B: BatchDecoder(ck.cfg, ck.params, B, threads=threads) for B in args.batches}
     for B, dec in decoders.items():  # compile or load the kernels, warm the caches
         decode_round(dec, B, 4, args.prompt_len, 0)
-    load = os.getloadavg()[0]
     seconds: dict[int, list[float]] = {B: [] for B in args.batches}
     for r in range(args.rounds):
         for B, dec in decoders.items():
@@ -70,20 +60,44 @@ def main() -> None:
                      "median_tokens_per_s": statistics.median(rates),
                      "ms_per_step_best": 1e3 * min(seconds[B]) / args.steps})  # fmt: skip
     one = rows[0]["best_tokens_per_s"] if args.batches[0] == 1 else None
-    print(f"{'batch':>5} {'best tok/s':>11} {'median':>9} {'ms/step':>8} {'x batch 1':>9}"
-          f" {'ideal':>6}")  # fmt: skip
     for row in rows:
         row["speedup_over_batch_1"] = row["best_tokens_per_s"] / one if one else None
-        print(f"{row['batch']:>5} {row['best_tokens_per_s']:>11,.0f} "
-              f"{row['median_tokens_per_s']:>9,.0f} {row['ms_per_step_best']:>8.2f} "
-              f"{row['speedup_over_batch_1'] or float('nan'):>9.2f} {row['batch']:>6}")  # fmt: skip
-    print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True, help="Checkpoint or run folder.")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--steps", type=int, default=96, help="Timed steps a round.")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="Numba threads.")
+    ap.add_argument("--json", type=Path, help="Write the results here.")
+    args = ap.parse_args()
+    ck = checkpoint.load(args.checkpoint)
+    if args.prompt_len + args.steps + 1 > ck.cfg.context:
+        ap.error(f"--prompt-len + --steps + 1 must fit the context ({ck.cfg.context})")
+    load_before = os.getloadavg()[0]
+    tables = {threads: measure(ck, args, threads) for threads in args.threads}
+    for threads, rows in tables.items():
+        print(f"{threads} thread(s)")
+        print(f"{'batch':>5} {'best tok/s':>11} {'median':>9} {'ms/step':>8} {'x batch 1':>9}"
+              f" {'ideal':>6}")  # fmt: skip
+        for row in rows:
+            speedup = row["speedup_over_batch_1"] or float("nan")
+            print(f"{row['batch']:>5} {row['best_tokens_per_s']:>11,.0f} "
+                  f"{row['median_tokens_per_s']:>9,.0f} {row['ms_per_step_best']:>8.2f} "
+                  f"{speedup:>9.2f} {row['batch']:>6}")  # fmt: skip
+    load = (load_before, os.getloadavg()[0])
+    print(f"load average before and after: {load[0]:.2f}, {load[1]:.2f} on {os.cpu_count()} cores")
     if args.json:
         record = {"what": "batched KV-cache decoding, CPU", "checkpoint": str(ck.path),
                   "model": ck.cfg.to_dict(), "steps": args.steps, "prompt_len": args.prompt_len,
-                  "rounds": args.rounds, "load_average_before": load, "cpus": os.cpu_count(),
-                  "machine": platform.processor() or platform.machine(),
-                  "date": time.strftime("%Y-%m-%d"), "rows": rows}  # fmt: skip
+                  "rounds": args.rounds, "load_average_before_after": load,
+                  "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+                  "date": time.strftime("%Y-%m-%d"),
+                  "tables": [{"threads": t, "rows": r} for t, r in tables.items()]}  # fmt: skip
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 

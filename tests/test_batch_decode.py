@@ -98,3 +98,16 @@ def test_slots_are_freed_and_bad_requests_refused(params):
         BatchDecoder(CFG, params, 2).feed([(0, [1]), (0, [2])])
     with pytest.raises(EulerError, match="slots must be an integer"):
         BatchDecoder(CFG, params, 0)
+
+
+def test_the_thread_count_changes_no_bit_and_is_restored(params):
+    import numba
+
+    most = numba.config.NUMBA_NUM_THREADS
+    feeds = [(0, list(range(1, 12))), (1, [4])]
+    one = BatchDecoder(CFG, params, 2).feed(feeds)
+    many = BatchDecoder(CFG, params, 2, threads=most).feed(feeds)
+    assert [a.tobytes() for a in one] == [b.tobytes() for b in many]
+    assert numba.get_num_threads() == most  # the caller's own setting, back after the call
+    with pytest.raises(EulerError, match="threads must be in"):
+        BatchDecoder(CFG, params, 1, threads=most + 1)

@@ -143,6 +143,21 @@ def test_sampling_filters():
     assert again[0] == again[1]  # a seed fixes the draw
     with pytest.raises(EulerError, match="top-p"):
         SamplingConfig(top_p=0.0)
+    # the draw is NumPy's own choice from the filtered softmax, for the same generator
+    for seed in range(20):
+        sc = SamplingConfig(0.9, top_k=seed % 3 * 2, top_p=1.0 - seed % 4 / 10)
+        mine, ref = np.random.default_rng(seed), np.random.default_rng(seed)
+        logits = np.random.default_rng(99 + seed).standard_normal(50).astype(np.float32)
+        z = logits.astype(np.float64) / 0.9
+        for _ in range(10):
+            order = np.argsort(-z, kind="stable")
+            order = order[: sc.top_k] if sc.top_k else order
+            q = np.exp(z[order] - z[order[0]])
+            q /= q.sum()
+            if sc.top_p < 1.0:
+                keep = int(np.searchsorted(np.cumsum(q), sc.top_p)) + 1
+                order, q = order[:keep], q[:keep] / q[:keep].sum()
+            assert sample(logits, sc, mine) == int(order[ref.choice(len(order), p=q)])
 
 
 class _Bytes:
