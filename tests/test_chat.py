@@ -68,8 +68,9 @@ def test_bad_checkpoints_are_one_line(run, monkeypatch, capsys, tmp_path):
     assert code == 2 and "truncated" in err and err.count("\n") == 1
 
 
-def test_device_cuda_decodes_by_recompute(run, monkeypatch, capsys):
-    """--device cuda takes the recompute decoder (given a CPU backend here): same answer."""
+def test_device_cuda_gives_the_cpu_answer(run, monkeypatch, capsys):
+    """--device cuda decodes through make_backend's backend (a CPU backend stands in here,
+    with its KV cache): the same answer, speculative included; an unknown device is one line."""
     import euler.backend
     from euler.cpu.backend import CpuBackend
 
