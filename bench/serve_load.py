@@ -1,6 +1,6 @@
 """A load test of `euler serve`: 32 concurrent streaming clients, beside one client alone.
 
-    python bench/serve_load_cpu.py --checkpoint /work/runs/sw-cut56-300b16 --json FILE
+    python bench/serve_load.py --checkpoint RUN --json FILE [--device cuda]
 
 Starts `euler serve` on 127.0.0.1 (a free port; --slots as many as the clients), then
 1. alone: one client makes `--solo` streamed chat requests, one after another;
@@ -39,10 +39,13 @@ INSTRUCTIONS = [
 REQUEST_TIMEOUT_S = 300
 
 
-def start_server(checkpoint: Path, slots: int) -> tuple[subprocess.Popen, str, int]:
+def start_server(
+    checkpoint: Path, slots: int, device: str = "cpu"
+) -> tuple[subprocess.Popen, str, int]:
     """`euler serve` on a free loopback port: (process, host, port) once it listens."""
     cmd = [sys.executable, "-m", "euler.cli", "serve", "--checkpoint", str(checkpoint),
-           "--port", "0", "--slots", str(slots), "--max-queue", str(slots)]  # fmt: skip
+           "--port", "0", "--slots", str(slots), "--max-queue", str(slots),
+           "--device", device]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if line.startswith("serving "):
@@ -118,9 +121,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3, help="Requests per concurrent client.")
     ap.add_argument("--solo", type=int, default=8, help="Requests of the client alone.")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path, help="Write the results here.")
     args = ap.parse_args()
-    proc, host, port = start_server(args.checkpoint, args.clients)
+    proc, host, port = start_server(args.checkpoint, args.clients, args.device)
     try:
         stream_chat(host, port, INSTRUCTIONS[0], 4, 0)  # the first request's one-off costs
         load = os.getloadavg()[0]
@@ -157,7 +161,8 @@ def main() -> None:
               f"{s['token_ms_p50']:>9.2f} {s['token_ms_p99']:>7.2f}")  # fmt: skip
     print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
     if args.json:
-        record = {"what": "euler serve load test, CPU", "checkpoint": str(args.checkpoint),
+        record = {"what": f"euler serve load test, {args.device}",
+                  "checkpoint": str(args.checkpoint),
                   "clients": args.clients, "requests_per_client": args.requests,
                   "max_tokens": args.max_tokens, "load_average_before": load,
                   "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),

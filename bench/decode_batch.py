@@ -1,6 +1,6 @@
-"""Batched KV-cache decoding on the CPU: tokens/s at batch 1, 8 and 32 against batch 1 x B.
+"""Batched KV-cache decoding: tokens/s at batch 1, 8 and 32 against batch 1 x B.
 
-    python bench/decode_batch_cpu.py --checkpoint /work/runs/sw-cut56-300b16 --json FILE
+    python bench/decode_batch.py --checkpoint RUN --json FILE [--device cuda]
 
 B sequences (random 16-token prompts of the checkpoint's vocabulary, greedy, no stop
 token) decode together in one BatchDecoder through euler.inference.engine.BatchGenerator:
@@ -10,6 +10,9 @@ tokens/s = B * steps / seconds; each batch size is run `rounds` times, alternati
 its best and median round kept, with the load average before and after (the machine is
 shared). The ideal is B times batch 1: the speed-up column says how close batching comes.
 Each thread count of --threads (Numba threads the forward's kernels run on) is a table.
+With --device cuda the decoder runs on the GPU backend's KV-cache kernels (one table), and
+a row beside it times the full-context recompute decoder (euler.inference.decode_device,
+what decoding on the GPU did before) on one sequence, for comparison.
 """
 
 from __future__ import annotations
@@ -44,9 +47,26 @@ def decode_round(dec: BatchDecoder, B: int, steps: int, prompt_len: int, seed: i
     return time.perf_counter() - t0
 
 
-def measure(ck, args, threads: int) -> list[dict]:
+def recompute_rate(ck, args, backend) -> float:
+    """Best tokens/s of the recompute decoder on one sequence (greedy, `steps` tokens)."""
+    from euler.inference.decode_device import RecomputeDecoder
+    from euler.inference.generate import generate
+    from euler.inference.sampling import SamplingConfig
+
+    dec = RecomputeDecoder(ck.cfg, ck.params, backend, "fp32")
+    prompt = np.random.default_rng(0).integers(0, ck.cfg.vocab_size, args.prompt_len)
+    best = 0.0
+    for _ in range(1 + args.rounds):  # the first compiles
+        dec.truncate(0)
+        res = generate(dec, prompt, args.steps, SamplingConfig(0.0, 0, 1.0))
+        best = max(best, res.tokens_per_second)
+    return best
+
+
+def measure(ck, args, threads: int, backend=None) -> list[dict]:
     """The rows of one thread count: each batch size's best and median tokens/s."""
-    decoders = {B: BatchDecoder(ck.cfg, ck.params, B, threads=threads) for B in args.batches}
+    decoders = {B: BatchDecoder(ck.cfg, ck.params, B, backend=backend, threads=threads)
+                for B in args.batches}  # fmt: skip
     for B, dec in decoders.items():  # compile or load the kernels, warm the caches
         decode_round(dec, B, 4, args.prompt_len, 0)
     seconds: dict[int, list[float]] = {B: [] for B in args.batches}
@@ -73,13 +93,22 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="Numba threads.")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path, help="Write the results here.")
     args = ap.parse_args()
     ck = checkpoint.load(args.checkpoint)
+    backend, recompute = None, None
+    if args.device == "cuda":
+        from euler.backend import make_backend
+
+        backend, args.threads = make_backend("cuda", "fp32"), [1]
     if args.prompt_len + args.steps + 1 > ck.cfg.context:
         ap.error(f"--prompt-len + --steps + 1 must fit the context ({ck.cfg.context})")
     load_before = os.getloadavg()[0]
-    tables = {threads: measure(ck, args, threads) for threads in args.threads}
+    tables = {threads: measure(ck, args, threads, backend) for threads in args.threads}
+    if backend is not None:
+        recompute = recompute_rate(ck, args, backend)
+        print(f"recompute decoder, one sequence: {recompute:,.0f} tokens/s")
     for threads, rows in tables.items():
         print(f"{threads} thread(s)")
         print(f"{'batch':>5} {'best tok/s':>11} {'median':>9} {'ms/step':>8} {'x batch 1':>9}"
@@ -92,7 +121,8 @@ def main() -> None:
     load = (load_before, os.getloadavg()[0])
     print(f"load average before and after: {load[0]:.2f}, {load[1]:.2f} on {os.cpu_count()} cores")
     if args.json:
-        record = {"what": "batched KV-cache decoding, CPU", "checkpoint": str(ck.path),
+        record = {"what": f"batched KV-cache decoding, {args.device}", "checkpoint": str(ck.path),
+                  "recompute_tokens_per_s_batch_1": recompute,
                   "model": ck.cfg.to_dict(), "steps": args.steps, "prompt_len": args.prompt_len,
                   "rounds": args.rounds, "load_average_before_after": load,
                   "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
