@@ -24,9 +24,11 @@ def hf_nats(hf, stream: np.ndarray, T: int) -> tuple[float, int]:
     tokens at stride T, the rule of euler.eval.text.score_stream, one window a forward."""
     import torch
 
+    from euler.eval.text import window_starts
+
     total, count = 0.0, 0
     with torch.no_grad():
-        for s in range(0, max(len(stream) - 1, 0), T):
+        for s in window_starts(len(stream), T):
             w = torch.tensor(np.asarray(stream[s : s + T + 1]), dtype=torch.long)
             logits = hf(w[None, :-1]).logits[0].double()
             total += float(torch.nn.functional.cross_entropy(logits, w[1:], reduction="sum"))

@@ -207,11 +207,10 @@ def prepare_sft_command(
     """Render Alpaca records in the chat template into SFT windows with loss masks."""
     from euler.data.manifest import MAX_CONTEXT
     from euler.data.sft import prepare_sft
-    from euler.data.sft_policy import LONG_RULES
+    from euler.data.sft_policy import check_long
 
     check_int(context, "--context", 2, MAX_CONTEXT)
-    if long not in LONG_RULES:
-        raise EulerError(f"--long must be one of {', '.join(LONG_RULES)}, got {long!r}")
+    check_long(long)
     check_int(max_answer, "--max-answer", 0, MAX_CONTEXT)
     check_fraction(val_fraction, "--val-fraction")
     check_int(seed, "--seed", 0, MAX_SEED)

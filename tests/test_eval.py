@@ -166,51 +166,52 @@ def test_loop_and_overlap_scores():
     assert rouge_l("The cats sat", "the cat sat down") == pytest.approx(2 * 1 * 0.75 / 1.75)
 
 
+EVAL = ("eval", "{root}/c.safetensors")  # every case scores the uniform checkpoint
 CASES = [
-    Case("eval-nothing", ("eval", "{root}/c.safetensors"), ("--text", "--instructions")),
+    Case("eval-nothing", EVAL, ("--text", "--instructions")),
     Case(
         "eval-not-alpaca",
-        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json"),
+        (*EVAL, "--instructions", "{root}/i.json"),
         ("i.json", "[0]", "record object"),
         lambda r: (r / "i.json").write_text('["just a string"]'),
     ),
     Case(
         "eval-alpaca-no-output",
-        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json"),
+        (*EVAL, "--instructions", "{root}/i.json"),
         ("i.json", "[0].output"),
         lambda r: (r / "i.json").write_text('[{"instruction": "a"}]'),
     ),
     Case(
         "eval-empty-folder",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/empty"),
+        (*EVAL, "--text", "{root}/empty"),
         ("empty", "no files"),
         lambda r: (r / "empty").mkdir(),
     ),
     Case(
         "eval-empty-text",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/e.txt"),
+        (*EVAL, "--text", "{root}/e.txt"),
         ("e.txt", "no document"),
         lambda r: (r / "e.txt").write_text("  \n"),
     ),
     Case(
         "eval-not-utf8",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/b.txt"),
+        (*EVAL, "--text", "{root}/b.txt"),
         ("b.txt", "not UTF-8", "byte 3"),
         lambda r: (r / "b.txt").write_bytes(b"abc\xff"),
     ),
     Case(
         "eval-missing-text",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/none.txt"),
+        (*EVAL, "--text", "{root}/none.txt"),
         ("--text", "none.txt", "not found"),
     ),
     Case(
         "eval-max-tokens",
-        ("eval", "{root}/c.safetensors", "--instructions", "{root}/i.json", "--max-tokens", "0"),
+        (*EVAL, "--instructions", "{root}/i.json", "--max-tokens", "0"),
         ("--max-tokens",),
     ),
     Case(
         "eval-json-exists",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/t.txt", "--json", "{root}/t.txt"),
+        (*EVAL, "--text", "{root}/t.txt", "--json", "{root}/t.txt"),
         ("--json", "--overwrite"),
         lambda r: (r / "t.txt").write_text("hi."),
     ),

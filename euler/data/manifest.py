@@ -24,6 +24,7 @@ from pathlib import Path
 
 from euler.data.checksums import file_entry
 from euler.data.files import write_json_atomic
+from euler.data.sft_policy import LONG_RULES
 from euler.errors import EulerError
 from euler.schema import MISSING, Fields, read_json
 from euler.tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE
@@ -134,7 +135,7 @@ def _check_sft(m: Fields, files: Fields) -> None:
             "window); prepare it again"
         )
     policy = _obj(m, "policy")
-    policy.str("long", choices=("cut", "truncate", "drop"))
+    policy.str("long", choices=LONG_RULES)
     policy.bool("pack")
     policy.int("max_answer", lo=0)
     m.str("too_long_rule")

@@ -30,7 +30,7 @@ from euler.data.download import download
 from euler.data.files import check_output, sha256_file, staged_dir
 from euler.data.manifest import MAX_CONTEXT, SFT_FILES, read_manifest, sft_file, write_manifest
 from euler.data.prepare import SPLITS, TOKENIZER_FILE, is_val
-from euler.data.sft_policy import LONG_RULES, classify, pack_windows
+from euler.data.sft_policy import check_long, classify, pack_windows
 from euler.data.shards import first_out_of_range, open_shard, token_dtype, write_shard
 from euler.errors import EulerError
 from euler.schema import MISSING, Fields, describe, read_json
@@ -96,8 +96,7 @@ def prepare_sft(
         raise EulerError("no instruction files given")
     if not 0.0 <= val_fraction < 1.0:
         raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
-    if long not in LONG_RULES:
-        raise EulerError(f"--long must be one of {', '.join(LONG_RULES)}, got {long!r}")
+    check_long(long)
     reads = [*reads, *(Path(i) for i in items if not i.startswith(("http://", "https://")))]
     check_output(Path(out_dir), overwrite, reads)  # before any download or encoding
     threads = threads or os.cpu_count() or 1

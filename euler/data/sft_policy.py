@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 LONG_RULES = ("cut", "truncate", "drop")
+
+
+def check_long(long: str) -> str:
+    """long, if it names one of LONG_RULES; else EulerError naming the flag."""
+    if long not in LONG_RULES:
+        raise EulerError(f"--long must be one of {', '.join(LONG_RULES)}, got {long!r}")
+    return long
+
+
 # after . ! ? (not a list number's "1.") and any closing quotes or brackets, before space or
 # the end; or the end of a line that does not announce more (":" or ",").
 SENTENCE_END = regex.compile(r"(?<=[^\d\s][.!?][\"'\)\]\u201d\u2019]*)(?=\s|$)|(?<=[^\s:,])(?=\n)")
@@ -72,13 +81,10 @@ def classify(
 
     prompt (P,) int32 ends with <|assistant|>; response (R,) int32 ends with <|end|>; the
     response may hold at most what the window leaves after the prompt and, if max_answer >
-    0, at most max_answer tokens (its <|end|> included). kind is "whole", "cut",
+    0, at most max_answer tokens (its <|end|> included); long is one of LONG_RULES (checked
+    by check_long, once, by the caller). kind is "whole", "cut",
     "truncated" or "dropped" (then ids and mask are None).
     """
-    if long not in LONG_RULES:
-        raise EulerError(
-            f"the long-record rule must be one of {', '.join(LONG_RULES)}, got {long!r}"
-        )
     room = context + 1 - len(prompt)
     if max_answer > 0:
         room = min(room, max_answer)

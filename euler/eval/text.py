@@ -22,6 +22,7 @@ bytes not counted (a tokenizer-independent convention: one boundary per document
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +65,7 @@ def _encoded(name: str, docs: Iterator[str], tok) -> Stream:
 
     parts, n_bytes, n_docs = [], 0, 0
     eot = np.array([tok.eot_id], dtype=np.int32)
-    for text, ids in encode_stream(tok, docs, threads=1):
+    for text, ids in encode_stream(tok, docs, threads=os.cpu_count() or 1):
         parts += [eot, ids.astype(np.int32)]
         n_bytes += len(text.encode("utf-8"))
         n_docs += 1
@@ -113,6 +114,12 @@ def _split_documents(shard: np.ndarray, tok) -> Iterator[str]:
         yield tok.decode_bytes(shard[a + 1 : b]).decode("utf-8")
 
 
+def window_starts(n_tokens: int, T: int) -> range:
+    """First positions of the windows of T + 1 tokens at stride T over n_tokens tokens:
+    every token after the first is a target exactly once (the last window shorter)."""
+    return range(0, max(n_tokens - 1, 0), T)
+
+
 def score_stream(
     model, stream: np.ndarray, T: int, on_batch: Callable[[int], None] | None = None
 ) -> tuple[float, int]:
@@ -122,7 +129,7 @@ def score_stream(
     from euler.model.transformer import make_targets
 
     B, K = EVAL_BATCH, model.cfg.n_mtp
-    starts = list(range(0, max(len(stream) - 1, 0), T))
+    starts = list(window_starts(len(stream), T))
     total, count = 0.0, 0
     for i in range(0, len(starts), B):
         window = np.zeros((B, T + 1), dtype=np.int32)
@@ -155,7 +162,7 @@ def load_text(paths: list[Path], ck) -> list[Stream]:
 
 def n_windows(sources: list[Stream], T: int) -> int:
     """How many windows of stride T score `sources` (a progress bar's total)."""
-    return sum(len(range(0, max(len(s) - 1, 0), T)) for src in sources for s in src.streams)
+    return sum(len(window_starts(len(s), T)) for src in sources for s in src.streams)
 
 
 def evaluate_text(
