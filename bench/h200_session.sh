@@ -20,7 +20,7 @@
 #                                           # data, steps: CURVE_STEPS, 4500), pytest -m gpu beside
 #     bash bench/h200_session.sh gputests   # pytest -m gpu on every file holding gpu tests
 #     bash bench/h200_session.sh pipeline   # issue 33 run 3: the gpu preset (116M) pretrained
-#                                           # (PIPE_SECONDS, 330), fine-tuned, evaluated, chatting;
+#                                           # (PIPE_SECONDS, 270), fine-tuned, evaluated, chatting;
 #                                           # carry .whl (bench/device_wheels.sh) and .carry
 #                                           # (the data tarball, and instructions/*.json)
 #     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, decode
@@ -210,33 +210,37 @@ pipeline)
     # issue 33, run 3: pretrain the gpu preset in PIPE_PRECISION (bf16) for PIPE_SECONDS on
     # the carried books + web shards (4,096-token tokenizer, as bf16curves), fine-tune on the
     # carried instructions with prepare-sft's default policy, then euler eval (held-out bits
-    # per byte; the held-out instruction metrics) and euler chat on ten fixed instructions,
-    # greedy and sampled. Everything small comes back under $OUT; the checkpoints do not.
+    # per byte, beside the fine-tuning on the same GPU; the held-out instruction metrics) and
+    # euler chat on ten fixed instructions, greedy and sampled. Eval and chat run in
+    # PIPE_EVAL_PRECISION (tf32: the KV-cache decoder is fp32; bf16 recomputes the context
+    # for every token). Everything small comes back under $OUT; the checkpoints do not.
     p=${PIPE_PRECISION:-bf16}
+    e=${PIPE_EVAL_PRECISION:-tf32}
     mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
     log "prepare-sft (context 512, default policy)"
     python3 -m euler.cli data prepare-sft .carry/instructions/*.json --tokenizer runs/gpu-data \
         --context 512 --out runs/sft-data 2>&1 | keep
-    log "pretrain: gpu preset, $p, ${PIPE_SECONDS:-330} s (Ctrl-C then: it saves and stops)"
-    timeout -s INT "$(left "${PIPE_SECONDS:-330}")" python3 -m euler.cli train --device cuda \
+    log "pretrain: gpu preset, $p, ${PIPE_SECONDS:-270} s (Ctrl-C then: it saves and stops)"
+    timeout -s INT "$(left "${PIPE_SECONDS:-270}")" python3 -m euler.cli train --device cuda \
         --preset gpu --precision "$p" --data runs/gpu-data --out runs/pre --batch-size 32 \
         --steps "${PIPE_STEPS:-9000}" --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 1000 \
         --eval-batches 20 --ckpt-every 100000 --log-every 250 >"$OUT/pipeline-train.txt" 2>&1
     tail -3 "$OUT/pipeline-train.txt" | tee -a "$OUT/log.txt"
-    # 243 windows of about 9 records (2,212 kept at context 512): 200 steps of 8 see each
-    # about 6.6 times
-    log "sft: ${PIPE_SFT_STEPS:-200} steps of 8 windows"
+    log "euler eval --text on the pretrained model, beside the fine-tuning"
+    timeout "$(left 200)" python3 -m euler.cli eval runs/pre --text runs/gpu-data --device cuda \
+        --precision "$p" --json "$OUT/pipeline-eval-text.json" >"$OUT/pipeline-eval-text.txt" 2>&1 &
+    # 243 windows of about 9 records (2,212 kept at context 512): 80 steps of 8 see each
+    # about 2.6 times (200 steps took the training loss to 0.28 and the validation loss up)
+    log "sft: ${PIPE_SFT_STEPS:-80} steps of 8 windows"
     timeout "$(left 120)" python3 -m euler.cli sft --device cuda --precision "$p" --from runs/pre \
-        --data runs/sft-data --out runs/sft --batch-size 8 --steps "${PIPE_SFT_STEPS:-200}" \
+        --data runs/sft-data --out runs/sft --batch-size 8 --steps "${PIPE_SFT_STEPS:-80}" \
         >"$OUT/pipeline-sft.txt" 2>&1
     tail -2 "$OUT/pipeline-sft.txt" | tee -a "$OUT/log.txt"
-    log "euler eval: held-out text, then the held-out instructions"
-    timeout "$(left 90)" python3 -m euler.cli eval runs/pre --text runs/gpu-data --device cuda \
-        --precision "$p" --json "$OUT/pipeline-eval-text.json" 2>&1 | keep
-    timeout "$(left 120)" python3 -m euler.cli eval runs/sft --device cuda --precision "$p" \
+    log "euler eval: the held-out instructions ($e)"
+    timeout "$(left 150)" python3 -m euler.cli eval runs/sft --device cuda --precision "$e" \
         --instructions runs/sft-data/val-instructions.json \
         --json "$OUT/pipeline-eval-instructions.json" 2>&1 | keep | tail -12
-    log "euler chat --device cuda: ten instructions, greedy, then sampled"
+    log "euler chat --device cuda ($e): ten instructions, greedy, then sampled"
     for t in 0 0.8; do
         for q in "Give three tips for staying healthy." "What is the capital of France?" \
             "Write a short poem about the sea." "Explain why the sky is blue." \
@@ -245,9 +249,11 @@ pipeline)
             "Suggest a name for a bakery." "Summarize the story of Cinderella."; do
             printf '%s\n/reset\n' "$q"
         done | timeout "$(left 60)" python3 -m euler.cli chat --checkpoint runs/sft \
-            --device cuda --precision "$p" --temperature $t --max-tokens 64 \
+            --device cuda --precision "$e" --temperature $t --max-tokens 64 \
             >>"$OUT/pipeline-chat.txt" 2>&1
     done
+    wait
+    keep <"$OUT/pipeline-eval-text.txt" | tail -8
     for r in pre sft; do cp runs/$r/metrics.jsonl "$OUT/pipeline-$r-metrics.jsonl"; done
     ;;
 decode)
