@@ -19,7 +19,8 @@ for a in "$@"; do
     if [ "$a" = serve ]; then
         extra+=(fastapi==0.165.0 uvicorn==0.54.0 starlette==1.10.0 pydantic==2.13.4
             pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 h11==0.16.0
-            anyio==4.16.0 sniffio==1.3.1 typing-extensions==4.16.0)
+            anyio==4.16.0 sniffio==1.3.1 typing-extensions==4.16.0 annotated-doc==0.0.7
+            opentelemetry-api==1.45.2)
     else
         extra+=("$a")
     fi
