@@ -47,16 +47,14 @@ def start_server(
            "--port", "0", "--slots", str(slots), "--max-queue", str(slots),
            "--device", device]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said = []
+    line = "no output"
     for line in proc.stdout:
-        said.append(line)
         if line.startswith("serving "):
             address = line.split(" at http://")[1].split("/")[0]
             host, port = address.rsplit(":", 1)
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining
             return proc, host, int(port)
-    last = said[-1].strip() if said else "no output"
-    raise SystemExit(f"euler serve did not start (exit {proc.wait()}): {last}")
+    raise SystemExit(f"euler serve did not start (exit {proc.wait()}): {line.strip()}")
 
 
 def stream_chat(host: str, port: int, instruction: str, max_tokens: int, seed: int) -> dict:
