@@ -1,18 +1,21 @@
 """Batched KV-cache decoding: tokens/s at batch 1, 8 and 32 against batch 1 x B.
 
     python bench/decode_batch.py --checkpoint RUN --json FILE [--device cuda]
+    python bench/decode_batch.py --preset gpu --device cuda --json FILE   # random weights
 
-B sequences (random 16-token prompts of the checkpoint's vocabulary, greedy, no stop
-token) decode together in one BatchDecoder through euler.inference.engine.BatchGenerator:
+B sequences (random 16-token prompts of the model's vocabulary, greedy, no stop token:
+the speed does not depend on the weights, so `--preset` decodes a preset's random
+initialisation) decode together in one BatchDecoder through euler.inference.engine.BatchGenerator:
 the prompts are fed and each sequence's first token chosen (untimed), then `steps`
 decoding steps are timed, each one forward of B rows, the heads' logits and B choices.
 tokens/s = B * steps / seconds; each batch size is run `rounds` times, alternating, and
 its best and median round kept, with the load average before and after (the machine is
 shared). The ideal is B times batch 1: the speed-up column says how close batching comes.
 Each thread count of --threads (Numba threads the forward's kernels run on) is a table.
-With --device cuda the decoder runs on the GPU backend's KV-cache kernels (one table), and
-a row beside it times the full-context recompute decoder (euler.inference.decode_device,
-what decoding on the GPU did before) on one sequence, for comparison.
+With --device cuda the decoder runs on the GPU backend's KV-cache kernels, twice: its steps
+replayed as CUDA graphs (the default) and launched kernel by kernel (`cuda_graph=False`),
+a table each; a row beside them times the full-context recompute decoder
+(euler.inference.decode_device) on one sequence, for comparison.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from euler.inference.batch import BatchDecoder
 from euler.inference.engine import BatchGenerator, GenRequest
+from euler.model.config import PRESETS
+from euler.model.transformer import Model
 from euler.training import checkpoint
 
 
@@ -63,10 +69,10 @@ def recompute_rate(ck, args, backend) -> float:
     return best
 
 
-def measure(ck, args, threads: int, backend=None) -> list[dict]:
+def measure(ck, args, threads: int, backend=None, cuda_graph: bool = True) -> list[dict]:
     """The rows of one thread count: each batch size's best and median tokens/s."""
-    decoders = {B: BatchDecoder(ck.cfg, ck.params, B, backend=backend, threads=threads)
-                for B in args.batches}  # fmt: skip
+    decoders = {B: BatchDecoder(ck.cfg, ck.params, B, backend=backend, threads=threads,
+                                cuda_graph=cuda_graph) for B in args.batches}  # fmt: skip
     for B, dec in decoders.items():  # compile or load the kernels, warm the caches
         decode_round(dec, B, 4, args.prompt_len, 0)
     seconds: dict[int, list[float]] = {B: [] for B in args.batches}
@@ -87,7 +93,9 @@ def measure(ck, args, threads: int, backend=None) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", type=Path, required=True, help="Checkpoint or run folder.")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", type=Path, help="Checkpoint or run folder.")
+    which.add_argument("--preset", choices=sorted(PRESETS), help="A preset, randomly initialised.")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--steps", type=int, default=96, help="Timed steps a round.")
     ap.add_argument("--prompt-len", type=int, default=16)
@@ -96,21 +104,29 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path, help="Write the results here.")
     args = ap.parse_args()
-    ck = checkpoint.load(args.checkpoint)
+    if args.checkpoint:
+        ck = checkpoint.load(args.checkpoint)
+    else:
+        cfg = PRESETS[args.preset]
+        ck = SimpleNamespace(
+            cfg=cfg, params=Model(cfg, seed=0).params, path=f"{args.preset}, random"
+        )
     backend, recompute = None, None
     if args.device == "cuda":
         from euler.backend import make_backend
 
-        backend, args.threads = make_backend("cuda", "fp32"), [1]
+        backend = make_backend("cuda", "fp32")
     if args.prompt_len + args.steps + 1 > ck.cfg.context:
         ap.error(f"--prompt-len + --steps + 1 must fit the context ({ck.cfg.context})")
     load_before = os.getloadavg()[0]
-    tables = {threads: measure(ck, args, threads, backend) for threads in args.threads}
-    if backend is not None:
+    if backend is None:
+        tables = {(t, False): measure(ck, args, t) for t in args.threads}
+    else:
+        tables = {(1, g): measure(ck, args, 1, backend, g) for g in (True, False)}
         recompute = recompute_rate(ck, args, backend)
         print(f"recompute decoder, one sequence: {recompute:,.0f} tokens/s")
-    for threads, rows in tables.items():
-        print(f"{threads} thread(s)")
+    for (threads, graphs), rows in tables.items():
+        print("CUDA graphs" if graphs else "launched" if backend else f"{threads} thread(s)")
         print(f"{'batch':>5} {'best tok/s':>11} {'median':>9} {'ms/step':>8} {'x batch 1':>9}"
               f" {'ideal':>6}")  # fmt: skip
         for row in rows:
@@ -127,7 +143,8 @@ def main() -> None:
                   "rounds": args.rounds, "load_average_before_after": load,
                   "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
                   "date": time.strftime("%Y-%m-%d"),
-                  "tables": [{"threads": t, "rows": r} for t, r in tables.items()]}  # fmt: skip
+                  "tables": [{"threads": t, "cuda_graph": g, "rows": r}
+                             for (t, g), r in tables.items()]}  # fmt: skip
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -24,10 +24,13 @@
 #                                           # carry .whl (bench/device_wheels.sh) and .carry
 #                                           # (the data tarball, and instructions/*.json)
 #     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, decode
-#                                           # tokens/s at batch 1, 8, 32 against the recompute
-#                                           # decoder, euler serve --device cuda, 32 clients
-#                                           # (carry .whl with fastapi's wheels if the image
-#                                           # lacks them, and .carry)
+#                                           # tokens/s at batch 1, 8, 32 (CUDA graphs and
+#                                           # launched) against the recompute decoder; after
+#                                           # `pipeline` on the same machine, euler serve
+#                                           # --device cuda with 32 clients (carry .whl with
+#                                           # fastapi's wheels)
+#     bash bench/h200_session.sh norm       # the bf16 RMSNorm backward lab, the bf16 step's
+#                                           # knobs (bench_gpu.py --steps-only)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished. `speed`, `bf16curves` and `gputests`
 # end their steps by a deadline BUDGET_S (585) seconds after the script started, inside a
@@ -257,31 +260,34 @@ pipeline)
     for r in pre sft; do cp runs/$r/metrics.jsonl "$OUT/pipeline-$r-metrics.jsonl"; done
     ;;
 decode)
-    # issue 33, run 4: the fine-tuned runs/sft of `pipeline` if this machine still holds it,
-    # else a gpu preset trained 20 steps on the carried shards (.carry, as pipeline): decoding
-    # speed does not depend on what the weights say (decode_batch.py never stops early)
-    ck=runs/sft
-    if [ ! -f $ck/checkpoint.safetensors ]; then
-        ck=runs/quick
-        mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
-        log "no runs/sft here: the gpu preset trained 20 steps instead"
-        timeout "$(left 150)" python3 -m euler.cli train --device cuda --preset gpu \
-            --data runs/gpu-data --out $ck --batch-size 8 --steps 20 --eval-every 20 \
-            --eval-batches 1 >"$OUT/decode-train.txt" 2>&1
-    fi
-    log "the GPU KV-cache kernels against the CPU (pytest -m gpu -k kv_cache)"
+    # issue 33, run 4: the fine-tuned runs/sft of `pipeline` if this machine still holds it
+    # (then euler serve too), else the gpu preset's random initialisation: decoding speed
+    # does not depend on what the weights say (decode_batch.py never stops early)
+    log "the GPU KV-cache kernels against the CPU, graphs against launches (pytest -k kv_cache)"
     timeout "$(left 200)" python3 -m pytest -q -m gpu tests/test_gpu_device.py -k kv_cache 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
-    log "decode tokens/s, batch 1, 8, 32, against the recompute decoder"
-    timeout "$(left 200)" python3 bench/decode_batch.py --checkpoint $ck --device cuda \
+    model=(--preset gpu)
+    [ -f runs/sft/checkpoint.safetensors ] && model=(--checkpoint runs/sft)
+    log "decode tokens/s, batch 1, 8, 32, graphs and launched, against the recompute decoder"
+    timeout "$(left 240)" python3 bench/decode_batch.py "${model[@]}" --device cuda \
         --rounds 3 --steps 200 --prompt-len 32 --json "$OUT/decode-batch.json" 2>&1 | keep
-    log "euler serve --device cuda, 32 streaming clients beside one alone"
-    timeout "$(left 200)" python3 bench/serve_load.py --checkpoint $ck --device cuda \
-        --json "$OUT/serve-load.json" 2>&1 | keep
+    if [ -f runs/sft/checkpoint.safetensors ]; then
+        log "euler serve --device cuda, 32 streaming clients beside one alone"
+        timeout "$(left 200)" python3 bench/serve_load.py --checkpoint runs/sft --device cuda \
+            --json "$OUT/serve-load.json" 2>&1 | keep
+    fi
+    ;;
+norm)
+    log "the bf16 RMSNorm backward, rows in registers, against the package's (lab)"
+    timeout "$(left 150)" python3 bench/labs/rmsnorm_bf16_backward_gpu.py \
+        --out "$OUT/rmsnorm-bf16-backward.json" 2>&1 | keep
+    log "the bf16 step at the defaults and with each knob off (bench_gpu.py --steps-only)"
+    timeout "$(left 330)" python3 bench/bench_gpu.py --steps-only --precision bf16 \
+        --out "$OUT/steps-bf16.json" 2>&1 | tail -30 | keep
     ;;
 *)
     echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
-        "speed|bf16curves|gputests|pipeline|decode" >&2
+        "speed|bf16curves|gputests|pipeline|decode|norm" >&2
     exit 2
     ;;
 esac

@@ -406,6 +406,29 @@ def test_kv_cache_decoding_on_gpu_gives_the_cpu_tokens() -> None:
 
 
 @pytest.mark.gpu
+def test_kv_cache_decoding_replayed_as_graphs_equals_launched() -> None:
+    """BatchDecoder's CUDA graphs (a feed's forward and the heads' product, captured on a
+    row count's second call): every step's hidden rows and logits bit-identical to the
+    decoder that launches each kernel, over steps whose positions and slots change."""
+    import dataclasses
+
+    from euler.inference.batch import BatchDecoder
+
+    cfg = dataclasses.replace(PRESETS["small"], init_std=0.5)
+    params = Model(cfg, seed=3).params
+    graphed, launched = (BatchDecoder(cfg, params, 2, backend=_gpu_backend(), cuda_graph=g)
+                         for g in (True, False))  # fmt: skip
+    feeds = [[(0, [5, 17, 2]), (1, [9])], [(0, [4]), (1, [8])], [(1, [3]), (0, [6])]]
+    feeds += [[(0, [t]), (1, [t + 1])] for t in range(10, 20)]
+    for feed in feeds:
+        a, b = graphed.feed(feed), launched.feed(feed)
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
+        rows = np.stack([r[-1] for r in a])
+        assert graphed.logits(rows).tobytes() == launched.logits(rows).tobytes()
+    assert graphed.graphs.nodes() > 0 and launched.graphs.nodes() == 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
 def test_matmul_strided_batched(trans_a, trans_b) -> None:
     gpu, rng = _gpu_backend(), np.random.default_rng(2)

@@ -12,6 +12,13 @@ independently of the others, so a row's hidden state is bit-identical whatever r
 its call: a sequence decoded in a batch gets exactly the tokens it gets alone, and
 speculative decoding (several rows of one sequence) exactly the greedy ones.
 
+A feed of at most GRAPH_ROWS rows runs in device buffers kept for its row count, so that on
+a backend that captures (the GPU's) its forward and the heads' product replay as CUDA
+graphs (euler.training.step_graph.StepGraphs, keyed by the row count): a decoding step of
+the `gpu` preset is some 150 kernels, each 40-60 us of Python to launch one by one. The
+rows' tokens, slots, positions and RoPE rows are uploaded into those buffers before the
+replay; the kernels read positions from the device, so one graph serves every step.
+
 A forward's CPU kernels run on `threads` Numba threads (1 by default, set for the calling
 thread during each call and restored after): a decoding step is a few dozen kernels of
 microseconds each, and waking the other cores' threads for each costs more than they
@@ -21,8 +28,11 @@ thread against 234 on two, and 8,748 against 6,909 at batch 32.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 
 import numba
 import numpy as np
@@ -32,6 +42,9 @@ from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
 from euler.model.transformer import rope_tables
+from euler.training.step_graph import StepGraphs
+
+GRAPH_ROWS = 64  # feeds of at most this many rows keep their buffers and replay graphs
 
 
 def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
@@ -47,10 +60,32 @@ def check_feed(cfg: ModelConfig, tokens, pos0: int) -> np.ndarray:
     return tokens
 
 
+@dataclass
+class _Rows:
+    """Device buffers of one feed of n rows: its inputs (uploaded before each forward)
+    and activations."""
+
+    tokens: object  # (n,) int32
+    slot: object  # (n,) int32
+    pos: object  # (n,) int32
+    cos: object  # (n, E / 2): RoPE rows at the rows' positions
+    sin: object
+    x: object  # (n, D): the residual stream
+    xn: object  # (n, D)
+    tmp: object  # (n, D)
+    rstd: object  # (n,)
+    qkv: object  # (n, (H + 2G) E)
+    att: object  # (n, H E)
+    gu: object  # (n, 2F)
+    h: object  # (n, F)
+    xf: object  # (n, D): the final hidden rows
+
+
 class BatchDecoder:
     """Inference forward with a KV cache of `slots` sequences of up to `cfg.context`
     positions each, on a backend that has one (kv_cache; default the CPU's). feed and
-    logits take and return host arrays."""
+    logits take and return host arrays. cuda_graph: replay feeds of at most GRAPH_ROWS
+    rows as CUDA graphs where the backend can capture (False: launch every kernel)."""
 
     def __init__(
         self,
@@ -60,6 +95,7 @@ class BatchDecoder:
         dtype=np.float32,
         backend: Backend | None = None,
         threads: int = 1,
+        cuda_graph: bool = True,
     ):
         if backend is None:
             from euler.cpu.backend import CpuBackend
@@ -88,6 +124,9 @@ class BatchDecoder:
         self.k_cache = backend.zeros((L, slots, G, C, E), self.dtype)  # keys after RoPE
         self.v_cache = backend.zeros((L, slots, G, C, E), self.dtype)
         self.lengths = [0] * slots  # slot s caches its positions 0..lengths[s]-1
+        self.graphs = StepGraphs(backend, cuda_graph, log=lambda m: print(m, file=sys.stderr))
+        self._rows: dict[int, _Rows] = {}  # feeds of n <= GRAPH_ROWS rows: their buffers
+        self._heads: dict[int, tuple] = {}  # n: the heads' (input (n, D), logits (n, V))
 
     def truncate(self, slot: int, length: int) -> None:
         """Forget slot's cached positions >= length (a finished sequence: 0)."""
@@ -111,7 +150,7 @@ class BatchDecoder:
             return self._feed(feeds)
 
     def _feed(self, feeds) -> list[np.ndarray]:
-        cfg, be, p = self.cfg, self.be, self.p
+        cfg = self.cfg
         if not feeds:
             raise EulerError("feed: no sequences")
         slots = [s for s, _ in feeds]
@@ -124,40 +163,75 @@ class BatchDecoder:
         row_pos = np.concatenate([np.arange(a, a + len(t), dtype=np.int32)
                                   for a, t in zip(starts, parts, strict=True)])  # fmt: skip
         n = len(tokens)
-        H, G, E, D, F = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.d_model, cfg.ffn_hidden
-        z = lambda *shape: be.zeros(shape, self.dtype)  # noqa: E731
-        x, xn, tmp, rstd = z(n, D), z(n, D), z(n, D), z(n)
-        qkv, att, gu, h = z(n, cfg.qkv_dim), z(n, cfg.q_dim), z(n, 2 * F), z(n, F)
-        # RoPE of row r at positions[r]: the tables' rows gathered, one per row
-        cos, sin = (be.to_device(np.ascontiguousarray(a[row_pos])) for a in (self.cos, self.sin))
-        dev_slot, dev_pos = be.to_device(row_slot), be.to_device(row_pos)
-        be.embedding_forward(x, be.to_device(tokens), p["tok_emb"])
-        for layer in range(cfg.n_layer):
-            w = f"layers.{layer}."
-            be.rmsnorm_forward(xn, rstd, x, p[w + "attn_norm"], cfg.norm_eps)
-            be.decode_linear(qkv, xn, p[w + "attn.wqkv"])
-            be.rope_forward(qkv.reshape(1, n, cfg.qkv_dim), cos, sin, H, G, E, 0)
-            be.decode_attention(att, qkv, self.k_cache[layer], self.v_cache[layer], dev_slot,
-                                dev_pos, H, G, E)  # fmt: skip
-            be.decode_linear(tmp, att, p[w + "attn.wo"])
-            be.residual_forward(x, x, tmp)
-            be.rmsnorm_forward(xn, rstd, x, p[w + "mlp_norm"], cfg.norm_eps)
-            be.decode_linear(gu, xn, p[w + "mlp.w_gateup"])
-            be.swiglu_forward(h, gu)
-            be.decode_linear(tmp, h, p[w + "mlp.w_down"])
-            be.residual_forward(x, x, tmp)
-        xf = z(n, D)
-        be.rmsnorm_forward(xf, rstd, x, p["final_norm"], cfg.norm_eps)
+        rows = self._rows.get(n) or self._new_rows(n)
+        if n <= GRAPH_ROWS:
+            self._rows[n] = rows
+        for dst, src in (
+            (rows.tokens, tokens),
+            (rows.slot, row_slot),
+            (rows.pos, row_pos),
+            (rows.cos, self.cos[row_pos]),
+            (rows.sin, self.sin[row_pos]),
+        ):
+            self.be.copy_(dst, np.ascontiguousarray(src))  # fmt: skip
+        if n <= GRAPH_ROWS:
+            self.graphs.run(("feed", n), partial(self._forward, rows))
+        else:
+            self._forward(rows)
         for s, t in zip(slots, parts, strict=True):
             self.lengths[s] += len(t)
-        xf = be.to_host(xf)
+        xf = np.array(self.be.to_host(rows.xf))  # a copy: the next feed refills the buffer
         ends = np.cumsum([len(t) for t in parts])
         return [xf[e - len(t) : e] for e, t in zip(ends, parts, strict=True)]
 
+    def _new_rows(self, n: int) -> _Rows:
+        """Zeroed device buffers for a feed of n rows."""
+        cfg = self.cfg
+        D, F, half = cfg.d_model, cfg.ffn_hidden, self.cos.shape[1]
+        z = lambda *shape: self.be.zeros(shape, self.dtype)  # noqa: E731
+        i = lambda: self.be.zeros((n,), np.int32)  # noqa: E731
+        return _Rows(i(), i(), i(), z(n, half), z(n, half), z(n, D), z(n, D), z(n, D), z(n),
+                     z(n, cfg.qkv_dim), z(n, cfg.q_dim), z(n, 2 * F), z(n, F), z(n, D))  # fmt: skip
+
+    def _forward(self, r: _Rows) -> None:
+        """The forward of r's uploaded rows into r.xf, caching their keys and values: device
+        work only (a CUDA graph can capture it)."""
+        cfg, be, p = self.cfg, self.be, self.p
+        n = r.x.shape[0]
+        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
+        be.embedding_forward(r.x, r.tokens, p["tok_emb"])
+        for layer in range(cfg.n_layer):
+            w = f"layers.{layer}."
+            be.rmsnorm_forward(r.xn, r.rstd, r.x, p[w + "attn_norm"], cfg.norm_eps)
+            be.decode_linear(r.qkv, r.xn, p[w + "attn.wqkv"])
+            be.rope_forward(r.qkv.reshape(1, n, cfg.qkv_dim), r.cos, r.sin, H, G, E, 0)
+            be.decode_attention(r.att, r.qkv, self.k_cache[layer], self.v_cache[layer], r.slot,
+                                r.pos, H, G, E)  # fmt: skip
+            be.decode_linear(r.tmp, r.att, p[w + "attn.wo"])
+            be.residual_forward(r.x, r.x, r.tmp)
+            be.rmsnorm_forward(r.xn, r.rstd, r.x, p[w + "mlp_norm"], cfg.norm_eps)
+            be.decode_linear(r.gu, r.xn, p[w + "mlp.w_gateup"])
+            be.swiglu_forward(r.h, r.gu)
+            be.decode_linear(r.tmp, r.h, p[w + "mlp.w_down"])
+            be.residual_forward(r.x, r.x, r.tmp)
+        be.rmsnorm_forward(r.xf, r.rstd, r.x, p["final_norm"], cfg.norm_eps)
+
     def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
         """Head k's logits (n, V) for hidden rows xf (n, D); head k predicts token t+1+k."""
-        xf = self.be.to_device(np.ascontiguousarray(np.atleast_2d(xf), dtype=self.dtype))
-        out = self.be.zeros((xf.shape[0], self.cfg.vocab_size), self.dtype)
+        xf = np.ascontiguousarray(np.atleast_2d(xf), dtype=self.dtype)
+        n = xf.shape[0]
+        bufs = self._heads.get(n)
+        if bufs is None:
+            bufs = (self.be.zeros(xf.shape, self.dtype),
+                    self.be.zeros((n, self.cfg.vocab_size), self.dtype))  # fmt: skip
+            if n <= GRAPH_ROWS:
+                self._heads[n] = bufs
+        x, out = bufs
+        self.be.copy_(x, xf)
+        product = partial(self.be.decode_linear, out, x, self.p["mtp_heads"][k])
         with self._threads():
-            self.be.decode_linear(out, xf, self.p["mtp_heads"][k])
-        return self.be.to_host(out)
+            if n <= GRAPH_ROWS:
+                self.graphs.run(("logits", n, k), product)
+            else:
+                product()
+        return np.array(self.be.to_host(out))
