@@ -1,4 +1,4 @@
-"""The bf16 RMSNorm backward with each row held in registers, against the package's kernel.
+"""The bf16 RMSNorm backward and forward with each row held in registers, against the package.
 
     python bench/labs/rmsnorm_bf16_backward_gpu.py [--shapes 264x8,528x4,528x8,1056x4]
         [--reps 5] [--out rmsnorm_bf16_backward.json]
@@ -44,7 +44,12 @@ from euler.gpu.vector import (  # noqa: E402
     widen_high,
     widen_low,
 )
-from euler.layer_math import rmsnorm_backward_coefficient, rmsnorm_backward_element  # noqa: E402
+from euler.layer_math import (  # noqa: E402
+    rms_rstd,
+    rmsnorm_backward_coefficient,
+    rmsnorm_backward_element,
+    rmsnorm_forward_element,
+)
 from euler.precision import to_bf16  # noqa: E402
 
 N, D = 32 * 512, 768
@@ -130,6 +135,55 @@ def rows_kernel(S: int):
     return kernel
 
 
+@cache
+def rows_forward_kernel(S: int):
+    """The bf16 forward for D = STRIP S: y (N D,) bf16 = x / rms(x) * w, rstd (N,); one warp
+    a row, its lane's 8 S columns of x kept in registers between the sum and the store."""
+    C8 = 8 * S
+
+    @cuda.jit
+    def kernel(y, rstd, x, w, eps, D):
+        N = x.shape[0] // D
+        buf = cuda.shared.array(MAX_THREADS, float32)
+        lane = cuda.threadIdx.x % WARP
+        warps = cuda.gridDim.x * (cuda.blockDim.x // WARP)
+        n0 = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
+        xs = cuda.local.array(C8, float32)
+        for n in range(n0, n0 + (N + warps - 1) // warps * warps, warps):
+            t = float32(0.0)
+            if n < N:
+                for s in range(S):
+                    d, i = STRIP * s + 8 * lane, 8 * s
+                    xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = load4(x, n * D + d)
+                    xs[i + 4], xs[i + 5], xs[i + 6], xs[i + 7] = load4(x, n * D + d + 4)
+                    x0, x1, x2, x3 = xs[i], xs[i + 1], xs[i + 2], xs[i + 3]
+                    x4, x5, x6, x7 = xs[i + 4], xs[i + 5], xs[i + 6], xs[i + 7]
+                    t += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3  # the package's order
+                    t += x4 * x4 + x5 * x5 + x6 * x6 + x7 * x7
+            t = warp_sum_all(t, buf, float32(0.0))
+            if n < N:
+                r = rms_rstd(t, D, eps, float32)
+                for s in range(S):
+                    d, i = STRIP * s + 8 * lane, 8 * s
+                    w0, w1, w2, w3 = load4(w, d)
+                    w4, w5, w6, w7 = load4(w, d + 4)
+                    store8_bf16(
+                        y, n * D + d,
+                        rmsnorm_forward_element(xs[i], r, w0),
+                        rmsnorm_forward_element(xs[i + 1], r, w1),
+                        rmsnorm_forward_element(xs[i + 2], r, w2),
+                        rmsnorm_forward_element(xs[i + 3], r, w3),
+                        rmsnorm_forward_element(xs[i + 4], r, w4),
+                        rmsnorm_forward_element(xs[i + 5], r, w5),
+                        rmsnorm_forward_element(xs[i + 6], r, w6),
+                        rmsnorm_forward_element(xs[i + 7], r, w7),
+                    )  # fmt: skip
+                if lane == 0:
+                    rstd[n] = r
+
+    return kernel
+
+
 def rows_backward(dx, dw, dy, dres, x, w, rstd, accumulate, partial, warps, stream) -> None:
     """rmsnorm.rmsnorm_backward's bf16 call through rows_kernel: partial (C, D), C blocks of
     `warps` warps; D a multiple of STRIP."""
@@ -188,6 +242,30 @@ def main() -> None:
         rows.append(rec)
         print(json.dumps(rec), flush=True)
 
+    y, ry = dev(np.zeros((n, D), np.uint16)), dev(np.zeros(n, np.float32))
+    y2, ry2 = dev(np.zeros((n, D), np.uint16)), dev(np.zeros(n, np.float32))
+    eps = np.float32(1e-5)
+    grid = max(1, min((n + rmsnorm.WARPS - 1) // rmsnorm.WARPS, 65535))
+    fwd_bytes = n * D * (4 + 2)
+
+    def forward():
+        rmsnorm.rmsnorm_forward(y, ry, x, w, 1e-5, stream)
+
+    def forward_rows():
+        rows_forward_kernel(D // STRIP)[grid, rmsnorm.WARPS * WARP, stream](
+            y2.reshape(y2.size), ry2, x.reshape(x.size), w, eps, D
+        )
+
+    for name, call in (("forward package", forward), ("forward rows", forward_rows)):
+        call()
+        ms = clock(call)
+        rec = {"variant": name, "N": n, "D": D, "ms": ms, "mbytes": fwd_bytes / 1e6,
+               "tb_per_s": ms and fwd_bytes / ms / 1e9}  # fmt: skip
+        if name == "forward rows":
+            same = np.array_equal(y.copy_to_host(), y2.copy_to_host())
+            rec["identical"] = bool(same and np.array_equal(ry.copy_to_host(), ry2.copy_to_host()))
+        rows.append(rec)
+        print(json.dumps(rec), flush=True)
     record(variant="package", blocks=partial.shape[0], warps=rmsnorm.WARPS,
            ms=clock(package))  # fmt: skip
     for shape in args.shapes.split(","):
