@@ -278,10 +278,10 @@ def main() -> None:
         got = result(call)
         kern = rows_kernel(D // STRIP)
         regs = {}
-        if not SIMULATOR and kern.signatures:  # spills show as local memory
-            sig = kern.signatures[0]
-            regs = {"registers": kern.get_regs_per_thread(sig),
-                    "local_bytes": kern.get_local_mem_per_thread(sig)}  # fmt: skip
+        if not SIMULATOR and kern.overloads:  # spills show as local memory
+            compiled = next(iter(kern.overloads.values()))
+            regs = {"registers": getattr(compiled, "regs_per_thread", None),
+                    "local_bytes": getattr(compiled, "local_mem_per_thread", None)}  # fmt: skip
         same_dx = bool(np.array_equal(got[0], want[0]))
         dw_err = float(np.max(np.abs(got[1] - want[1])))  # the dw order holds at 264 x 8 only
         record(variant="rows", blocks=blocks, warps=warps, dx_identical=same_dx,
