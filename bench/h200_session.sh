@@ -23,8 +23,9 @@
 #                                           # (PIPE_SECONDS, 270), fine-tuned, evaluated, chatting;
 #                                           # carry .whl (bench/device_wheels.sh) and .carry
 #                                           # (the data tarball, and instructions/*.json)
-#     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, decode
-#                                           # tokens/s at batch 1, 8, 32 (CUDA graphs and
+#     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, the decode
+#                                           # attention lab, decode tokens/s at batch 1, 8,
+#                                           # 32 (CUDA graphs and
 #                                           # launched) against the recompute decoder; after
 #                                           # `pipeline` on the same machine, euler serve
 #                                           # --device cuda with 32 clients (carry .whl with
@@ -266,6 +267,9 @@ decode)
     log "the GPU KV-cache kernels against the CPU, graphs against launches (pytest -k kv_cache)"
     timeout "$(left 200)" python3 -m pytest -q -m gpu tests/test_gpu_device.py -k kv_cache 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
+    log "decode attention: split keys (the package) against one key at a time (lab)"
+    timeout "$(left 120)" python3 bench/labs/decode_attention_gpu.py \
+        --out "$OUT/decode-attention.json" 2>&1 | keep
     model=(--preset gpu)
     [ -f runs/sft/checkpoint.safetensors ] && model=(--checkpoint runs/sft)
     log "decode tokens/s, batch 1, 8, 32, graphs and launched, against the recompute decoder"

@@ -408,8 +408,9 @@ else:
     def test_kv_cache_kernels_match_the_cpu(gpu) -> None:
         """euler/gpu/decode.py against the CPU backend's decode methods: rows of two slots
         (one fed two rows at once, one at position 3 of a cache filled before), E = 40
-        spanning two lanes' elements, 3 query heads on one kv head; a product's D = 70. A
-        row computed alone has the bits it has beside others."""
+        spanning two lanes' elements, 3 query heads on one kv head, then rows over 300 and
+        20 cached keys; a product's D = 70. A row computed alone has the bits it has beside
+        others."""
         from numba import cuda
 
         rng = np.random.default_rng(6)
@@ -431,6 +432,18 @@ else:
         gpu.decode_attention(one, cuda.to_device(qkv[2:]), *dev_caches, cuda.to_device(slots[2:]),
                              cuda.to_device(positions[2:]), H, G, E)  # fmt: skip
         assert one.copy_to_host().tobytes() == out.copy_to_host()[2:].tobytes()
+        # a cache long enough for several runs of keys a warp: 300 keys (two rounds of the
+        # block's 128, then 44: two warps without a key in the last round) and 20 (one run)
+        C = 320
+        caches = [rng.standard_normal((S, G, C, E)).astype(np.float32) for _ in range(2)]
+        slots, positions = np.array([0, 1], np.int32), np.array([299, 19], np.int32)
+        want = np.zeros((2, H * E), np.float32)
+        cpu_caches = [c.copy() for c in caches]
+        CpuBackend().decode_attention(want, qkv[:2], *cpu_caches, slots, positions, H, G, E)
+        out, dev_caches = cuda.to_device(np.zeros_like(want)), [cuda.to_device(c) for c in caches]
+        gpu.decode_attention(out, cuda.to_device(qkv[:2]), *dev_caches, cuda.to_device(slots),
+                             cuda.to_device(positions), H, G, E)  # fmt: skip
+        np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)
         x, w = (rng.standard_normal(s).astype(np.float32) for s in ((3, 70), (5, 70)))
         y, y1 = (
             cuda.to_device(np.zeros((3, 5), np.float32)),

@@ -2,12 +2,13 @@
 
 The same contract as euler/cpu/decode.py: n rows, row r a token of slot slots[r] at
 position positions[r]; keys and values are written into the (S, G, C, E) caches first,
-then row r attends to its slot's positions 0..positions[r]. Each row is computed alone:
-every output element is reduced by one warp in an order fixed by its sizes (each lane's
-strided partial sum, then the butterfly, whose every lane ends with the same bits), so a
-row's result does not depend on what shares its call. One warp a block, so that a block's
-threads always take the same number of reductions (the simulator's shared-memory path
-meets at block barriers); the softmax's rescale and exp are layer_math's.
+then row r attends to its slot's positions 0..positions[r]. Each row is computed alone, in
+an order fixed by its sizes, so a row's result does not depend on what shares its call: a
+product's output element is reduced by one warp (each lane's strided partial sum, then the
+butterfly, whose every lane ends with the same bits), and attention's (row, head) by a
+block of WARPS warps splitting the keys, merged in warp order. Every thread of a block
+takes the same number of reductions (the simulator's shared-memory path meets at block
+barriers); the softmax's rescale and exp are layer_math's.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.memory import grid_for
-from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
+from euler.gpu.reduce import MAX_THREADS, WARP, warp_max_all, warp_sum_all
 from euler.layer_math import exp_, online_softmax_rescale
 
 MAX_E = 256  # head sizes up to this
 PER_LANE = MAX_E // WARP  # a lane keeps this many of a row's E values (a literal for local.array)
+WARPS = 4  # warps a block of attention_decode_kernel, each taking every WARPS-th run of keys
+KEYS = WARPS * WARP  # keys a block scores at once
 
 
 @cuda.jit
@@ -65,44 +68,75 @@ def kv_store_kernel(k_cache, v_cache, qkv, slots, positions, H, G, E):
 @cuda.jit
 def attention_decode_kernel(out, qkv, k_cache, v_cache, slots, positions, H, G, E, scale):
     """out (n, H E), assigned: block (r, h) attends row r's query head h to its slot's
-    cached keys 0..positions[r] (kv head h // (H / G)), one key at a time (online softmax);
-    lane l holds the elements e = l, l + 32, ... of the query and the running output."""
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    qv = cuda.local.array(PER_LANE, float32)
+    cached keys 0..positions[r] (kv head h // (H / G)) in runs of 32 keys, the CPU's tiles:
+    warp w takes runs w, w + WARPS, ..., lane l scoring the run's key l against the whole
+    query, and keeps an online softmax over its runs, lane l holding the output's elements
+    e = l, l + 32, ...; the warps' partial sums are merged in warp order at the end."""
+    buf = cuda.shared.array(KEYS, float32)
+    q = cuda.shared.array(MAX_E, float32)
+    p_run = cuda.shared.array(KEYS, float32)
+    acc_w = cuda.shared.array((WARPS, MAX_E), float32)
+    m_w = cuda.shared.array(WARPS, float32)
+    total_w = cuda.shared.array(WARPS, float32)
     acc = cuda.local.array(PER_LANE, float32)
-    lane = cuda.threadIdx.x
+    tid = cuda.threadIdx.x
+    lane = tid % WARP
+    w = tid // WARP
     r = cuda.blockIdx.x // H
     h = cuda.blockIdx.x - r * H
     g = h // (H // G)
     s = slots[r]
+    n_keys = positions[r] + 1
     per = (E + WARP - 1) // WARP
+    for e in range(tid, E, KEYS):
+        q[e] = qkv[r, h * E + e] * scale
     for k in range(per):
-        e = lane + k * WARP
-        qv[k] = qkv[r, h * E + e] * scale if e < E else float32(0.0)
         acc[k] = float32(0.0)
+    cuda.syncthreads()
     m = float32(-math.inf)
     total = float32(0.0)
-    for j in range(positions[r] + 1):
-        d = float32(0.0)
-        for k in range(per):
-            e = lane + k * WARP
-            if e < E:
-                d += qv[k] * k_cache[s, g, j, e]
-        d = warp_sum_all(d, buf, float32(0.0))
-        m_new = max(m, d)
+    for run in range((n_keys + KEYS - 1) // KEYS):  # the same count for every warp
+        j0 = run * KEYS + w * WARP
+        j = j0 + lane
+        d = float32(-math.inf)
+        if j < n_keys:
+            d = float32(0.0)
+            for e in range(E):
+                d += q[e] * k_cache[s, g, j, e]
+        m_new = max(m, warp_max_all(d, buf, float32(-math.inf)))
         alpha = online_softmax_rescale(m, m_new, float32)
-        p = exp_(d - m_new)
-        total = total * alpha + p
+        p = exp_(d - m_new) if j < n_keys else float32(0.0)
+        total = total * alpha + warp_sum_all(p, buf, float32(0.0))
+        p_run[tid] = p
+        cuda.syncthreads()
         for k in range(per):
             e = lane + k * WARP
             if e < E:
-                acc[k] = acc[k] * alpha + p * v_cache[s, g, j, e]
+                a = acc[k] * alpha
+                for i in range(min(WARP, n_keys - j0)):
+                    a += p_run[w * WARP + i] * v_cache[s, g, j0 + i, e]
+                acc[k] = a
         m = m_new
-    inv = float32(1.0) / total
+        cuda.syncthreads()
+    if lane == 0:
+        m_w[w] = m
+        total_w[w] = total
     for k in range(per):
         e = lane + k * WARP
         if e < E:
-            out[r, h * E + e] = acc[k] * inv
+            acc_w[w, e] = acc[k]
+    cuda.syncthreads()
+    top = m_w[0]  # finite: warp 0 holds key 0
+    for i in range(1, WARPS):
+        top = max(top, m_w[i])
+    for e in range(tid, E, KEYS):
+        num = float32(0.0)
+        den = float32(0.0)
+        for i in range(WARPS):
+            f = online_softmax_rescale(m_w[i], top, float32)
+            num += acc_w[i, e] * f
+            den += total_w[i] * f
+        out[r, h * E + e] = num / den
 
 
 def linear_rows(out, x, w, stream=0) -> None:
@@ -132,5 +166,5 @@ def attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E, stre
     kv_store_kernel[grid_for(n * G * E), 256, stream](k_cache, v_cache, qkv, slots, positions,
                                                       H, G, E)  # fmt: skip
     scale = np.float32(1.0 / math.sqrt(E))
-    attention_decode_kernel[n * H, WARP, stream](out, qkv, k_cache, v_cache, slots, positions,
+    attention_decode_kernel[n * H, KEYS, stream](out, qkv, k_cache, v_cache, slots, positions,
                                                  H, G, E, scale)  # fmt: skip

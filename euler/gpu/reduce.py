@@ -66,6 +66,22 @@ def warp_sum_all(v, buf, zero):
 
 
 @cuda.jit(device=True)
+def warp_max_all(v, buf, lowest):
+    """Max of v over each warp, returned to its lanes; `lowest` is the identity (-inf).
+    The same calling rule as group_sum."""
+    if SIMULATOR:
+        tid = cuda.threadIdx.x
+        buf[tid] = v
+        cuda.syncthreads()
+        s = lowest
+        for i in range(tid - tid % WARP, tid - tid % WARP + WARP):
+            s = max(s, buf[i])
+        cuda.syncthreads()
+        return s
+    return warp_max(v)
+
+
+@cuda.jit(device=True)
 def block_sum(v, buf, zero):
     """Sum of v over the block, returned to every thread; buf: shared (MAX_THREADS,) scratch.
 
