@@ -95,6 +95,11 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
             f32(N, d), f32(d), f32(N, d), f32(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
         )
     bf16 = lambda *s: np.zeros(s, np.uint16)  # noqa: E731  (bf16 bits, euler.precision)
+    for d in (256, 768):  # rows held in registers (rmsnorm_rows.py): 1 and 3 strips
+        rmsnorm.rmsnorm_forward(bf16(N, d), f32(N), f32(N, d), f32(d), 1e-5)
+        rmsnorm.rmsnorm_backward(
+            bf16(N, d), f32(d), f32(N, d), bf16(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
+        )
     for d in (D, D - 1):  # rows of 8-element 16-byte pieces (vector.py), and not
         rmsnorm.rmsnorm_forward(bf16(N, d), f32(N), f32(N, d), f32(d), 1e-5)
         rmsnorm.rmsnorm_backward(
@@ -122,7 +127,8 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         hyper = np.ones(3)
         adamw.adamw_update(f32(p), f32(p), f32(p), f32(p), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
     _bf16_rope_ce_adamw_launches(B, T, N, K, tokens)
-    decode.linear_rows(f32(N, V), f32(N, D), f32(V, D))  # KV-cache decoding (decode.py)
+    for n in (1, N, 9):  # KV-cache decoding (decode.py): each row count's kernel shape
+        decode.linear_rows(f32(n, V), f32(n, D), f32(V, D))
     S, C, H, G, E = 2, 5, 4, 2, 8
     at = np.zeros(N, np.int32)
     decode.attention_decode(f32(N, H * E), f32(N, (H + 2 * G) * E), f32(S, G, C, E),

@@ -326,6 +326,37 @@ else:
         sizes = SimpleNamespace(B=1, T=5, D=12)
         check_rmsnorm_bf16(CpuBackend(), gpu, np.random.default_rng(1), sizes)
 
+    def test_rmsnorm_bf16_rows_held_in_registers(gpu) -> None:
+        """check_rmsnorm_bf16 at D = 512, two strips (rmsnorm_rows.py's kernels), and their
+        bits against the 16-byte kernels that read each row twice: y, rstd, dx and dw the
+        same, since every sum is taken in the same order."""
+        from bf16_checks import check_rmsnorm_bf16
+        from numba import cuda
+
+        from euler.gpu import rmsnorm, rmsnorm_rows
+        from euler.precision import to_bf16
+
+        N, D = 3, 512
+        assert rmsnorm_rows.held_in_registers(D) and not rmsnorm_rows.held_in_registers(1024)
+        rng = np.random.default_rng(2)
+        check_rmsnorm_bf16(CpuBackend(), gpu, rng, SimpleNamespace(B=1, T=N, D=D))
+        x, dy = (rng.standard_normal((N, D)).astype(np.float32) for _ in range(2))
+        w = (1 + rng.random(D)).astype(np.float32)
+        dres = to_bf16(rng.standard_normal((N, D)).astype(np.float32))
+        dev = cuda.to_device
+        bits = []
+        for fwd, bwd in (
+            (rmsnorm_rows.forward_kernel(D), rmsnorm_rows.backward_kernel(D)),
+            (rmsnorm.rmsnorm_forward_vec_bf16_kernel, rmsnorm.rmsnorm_backward_vec_bf16_kernel),
+        ):
+            y, rstd = dev(np.zeros(N * D, np.uint16)), dev(np.zeros(N, np.float32))
+            fwd[1, 2 * 32](y, rstd, dev(x.ravel()), dev(w), np.float32(1e-5), D)
+            dx, partial = dev(dres.ravel()), dev(np.zeros((N, D), np.float32))
+            bwd[N, 2 * 32, 0, 2 * D * 4](dx, partial, dev(dy.ravel()), dx, dev(x.ravel()),
+                                         dev(w), rstd, D)  # fmt: skip
+            bits.append([a.copy_to_host().tobytes() for a in (y, rstd, dx, partial)])
+        assert bits[0] == bits[1]
+
     # the 16-byte paths (D, F, E/2 multiples of 4), then the scalar ones
     TWIN_SIZES = {
         "vector": SimpleNamespace(B=1, T=6, D=12, F=8, V=16, H=4, G=2, E=8, K=3),

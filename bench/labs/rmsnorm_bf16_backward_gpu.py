@@ -1,23 +1,24 @@
-"""The bf16 RMSNorm backward and forward with each row held in registers, against the package.
+"""The bf16 RMSNorm with rows held in registers (the package at D = 768) against re-reading them.
 
     python bench/labs/rmsnorm_bf16_backward_gpu.py [--shapes 264x8,528x4,528x8,1056x4]
         [--reps 5] [--out rmsnorm_bf16_backward.json]
     NUMBA_ENABLE_CUDASIM=1 python bench/labs/rmsnorm_bf16_backward_gpu.py --n 24 \
         --shapes 264x8,4x2 --check-only
 
-The package's kernel (euler.gpu.rmsnorm.rmsnorm_backward_vec_bf16_kernel) reads a row's dy and
-x twice, once for the row's dot and once for dx, finding them in L1 the second time, and
-adds each row's dw terms into its warp's row of shared memory. At the `gpu` preset's
-(16384, 768) it moves 151 MB in 0.069 ms on an H200, 2.2 TB/s, where the forward reaches
-3.0. The variant here (`rows`) is compiled for D = 256 S (S a constant of the kernel: 3 at
-D = 768), so that each lane keeps its 8 S columns of the row, dy, x and the dres words,
-in registers between the two passes, and its dw terms in registers across rows, writing
-them to shared memory once at the end. Every sum is taken in the package's order, so dx
-and dw must be bit for bit the package's: the lab checks it before timing.
+euler/gpu/rmsnorm.py's 16-byte bf16 kernels (rmsnorm_forward_vec_bf16_kernel,
+rmsnorm_backward_vec_bf16_kernel) read a row twice, finding it in L1 the second time; the
+backward adds each row's dw terms into its warp's row of shared memory. Its launchers take
+euler/gpu/rmsnorm_rows.py's kernels instead where a row is at most 3 strips of 256 columns:
+a lane keeps its 8 S columns of the row (dy, x and the dres words in the backward) in
+registers between the passes, and its dw terms across rows. Every sum is taken in the same
+order, so y, rstd, dx and dw must be the same bits: the lab checks it before timing (dw at
+the package's 264 x 8 only: other block shapes cut the rows otherwise).
 
-Each variant is timed with its dw partial sum (sum_partials_kernel) at B = 32, T = 512,
+Each backward is timed with its dw partial sum (sum_partials_kernel) at B = 32, T = 512,
 D = 768, dx aliasing dres as the model calls it, launch-free (bench/gpu_timing.timed);
 shapes are blocks x warps a block (the package: 264 x 8, two blocks a multiprocessor).
+On the H200 (2026-12-03, rmsnorm-bf16-rows-2026-12-03-h200.json): backward 0.0484 ms
+(3.12 TB/s) against 0.0676 (2.23), forward 0.0230 (3.28 TB/s) against 0.0257 (2.94).
 """
 
 from __future__ import annotations
@@ -25,177 +26,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import cache
 from pathlib import Path
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
-from euler.gpu import rmsnorm  # noqa: E402
-from euler.gpu.reduce import MAX_THREADS, SIMULATOR, WARP, warp_sum_all  # noqa: E402
-from euler.gpu.rmsnorm import _sum_warp_rows, sum_partials_kernel  # noqa: E402
-from euler.gpu.vector import (  # noqa: E402
-    load4,
-    load4_u32,
-    store8_bf16,
-    widen_high,
-    widen_low,
-)
-from euler.layer_math import (  # noqa: E402
-    rms_rstd,
-    rmsnorm_backward_coefficient,
-    rmsnorm_backward_element,
-    rmsnorm_forward_element,
-)
+from euler.gpu import rmsnorm, rmsnorm_rows  # noqa: E402
+from euler.gpu.reduce import SIMULATOR, WARP  # noqa: E402
+from euler.gpu.rmsnorm import sum_partials_kernel  # noqa: E402
 from euler.precision import to_bf16  # noqa: E402
 
 N, D = 32 * 512, 768
-STRIP = 8 * WARP  # columns a warp covers in one step: 8 a lane
 
 
-@cache
-def rows_kernel(S: int):
-    """The backward for D = STRIP S: dx (N D,) bf16 = dres + J^T dy; partial (C, D) = block
-    c's rows' dw terms, summed in the package's order. One warp a row, its lane's 8 S
-    columns of dy, x and dres kept in registers between the row's two passes."""
-    C8, C4 = 8 * S, 4 * S
-
-    @cuda.jit
-    def kernel(dx, partial, dy, dres, x, w, rstd, D):
-        N = x.shape[0] // D
-        C = partial.shape[0]
-        W = cuda.blockDim.x // WARP
-        buf = cuda.shared.array(MAX_THREADS, float32)
-        sacc = cuda.shared.array(0, float32)
-        tid = cuda.threadIdx.x
-        lane, q = tid % WARP, tid // WARP
-        c = cuda.blockIdx.x
-        g = cuda.local.array(C8, float32)
-        xs = cuda.local.array(C8, float32)
-        e = cuda.local.array(C4, uint32)
-        acc = cuda.local.array(C8, float32)
-        for j in range(C8):
-            acc[j] = float32(0.0)
-        r0, r1 = c * N // C, (c + 1) * N // C
-        for n in range(r0 + q, r0 + q + (r1 - r0 + W - 1) // W * W, W):
-            dot = float32(0.0)
-            if n < r1:
-                for s in range(S):
-                    d = STRIP * s + 8 * lane
-                    e[4 * s], e[4 * s + 1], e[4 * s + 2], e[4 * s + 3] = load4_u32(dres, n * D + d)
-                    for h in range(0, 8, 4):
-                        g0, g1, g2, g3 = load4(dy, n * D + d + h)
-                        w0, w1, w2, w3 = load4(w, d + h)
-                        x0, x1, x2, x3 = load4(x, n * D + d + h)
-                        i = 8 * s + h
-                        g[i], g[i + 1], g[i + 2], g[i + 3] = g0, g1, g2, g3
-                        xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = x0, x1, x2, x3
-                        dot += g0 * w0 * x0 + g1 * w1 * x1 + g2 * w2 * x2 + g3 * w3 * x3
-            dot = warp_sum_all(dot, buf, float32(0.0))
-            if n < r1:
-                r = rstd[n]
-                k = rmsnorm_backward_coefficient(dot, r, D, float32)
-                for s in range(S):
-                    d = STRIP * s + 8 * lane
-                    i = 8 * s
-                    w0, w1, w2, w3 = load4(w, d)
-                    w4, w5, w6, w7 = load4(w, d + 4)
-                    v0, a0 = rmsnorm_backward_element(g[i], xs[i], w0, widen_low(e[4 * s]), r, k)
-                    v1, a1 = rmsnorm_backward_element(g[i + 1], xs[i + 1], w1,
-                                                      widen_high(e[4 * s]), r, k)  # fmt: skip
-                    v2, a2 = rmsnorm_backward_element(g[i + 2], xs[i + 2], w2,
-                                                      widen_low(e[4 * s + 1]), r, k)  # fmt: skip
-                    v3, a3 = rmsnorm_backward_element(g[i + 3], xs[i + 3], w3,
-                                                      widen_high(e[4 * s + 1]), r, k)  # fmt: skip
-                    v4, a4 = rmsnorm_backward_element(g[i + 4], xs[i + 4], w4,
-                                                      widen_low(e[4 * s + 2]), r, k)  # fmt: skip
-                    v5, a5 = rmsnorm_backward_element(g[i + 5], xs[i + 5], w5,
-                                                      widen_high(e[4 * s + 2]), r, k)  # fmt: skip
-                    v6, a6 = rmsnorm_backward_element(g[i + 6], xs[i + 6], w6,
-                                                      widen_low(e[4 * s + 3]), r, k)  # fmt: skip
-                    v7, a7 = rmsnorm_backward_element(g[i + 7], xs[i + 7], w7,
-                                                      widen_high(e[4 * s + 3]), r, k)  # fmt: skip
-                    acc[i] += a0
-                    acc[i + 1] += a1
-                    acc[i + 2] += a2
-                    acc[i + 3] += a3
-                    acc[i + 4] += a4
-                    acc[i + 5] += a5
-                    acc[i + 6] += a6
-                    acc[i + 7] += a7
-                    store8_bf16(dx, n * D + d, v0, v1, v2, v3, v4, v5, v6, v7)
-        for s in range(S):
-            for j in range(8):
-                sacc[q * D + STRIP * s + 8 * lane + j] = acc[8 * s + j]
-        _sum_warp_rows(partial, sacc, c, W, D, float32)
-
-    return kernel
-
-
-@cache
-def rows_forward_kernel(S: int):
-    """The bf16 forward for D = STRIP S: y (N D,) bf16 = x / rms(x) * w, rstd (N,); one warp
-    a row, its lane's 8 S columns of x kept in registers between the sum and the store."""
-    C8 = 8 * S
-
-    @cuda.jit
-    def kernel(y, rstd, x, w, eps, D):
-        N = x.shape[0] // D
-        buf = cuda.shared.array(MAX_THREADS, float32)
-        lane = cuda.threadIdx.x % WARP
-        warps = cuda.gridDim.x * (cuda.blockDim.x // WARP)
-        n0 = cuda.blockIdx.x * (cuda.blockDim.x // WARP) + cuda.threadIdx.x // WARP
-        xs = cuda.local.array(C8, float32)
-        for n in range(n0, n0 + (N + warps - 1) // warps * warps, warps):
-            t = float32(0.0)
-            if n < N:
-                for s in range(S):
-                    d, i = STRIP * s + 8 * lane, 8 * s
-                    xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = load4(x, n * D + d)
-                    xs[i + 4], xs[i + 5], xs[i + 6], xs[i + 7] = load4(x, n * D + d + 4)
-                    x0, x1, x2, x3 = xs[i], xs[i + 1], xs[i + 2], xs[i + 3]
-                    x4, x5, x6, x7 = xs[i + 4], xs[i + 5], xs[i + 6], xs[i + 7]
-                    t += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3  # the package's order
-                    t += x4 * x4 + x5 * x5 + x6 * x6 + x7 * x7
-            t = warp_sum_all(t, buf, float32(0.0))
-            if n < N:
-                r = rms_rstd(t, D, eps, float32)
-                for s in range(S):
-                    d, i = STRIP * s + 8 * lane, 8 * s
-                    w0, w1, w2, w3 = load4(w, d)
-                    w4, w5, w6, w7 = load4(w, d + 4)
-                    store8_bf16(
-                        y, n * D + d,
-                        rmsnorm_forward_element(xs[i], r, w0),
-                        rmsnorm_forward_element(xs[i + 1], r, w1),
-                        rmsnorm_forward_element(xs[i + 2], r, w2),
-                        rmsnorm_forward_element(xs[i + 3], r, w3),
-                        rmsnorm_forward_element(xs[i + 4], r, w4),
-                        rmsnorm_forward_element(xs[i + 5], r, w5),
-                        rmsnorm_forward_element(xs[i + 6], r, w6),
-                        rmsnorm_forward_element(xs[i + 7], r, w7),
-                    )  # fmt: skip
-                if lane == 0:
-                    rstd[n] = r
-
-    return kernel
-
-
-def rows_backward(dx, dw, dy, dres, x, w, rstd, accumulate, partial, warps, stream) -> None:
-    """rmsnorm.rmsnorm_backward's bf16 call through rows_kernel: partial (C, D), C blocks of
-    `warps` warps; D a multiple of STRIP."""
+def backward_with(kernel, dx, dw, dy, dres, x, w, rstd, partial, warps, stream) -> None:
+    """rmsnorm.rmsnorm_backward's bf16 call through `kernel`: partial (C, D), C blocks of
+    `warps` warps."""
     n, d = x.shape
     C = partial.shape[0]
     flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
-    rows_kernel(d // STRIP)[C, warps * WARP, stream, warps * d * 4](
+    kernel[C, warps * WARP, stream, warps * d * 4](
         flat[0], partial, flat[1], flat[2], flat[3], w, rstd, d
     )
     grid = (d + WARP - 1) // WARP
     sum_partials_kernel[grid, min(rmsnorm.SUM_WARPS, warps) * WARP, stream](
-        dw, partial, np.bool_(accumulate)
+        dw, partial, np.bool_(False)
     )
 
 
@@ -225,15 +83,16 @@ def main() -> None:
     dx, dw = dev(dres), dev(np.zeros(D, np.float32))
     partial = dev(np.zeros((rmsnorm.partial_rows(n), D), np.float32))
 
-    def package():  # dx aliasing dres, as the model calls it
-        rmsnorm.rmsnorm_backward(dx, dw, dy, dx, x, w, rstd, False, partial, stream)
+    def reread():  # dx aliasing dres, as the model calls it
+        backward_with(rmsnorm.rmsnorm_backward_vec_bf16_kernel, dx, dw, dy, dx, x, w, rstd,
+                      partial, rmsnorm.WARPS, stream)  # fmt: skip
 
     def result(call):
         dx.copy_to_device(dres, stream=stream)
         call()
         return dx.copy_to_host(stream=stream), dw.copy_to_host(stream=stream)
 
-    want = result(package)
+    want = result(reread)
     nbytes = n * D * (4 + 4 + 2 + 2)  # dy, x read; dres read; dx written
 
     def record(**rec) -> None:
@@ -249,34 +108,35 @@ def main() -> None:
     fwd_bytes = n * D * (4 + 2)
 
     def forward():
-        rmsnorm.rmsnorm_forward(y, ry, x, w, 1e-5, stream)
-
-    def forward_rows():
-        rows_forward_kernel(D // STRIP)[grid, rmsnorm.WARPS * WARP, stream](
-            y2.reshape(y2.size), ry2, x.reshape(x.size), w, eps, D
+        rmsnorm.rmsnorm_forward_vec_bf16_kernel[grid, rmsnorm.WARPS * WARP, stream](
+            y.reshape(y.size), ry, x.reshape(x.size), w, eps, D
         )
 
-    for name, call in (("forward package", forward), ("forward rows", forward_rows)):
+    def forward_rows():
+        rmsnorm.rmsnorm_forward(y2, ry2, x, w, 1e-5, stream)
+
+    for name, call in (("forward re-read", forward), ("forward rows (package)", forward_rows)):
         call()
         ms = clock(call)
         rec = {"variant": name, "N": n, "D": D, "ms": ms, "mbytes": fwd_bytes / 1e6,
                "tb_per_s": ms and fwd_bytes / ms / 1e9}  # fmt: skip
-        if name == "forward rows":
+        if name.startswith("forward rows"):
             same = np.array_equal(y.copy_to_host(), y2.copy_to_host())
             rec["identical"] = bool(same and np.array_equal(ry.copy_to_host(), ry2.copy_to_host()))
         rows.append(rec)
         print(json.dumps(rec), flush=True)
-    record(variant="package", blocks=partial.shape[0], warps=rmsnorm.WARPS,
-           ms=clock(package))  # fmt: skip
+    record(variant="re-read", blocks=partial.shape[0], warps=rmsnorm.WARPS,
+           ms=clock(reread))  # fmt: skip
     for shape in args.shapes.split(","):
         blocks, warps = (int(v) for v in shape.split("x"))
         part = dev(np.zeros((min(n, blocks), D), np.float32))
 
-        def call(part=part, warps=warps):
-            rows_backward(dx, dw, dy, dx, x, w, rstd, False, part, warps, stream)
+        kern = rmsnorm_rows.backward_kernel(D)
+
+        def call(part=part, warps=warps, kern=kern):
+            backward_with(kern, dx, dw, dy, dx, x, w, rstd, part, warps, stream)
 
         got = result(call)
-        kern = rows_kernel(D // STRIP)
         regs = {}
         if not SIMULATOR and kern.overloads:  # spills show as local memory
             compiled = next(iter(kern.overloads.values()))
@@ -284,7 +144,8 @@ def main() -> None:
                     "local_bytes": getattr(compiled, "local_mem_per_thread", None)}  # fmt: skip
         same_dx = bool(np.array_equal(got[0], want[0]))
         dw_err = float(np.max(np.abs(got[1] - want[1])))  # the dw order holds at 264 x 8 only
-        record(variant="rows", blocks=blocks, warps=warps, dx_identical=same_dx,
+        name = "rows (package)" if (blocks, warps) == (partial.shape[0], rmsnorm.WARPS) else "rows"
+        record(variant=name, blocks=blocks, warps=warps, dx_identical=same_dx,
                dw_max_abs_diff=dw_err, **regs, ms=clock(call))  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

@@ -5,7 +5,8 @@ position positions[r]; keys and values are written into the (S, G, C, E) caches 
 then row r attends to its slot's positions 0..positions[r]. Each row is computed alone, in
 an order fixed by its sizes, so a row's result does not depend on what shares its call: a
 product's output element is reduced by one warp (each lane's strided partial sum, then the
-butterfly, whose every lane ends with the same bits), and attention's (row, head) by a
+butterfly, whose every lane ends with the same bits; a warp takes a feature for 1, 4 or 8
+rows, by the row count, in that order for each), and attention's (row, head) by a
 block of WARPS warps splitting the keys, merged in warp order. Every thread of a block
 takes the same number of reductions (the simulator's shared-memory path meets at block
 barriers); the softmax's rescale and exp are layer_math's.
@@ -14,13 +15,14 @@ barriers); the softmax's rescale and exp are layer_math's.
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
 from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.memory import grid_for
-from euler.gpu.reduce import MAX_THREADS, WARP, warp_max_all, warp_sum_all
+from euler.gpu.reduce import WARP, warp_max_all, warp_sum_all
 from euler.layer_math import exp_, online_softmax_rescale
 
 MAX_E = 256  # head sizes up to this
@@ -29,24 +31,53 @@ WARPS = 4  # warps a block of attention_decode_kernel, each taking every WARPS-t
 KEYS = WARPS * WARP  # keys a block scores at once
 
 
-@cuda.jit
-def linear_kernel(out, x, w):
-    """out (n, M) = x (n, D) @ w (M, D)^T, assigned: a warp an element (grid-stride)."""
-    n, D = x.shape
-    M = w.shape[0]
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    lane = cuda.threadIdx.x
-    job = cuda.blockIdx.x
-    while job < n * M:  # the same for the whole block: one warp
-        i = job // M
-        m = job - i * M
-        s = float32(0.0)
-        for d in range(lane, D, WARP):
-            s += x[i, d] * w[m, d]
-        s = warp_sum_all(s, buf, float32(0.0))
-        if lane == 0:
-            out[i, m] = s
-        job += cuda.gridDim.x
+@cache
+def linear_kernel(R: int, W: int):
+    """The kernel out (n, M) = x (n, D) @ w (M, D)^T, assigned, with R rows a warp and W
+    warps a block: warp job j = m * groups + group (groups = ceil(n / R)) computes feature m
+    of rows group R .. group R + R - 1, each weight element loaded once for its R rows.
+    Grid-stride over jobs, a block's warps taking theirs together (the same count each)."""
+    threads = W * WARP  # a constant of the kernel, as shared.array needs
+
+    @cuda.jit
+    def kernel(out, x, w):
+        n, D = x.shape
+        M = w.shape[0]
+        buf = cuda.shared.array(threads, float32)
+        s = cuda.local.array(R, float32)
+        lane = cuda.threadIdx.x % WARP
+        groups = (n + R - 1) // R
+        base = cuda.blockIdx.x * W
+        while base < groups * M:  # the same for the whole block
+            job = base + cuda.threadIdx.x // WARP
+            m = job // groups
+            i0 = (job - m * groups) * R
+            for k in range(R):
+                s[k] = float32(0.0)
+            if job < groups * M:
+                for d in range(lane, D, WARP):
+                    wv = w[m, d]
+                    for k in range(R):
+                        if i0 + k < n:
+                            s[k] += x[i0 + k, d] * wv
+            for k in range(R):
+                t = warp_sum_all(s[k], buf, float32(0.0))
+                if lane == 0 and job < groups * M and i0 + k < n:
+                    out[i0 + k, m] = t
+            base += cuda.gridDim.x * W
+
+    return kernel
+
+
+def linear_shape(n: int) -> tuple[int, int]:
+    """(rows a warp, warps a block) of linear_kernel for n rows: at the `gpu` preset's
+    products on an H200 one row a warp, one warp a block, is fastest at batch 1, 4 rows a
+    warp at batch 8 (1.6-1.8x the one row) and 8 at batch 32 (1.7-2.0x); every choice takes
+    each row's sum in the same order, so the bits do not depend on it
+    (bench/labs/decode_linear_gpu.py)."""
+    if n == 1:
+        return 1, 1
+    return (4, 4) if n <= 8 else (8, 4)
 
 
 @cuda.jit
@@ -144,7 +175,9 @@ def linear_rows(out, x, w, stream=0) -> None:
     n, M = out.shape
     check_shapes("decode_linear", x=(x, (n, w.shape[1])), out=(out, (n, w.shape[0])))
     if n * M:
-        linear_kernel[grid_for(n * M, 1), WARP, stream](out, x, w)
+        R, W = linear_shape(n)
+        grid = grid_for((n + R - 1) // R * M, W)
+        linear_kernel(R, W)[grid, W * WARP, stream](out, x, w)
 
 
 def attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E, stream=0) -> None:

@@ -130,3 +130,14 @@ def block_max(v, buf, lowest):
     v = warp_max(v)
     cuda.syncthreads()
     return v
+
+
+@cuda.jit(device=True, inline=True)
+def sum_warp_rows(partial, acc, c, W, D, T):
+    """After a barrier, partial[c] (D,) = the sum of the W warps' rows of acc, in order."""
+    cuda.syncthreads()
+    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
+        s = T(0.0)
+        for qq in range(W):
+            s += acc[qq * D + d]
+        partial[c, d] = s

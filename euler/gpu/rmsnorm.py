@@ -16,9 +16,13 @@ Under bf16 (euler.precision) the forward's y and the backward's dres and dx are 
 (uint16 bits); x, w, rstd, dy and dw stay float32, and the arithmetic is float32 through the
 same layer_math helpers, each bf16 value widened where read and rounded once where stored.
 Their 16-byte kernels (D % 8 == 0) move 8 columns a lane and step, so that a bf16 row moves
-16 bytes an access too: two float32 loads (x, w, dy) beside one bf16 load or store. On the
-H200 at (16384, 768): forward 0.026 ms against float32's 0.034, backward 0.069 against 0.079
-(bench/labs/bf16_memory_kernels_gpu.py).
+16 bytes an access too: two float32 loads (x, w, dy) beside one bf16 load or store. Where a
+row is at most 3 strips of 256 columns (the `gpu` preset's 768), a lane holds its columns in
+registers between the row's passes instead of reading them again (and the backward its dw
+terms across rows), with every sum in the same order: the same bits. On the H200 at
+(16384, 768): forward 0.023 ms against float32's 0.034, backward 0.048 against 0.079
+(bench/labs/bf16_memory_kernels_gpu.py, bench/labs/rmsnorm_bf16_backward_gpu.py; the
+held rows' kernels are in rmsnorm_rows.py).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import numpy as np
 from numba import cuda, float32
 
 from euler.backend import check_shapes
+from euler.gpu import rmsnorm_rows
 from euler.gpu.bf16 import stored, widen
-from euler.gpu.reduce import MAX_THREADS, WARP, warp_sum_all
+from euler.gpu.reduce import MAX_THREADS, WARP, sum_warp_rows, warp_sum_all
 from euler.gpu.vector import (
     aligned4,
     aligned8_bf16,
@@ -166,7 +171,10 @@ def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
         check_dtypes("rmsnorm_forward", np.float32, rstd=rstd, x=x, w=w)
         if D % 8 == 0 and aligned8_bf16(y) and aligned4(x, w):
             flat = y.reshape(y.size), rstd, x.reshape(x.size), w
-            rmsnorm_forward_vec_bf16_kernel[grid, warps * WARP, stream](*flat, eps, D)
+            kernel = rmsnorm_forward_vec_bf16_kernel
+            if rmsnorm_rows.held_in_registers(D):
+                kernel = rmsnorm_rows.forward_kernel(D)
+            kernel[grid, warps * WARP, stream](*flat, eps, D)
         else:
             rmsnorm_forward_kernel[grid, warps * WARP, stream](y, rstd, x, w, eps)
         return
@@ -182,17 +190,6 @@ def _zero_warp_row(acc, q, D, lane, T):
     """acc[q D : (q + 1) D] = 0, by the 32 lanes of warp q."""
     for d in range(lane, D, WARP):
         acc[q * D + d] = T(0.0)
-
-
-@cuda.jit(device=True, inline=True)
-def _sum_warp_rows(partial, acc, c, W, D, T):
-    """After a barrier, partial[c] (D,) = the sum of the W warps' rows of acc, in order."""
-    cuda.syncthreads()
-    for d in range(cuda.threadIdx.x, D, cuda.blockDim.x):
-        s = T(0.0)
-        for qq in range(W):
-            s += acc[qq * D + d]
-        partial[c, d] = s
 
 
 @cuda.jit
@@ -228,7 +225,7 @@ def rmsnorm_backward_kernel(dx, partial, dy, dres, x, w, rstd):
                 dxd, dwd = rmsnorm_backward_element(dy[n, d], x[n, d], w[d], e, r, k)
                 acc[q * D + d] += dwd
                 dx[n, d] = stored(dx, dxd)
-    _sum_warp_rows(partial, acc, c, W, D, T)
+    sum_warp_rows(partial, acc, c, W, D, T)
 
 
 @cuda.jit
@@ -273,7 +270,7 @@ def rmsnorm_backward_vec_kernel(dx, partial, dy, dres, x, w, rstd, D):
                 acc[a + 2] += a2
                 acc[a + 3] += a3
                 store4(dx, n * D + d, e0, e1, e2, e3)
-    _sum_warp_rows(partial, acc, c, W, D, T)
+    sum_warp_rows(partial, acc, c, W, D, T)
 
 
 @cuda.jit
@@ -331,7 +328,7 @@ def rmsnorm_backward_vec_bf16_kernel(dx, partial, dy, dres, x, w, rstd, D):
                 acc[a + 6] += a6
                 acc[a + 7] += a7
                 store8_bf16(dx, n * D + d, e0, e1, e2, e3, e4, e5, e6, e7)
-    _sum_warp_rows(partial, acc, c, W, D, T)
+    sum_warp_rows(partial, acc, c, W, D, T)
 
 
 @cuda.jit
@@ -390,7 +387,10 @@ def rmsnorm_backward(
                      partial=partial)  # fmt: skip
         if D % 8 == 0 and aligned8_bf16(dx, dres) and aligned4(dy, x, w):
             flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
-            rmsnorm_backward_vec_bf16_kernel[C, warps * WARP, stream, nbytes](
+            kernel = rmsnorm_backward_vec_bf16_kernel
+            if rmsnorm_rows.held_in_registers(D):
+                kernel = rmsnorm_rows.backward_kernel(D)
+            kernel[C, warps * WARP, stream, nbytes](
                 flat[0], partial, flat[1], flat[2], flat[3], w, rstd, D
             )
         else:
