@@ -4,13 +4,13 @@
     NUMBA_ENABLE_CUDASIM=1 python bench/labs/decode_linear_gpu.py --rows 3 --shapes 70x5 \
         --check-only
 
-The package's kernel (euler.gpu.decode.linear_kernel(R, W)) gives a warp one output feature
-m for R rows at once, each weight element loaded once and multiplied into R sums, with W
-warps a block; `linear_shape` picks (R, W) by the row count. R = 1, W = 1 is a warp an
-element, each row reading the whole weight again, a multiprocessor holding 32 one-warp
-blocks. Each row's sum is taken in the same order at every (R, W) (lane l's strided
-partial, then the butterfly), so every shape's outputs must be the R = 1 kernel's bit for
-bit: the lab checks it before timing.
+The package's kernels (euler.gpu.decode): linear_element_kernel gives an output element to
+one warp, a block of one warp, each row reading the whole weight again; linear_kernel(R, W)
+gives a warp one feature m for R rows at once, each weight element loaded once and
+multiplied into R sums, with W warps a block. linear_rows takes the element kernel at one
+row and linear_shape(n) beyond. Each row's sum is taken in the same order by every kernel
+(lane l's strided partial, then the butterfly), so every variant's outputs must be the
+element kernel's bit for bit: the lab checks it before timing.
 
 Timed launch-free (bench/gpu_timing.timed) at the `gpu` preset's products, D x M: qkv
 768 x 1280, attention output 768 x 768, gate and up 768 x 4096, down 2048 x 768.
@@ -34,7 +34,7 @@ from euler.gpu.memory import grid_for  # noqa: E402
 from euler.gpu.reduce import WARP  # noqa: E402
 
 SHAPES = "768x1280,768x768,768x4096,2048x768"  # D x M
-VARIANTS = ((1, 1), (1, 4), (2, 4), (4, 4), (8, 4), (8, 8))  # (R, W)
+VARIANTS = ((1, 1), (2, 4), (4, 4), (8, 4), (8, 8))  # (R, W)
 
 
 def main() -> None:
@@ -54,12 +54,17 @@ def main() -> None:
             w = cuda.to_device(rng.standard_normal((M, D)).astype(np.float32))
             want = cuda.to_device(np.zeros((n, M), np.float32))
             got = cuda.to_device(np.zeros((n, M), np.float32))
-            decode.linear_kernel(1, 1)[grid_for(n * M, 1), WARP, stream](want, x, w)
+            grid1 = grid_for(n * M, 1)
+            decode.linear_element_kernel[grid1, WARP, stream](want, x, w)
 
             def package(out=got, x=x, w=w):
                 decode.linear_rows(out, x, w, stream)
 
-            calls = [(f"package {decode.linear_shape(n)}", package)]
+            def element(out=got, x=x, w=w, grid=grid1):
+                decode.linear_element_kernel[grid, WARP, stream](out, x, w)
+
+            shape = "element" if n == 1 else decode.linear_shape(n)
+            calls = [(f"package {shape}", package), ("element", element)]
             for R, W in VARIANTS:
                 groups = (n + R - 1) // R
                 grid, kernel = grid_for(groups * M, W), decode.linear_kernel(R, W)
@@ -73,7 +78,7 @@ def main() -> None:
                 call()
                 stream.synchronize()
                 if got.copy_to_host().tobytes() != want.copy_to_host().tobytes():
-                    raise SystemExit(f"{name} at n={n}, {D}x{M}: not the R = 1 kernel's bits")
+                    raise SystemExit(f"{name} at n={n}, {D}x{M}: not the element kernel's bits")
             for name, call in calls:
                 ms = None if args.check_only else timed(stream, call, args.reps)
                 gbytes = 4 * (M * D + n * D + n * M) / 1e9

@@ -31,6 +31,27 @@ WARPS = 4  # warps a block of attention_decode_kernel, each taking every WARPS-t
 KEYS = WARPS * WARP  # keys a block scores at once
 
 
+@cuda.jit
+def linear_element_kernel(out, x, w):
+    """out (n, M) = x (n, D) @ w (M, D)^T, assigned: a warp an element (grid-stride), one
+    warp a block; linear_kernel(R, W)'s order for each element."""
+    n, D = x.shape
+    M = w.shape[0]
+    buf = cuda.shared.array(WARP, float32)
+    lane = cuda.threadIdx.x
+    job = cuda.blockIdx.x
+    while job < n * M:  # the same for the whole block: one warp
+        i = job // M
+        m = job - i * M
+        s = float32(0.0)
+        for d in range(lane, D, WARP):
+            s += x[i, d] * w[m, d]
+        s = warp_sum_all(s, buf, float32(0.0))
+        if lane == 0:
+            out[i, m] = s
+        job += cuda.gridDim.x
+
+
 @cache
 def linear_kernel(R: int, W: int):
     """The kernel out (n, M) = x (n, D) @ w (M, D)^T, assigned, with R rows a warp and W
@@ -70,13 +91,11 @@ def linear_kernel(R: int, W: int):
 
 
 def linear_shape(n: int) -> tuple[int, int]:
-    """(rows a warp, warps a block) of linear_kernel for n rows: at the `gpu` preset's
-    products on an H200 one row a warp, one warp a block, is fastest at batch 1, 4 rows a
-    warp at batch 8 (1.6-1.8x the one row) and 8 at batch 32 (1.7-2.0x); every choice takes
-    each row's sum in the same order, so the bits do not depend on it
-    (bench/labs/decode_linear_gpu.py)."""
-    if n == 1:
-        return 1, 1
+    """(rows a warp, warps a block) of linear_kernel for n >= 2 rows: on an H200 at the
+    `gpu` preset's products 4 rows a warp is 1.6-1.8x linear_element_kernel at batch 8 and
+    8 rows 1.7-2.0x at batch 32, while at batch 1 linear_element_kernel is the fastest
+    (bench/labs/decode_linear_gpu.py). Every choice takes each row's sum in the same order,
+    so the bits do not depend on it."""
     return (4, 4) if n <= 8 else (8, 4)
 
 
@@ -174,7 +193,9 @@ def linear_rows(out, x, w, stream=0) -> None:
     """out (n, M) = x (n, D) @ w (M, D)^T, float32, each element alone (see the module)."""
     n, M = out.shape
     check_shapes("decode_linear", x=(x, (n, w.shape[1])), out=(out, (n, w.shape[0])))
-    if n * M:
+    if n == 1 and M:
+        linear_element_kernel[grid_for(M, 1), WARP, stream](out, x, w)
+    elif n * M:
         R, W = linear_shape(n)
         grid = grid_for((n + R - 1) // R * M, W)
         linear_kernel(R, W)[grid, W * WARP, stream](out, x, w)
