@@ -151,6 +151,7 @@ def _eval_instructions(
         f"loops (a word {s['loop_n']}-gram {s['loop_times']}x)": f"{s['loop_share']:.1%}",
         f"(references, first {max_tokens} tokens)": f"{s['reference_loop_share']:.1%}",
         "ROUGE-L F1": f"{s['rouge_l']:.4f}",
+        f"F1, references' first {max_tokens} tokens": f"{s['rouge_l_budget']:.4f}",
     }
     for col in cols:
         table.add_column(col, justify="right")

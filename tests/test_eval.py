@@ -144,6 +144,7 @@ def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):
     assert (s["ended_share"], s["mean_tokens"], s["loop_share"]) == (0.0, 64.0, 1.0)
     # 32 words against "a a": LCS 2, precision 2/32, recall 1; against "b": nothing
     assert s["rouge_l"] == pytest.approx((2 * (1 / 16) / (1 / 16 + 1)) / 2)
+    assert s["rouge_l_budget"] == s["rouge_l"]  # both references within 64 tokens
     assert "a a a" in out and "[...]" in out  # answers shown, cut ones marked
     ends = _checkpoint(tmp_path / "end.safetensors", _ends_at_once)
     code, out, err = run_cli(
@@ -158,6 +159,24 @@ def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):
     )
     s = json.loads((tmp_path / "end.json").read_text())["instructions"]
     assert (s["ended_share"], s["mean_tokens"], s["loop_share"], s["rouge_l"]) == (1, 0, 0, 0)
+
+
+def test_overlap_against_the_references_budget(tmp_path, monkeypatch, capsys):
+    """rouge_l_budget scores an answer against its reference's first --max-tokens tokens (one
+    a byte here): at 8 tokens the answer "a a a a " against "a a a a " is 1, against the
+    whole 14-word reference LCS 4, precision 1, recall 4/14: F1 8/18."""
+    (tmp_path / "i.json").write_text(
+        json.dumps([{"instruction": "Say a.", "input": "", "output": "a " * 10 + "b b b b"}])
+    )
+    loops = _checkpoint(tmp_path / "loop.safetensors", _alternating)
+    args = ("eval", str(loops), "--instructions", str(tmp_path / "i.json"), "--max-tokens", "8")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--json", str(tmp_path / "b.json"))
+    assert code == 0, err
+    s = json.loads((tmp_path / "b.json").read_text())["instructions"]
+    assert s["answers"][0]["answer"] == "a " * 4
+    assert s["rouge_l_budget"] == pytest.approx(1.0)
+    assert s["rouge_l"] == pytest.approx(8 / 18)
+    assert "1.0000" in out and "0.4444" in out  # both in the table
 
 
 def test_loop_and_overlap_scores():

@@ -31,8 +31,9 @@ def answer_records(
     on_record: Callable[[], None] | None = None,
 ) -> list[dict]:
     """One scored answer per record: {instruction, input, reference, answer, tokens, ended,
-    loops, reference_loops, rouge_l, prompt_cut}; on_record() after each (for a progress
-    bar)."""
+    loops, reference_loops, rouge_l, rouge_l_budget, prompt_cut}; on_record() after each
+    (for a progress bar). rouge_l scores the answer against the whole reference,
+    rouge_l_budget against the reference's first max_tokens tokens: what an answer may say."""
     rng = np.random.default_rng(0)  # greedy: never drawn from
     out = []
     for rec in records:
@@ -54,6 +55,7 @@ def answer_records(
                 "loops": has_loop(answer),
                 "reference_loops": has_loop(head),
                 "rouge_l": rouge_l(answer, reference),
+                "rouge_l_budget": rouge_l(answer, head),
                 "prompt_cut": cut,
             }
         )
@@ -80,5 +82,6 @@ def summarize(answers: list[dict], max_tokens: int, path: Path | str) -> dict:
         "loop_times": LOOP_TIMES,
         "reference_loop_share": mean("reference_loops"),
         "rouge_l": mean("rouge_l"),
+        "rouge_l_budget": mean("rouge_l_budget"),
         "prompts_cut": int(sum(a["prompt_cut"] for a in answers)),
     }
