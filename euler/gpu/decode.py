@@ -61,7 +61,7 @@ def linear_kernel(R: int, W: int):
     threads = W * WARP  # a constant of the kernel, as shared.array needs
 
     @cuda.jit
-    def kernel(out, x, w):
+    def linear_group_kernel(out, x, w):
         n, D = x.shape
         M = w.shape[0]
         buf = cuda.shared.array(threads, float32)
@@ -87,7 +87,7 @@ def linear_kernel(R: int, W: int):
                     out[i0 + k, m] = t
             base += cuda.gridDim.x * W
 
-    return kernel
+    return linear_group_kernel
 
 
 def linear_shape(n: int) -> tuple[int, int]:
