@@ -26,10 +26,10 @@
 #     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, the decode
 #                                           # attention lab, decode tokens/s at batch 1, 8,
 #                                           # 32 (CUDA graphs and
-#                                           # launched) against the recompute decoder; after
-#                                           # `pipeline` on the same machine, euler serve
-#                                           # --device cuda with 32 clients (carry .whl with
-#                                           # fastapi's wheels)
+#                                           # launched) against the recompute decoder; euler
+#                                           # serve --device cuda with 32 clients (on runs/sft
+#                                           # after `pipeline`, else a 2-step model; carry .whl
+#                                           # with fastapi's wheels)
 #     bash bench/h200_session.sh norm       # the bf16 RMSNorm backward lab, the bf16 step's
 #                                           # knobs (bench_gpu.py --steps-only)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -261,25 +261,32 @@ pipeline)
     for r in pre sft; do cp runs/$r/metrics.jsonl "$OUT/pipeline-$r-metrics.jsonl"; done
     ;;
 decode)
-    # issue 33, run 4: the fine-tuned runs/sft of `pipeline` if this machine still holds it
-    # (then euler serve too), else the gpu preset's random initialisation: decoding speed
-    # does not depend on what the weights say (decode_batch.py never stops early)
+    # issue 33, run 4: decode_batch.py on the gpu preset's random initialisation (decoding
+    # speed does not depend on what the weights say: it never stops early), then euler serve
+    # on the fine-tuned runs/sft of `pipeline` if this machine still holds it, else on a
+    # 2-step model
     log "the GPU KV-cache kernels against the CPU, graphs against launches (pytest -k kv_cache)"
     timeout "$(left 200)" python3 -m pytest -q -m gpu tests/test_gpu_device.py -k kv_cache 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
     log "decode attention: split keys (the package) against one key at a time (lab)"
     timeout "$(left 120)" python3 bench/labs/decode_attention_gpu.py \
         --out "$OUT/decode-attention.json" 2>&1 | keep
-    model=(--preset gpu)
-    [ -f runs/sft/checkpoint.safetensors ] && model=(--checkpoint runs/sft)
     log "decode tokens/s, batch 1, 8, 32, graphs and launched, against the recompute decoder"
-    timeout "$(left 240)" python3 bench/decode_batch.py "${model[@]}" --device cuda \
+    timeout "$(left 240)" python3 bench/decode_batch.py --preset gpu --device cuda \
         --rounds 3 --steps 200 --prompt-len 32 --json "$OUT/decode-batch.json" 2>&1 | keep
-    if [ -f runs/sft/checkpoint.safetensors ]; then
-        log "euler serve --device cuda, 32 streaming clients beside one alone"
-        timeout "$(left 200)" python3 bench/serve_load.py --checkpoint runs/sft --device cuda \
-            --json "$OUT/serve-load.json" 2>&1 | keep
+    serve=runs/sft
+    if [ ! -f runs/sft/checkpoint.safetensors ]; then
+        # serving speed does not depend on the weights either: the gpu preset trained 2 steps
+        # on the embedded corpus (no --data: its 4,096-token tokenizer is trained first)
+        log "no runs/sft: the gpu preset, 2 steps on the embedded corpus, stands in for it"
+        serve=runs/quick
+        timeout "$(left 120)" python3 -m euler.cli train --device cuda --preset gpu --steps 2 \
+            --batch-size 8 --eval-every 1000 --sample-tokens 0 --out runs/quick \
+            >"$OUT/quick-train.txt" 2>&1
     fi
+    log "euler serve --device cuda ($serve), 32 streaming clients beside one alone"
+    timeout "$(left 200)" python3 bench/serve_load.py --checkpoint $serve --device cuda \
+        --json "$OUT/serve-load.json" 2>&1 | keep
     ;;
 norm)
     log "the bf16 RMSNorm backward, rows in registers, against the package's (lab)"

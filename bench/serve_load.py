@@ -156,10 +156,14 @@ def main() -> None:
         proc.wait(30)
     print(f"{'':>10} {'requests':>8} {'errors':>6} {'tokens':>7} {'tok/s':>7} {'TTFT p50':>9} "
           f"{'p99':>7} {'token p50':>9} {'p99':>7}  (ms)")  # fmt: skip
+    def ms(v, width: int, digits: int) -> str:  # a latency, or "-" where no chunk came
+        return f"{'-':>{width}}" if v is None else f"{v:>{width}.{digits}f}"
+
     for name, s in (("alone", alone), (f"{args.clients} at once", together)):
         print(f"{name:>10} {s['requests']:>8} {s['errors']:>6} {s['completion_tokens']:>7} "
-              f"{s['tokens_per_s']:>7.0f} {s['ttft_ms_p50']:>9.1f} {s['ttft_ms_p99']:>7.1f} "
-              f"{s['token_ms_p50']:>9.2f} {s['token_ms_p99']:>7.2f}")  # fmt: skip
+              f"{s['tokens_per_s']:>7.0f} {ms(s['ttft_ms_p50'], 9, 1)} "
+              f"{ms(s['ttft_ms_p99'], 7, 1)} {ms(s['token_ms_p50'], 9, 2)} "
+              f"{ms(s['token_ms_p99'], 7, 2)}")  # fmt: skip
     print(f"load average before: {load:.2f} on {os.cpu_count()} cores")
     if args.json:
         record = {"what": f"euler serve load test, {args.device}",
