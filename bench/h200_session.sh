@@ -24,7 +24,7 @@
 #                                           # carry .whl (bench/device_wheels.sh) and .carry
 #                                           # (the data tarball, and instructions/*.json)
 #     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, the decode
-#                                           # attention lab, decode tokens/s at batch 1, 8,
+#                                           # attention and product labs, tokens/s at 1, 8,
 #                                           # 32 (CUDA graphs and
 #                                           # launched) against the recompute decoder; euler
 #                                           # serve --device cuda with 32 clients (on runs/sft
@@ -271,6 +271,9 @@ decode)
     log "decode attention: split keys (the package) against one key at a time (lab)"
     timeout "$(left 120)" python3 bench/labs/decode_attention_gpu.py \
         --out "$OUT/decode-attention.json" 2>&1 | keep
+    log "decode products: the package's row groups against feature tiles (lab)"
+    timeout "$(left 150)" python3 bench/labs/decode_linear_gpu.py \
+        --out "$OUT/decode-linear.json" 2>&1 | keep
     log "decode tokens/s, batch 1, 8, 32, graphs and launched, against the recompute decoder"
     timeout "$(left 240)" python3 bench/decode_batch.py --preset gpu --device cuda \
         --rounds 3 --steps 200 --prompt-len 32 --json "$OUT/decode-batch.json" 2>&1 | keep
