@@ -24,12 +24,11 @@
 #                                           # carry .whl (bench/device_wheels.sh) and .carry
 #                                           # (the data tarball, and instructions/*.json)
 #     bash bench/h200_session.sh decode     # issue 33 run 4: the GPU KV-cache tests, the decode
-#                                           # attention and product labs, tokens/s at 1, 8,
-#                                           # 32 (CUDA graphs and
-#                                           # launched) against the recompute decoder; euler
-#                                           # serve --device cuda with 32 clients (on runs/sft
-#                                           # after `pipeline`, else a 2-step model; carry .whl
-#                                           # with fastapi's wheels)
+#                                           # attention and product labs, tokens/s at batch 1,
+#                                           # 8, 32 (CUDA graphs and launched) against the
+#                                           # recompute decoder; euler serve --device cuda with
+#                                           # 32 clients (on runs/sft after `pipeline`, else a
+#                                           # 2-step model; carry .whl with fastapi's wheels)
 #     bash bench/h200_session.sh norm       # the bf16 RMSNorm backward lab, the bf16 step's
 #                                           # knobs (bench_gpu.py --steps-only)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
