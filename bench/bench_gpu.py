@@ -9,7 +9,8 @@ exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (GpuOptions.transpose_weight_grads), without the residual adds fused
   into the output projections (GpuOptions.fused_residual), and with copies only next to a
-  2048-wide side (GpuOptions.transpose_min_width 2048), replayed as CUDA graphs and launched
+  2048-wide side (GpuOptions.transpose_min_width 2048), and with bf16 RMSNorm rows read
+  twice (GpuOptions.held_rmsnorm_rows), replayed as CUDA graphs and launched
   (`--steps-only`: just this);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
@@ -208,8 +209,9 @@ def overlap_steps(args) -> dict[str, dict]:
     token-contiguous copies (GpuOptions.transpose_weight_grads), without the output
     projections' residual adds fused into their GEMMs (GpuOptions.fused_residual:
     cuBLASLt); with token-contiguous copies only where the other side is 2048 or more wide
-    (GpuOptions.transpose_min_width 2048); each replayed as CUDA graphs and launched:
-    time_steps' statistics plus tokens/s."""
+    (GpuOptions.transpose_min_width 2048); with bf16 RMSNorm rows read twice instead of
+    held in registers (GpuOptions.held_rmsnorm_rows); each replayed as CUDA graphs and
+    launched: time_steps' statistics plus tokens/s."""
     from euler.bench.steps import synthetic_batch, time_engine
 
     cfg = PRESETS[args.preset]
@@ -221,6 +223,7 @@ def overlap_steps(args) -> dict[str, dict]:
         ("untransposed", True, GpuOptions(transpose_weight_grads=False)),
         ("unfused_residual", True, GpuOptions(fused_residual=False)),
         ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
+        ("reread_rmsnorm", True, GpuOptions(held_rmsnorm_rows=False)),
     ):
         be = GpuBackend(tf32=args.precision != "fp32", overlap=overlap, options=options)
         for graph in (True, False):

@@ -156,6 +156,7 @@ def main() -> None:
         proc.wait(30)
     print(f"{'':>10} {'requests':>8} {'errors':>6} {'tokens':>7} {'tok/s':>7} {'TTFT p50':>9} "
           f"{'p99':>7} {'token p50':>9} {'p99':>7}  (ms)")  # fmt: skip
+
     def ms(v, width: int, digits: int) -> str:  # a latency, or "-" where no chunk came
         return f"{'-':>{width}}" if v is None else f"{v:>{width}.{digits}f}"
 

@@ -357,6 +357,44 @@ else:
             bits.append([a.copy_to_host().tobytes() for a in (y, rstd, dx, partial)])
         assert bits[0] == bits[1]
 
+    def test_held_rmsnorm_rows_is_an_option(monkeypatch) -> None:
+        """GpuOptions.held_rmsnorm_rows picks rmsnorm_rows.py's kernels (True, the default)
+        or the 16-byte ones that read a row twice (False): the same bits either way."""
+        from numba import cuda
+
+        from euler.gpu import rmsnorm_rows
+        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.precision import to_bf16
+
+        used = []
+        for name in ("forward_kernel", "backward_kernel"):
+            real = getattr(rmsnorm_rows, name)
+            monkeypatch.setattr(
+                rmsnorm_rows, name, lambda D, r=real, n=name: used.append(n) or r(D)
+            )
+        N, D = 2, 256
+        rng = np.random.default_rng(3)
+        x, dy = (rng.standard_normal((N, D)).astype(np.float32) for _ in range(2))
+        w = (1 + rng.random(D)).astype(np.float32)
+        dres = to_bf16(rng.standard_normal((N, D)).astype(np.float32))
+        bits, calls = [], []
+        for held in (True, False):
+            be = GpuBackend(tf32=False, threads=64, blas=NumpyBlas(),
+                            options=GpuOptions(held_rmsnorm_rows=held))  # fmt: skip
+            y, rstd = (
+                cuda.to_device(np.zeros((N, D), np.uint16)),
+                cuda.to_device(np.zeros(N, np.float32)),
+            )
+            d_x, d_w = cuda.to_device(x), cuda.to_device(w)
+            be.rmsnorm_forward(y, rstd, d_x, d_w, 1e-5)
+            dx, dw = cuda.to_device(dres), cuda.to_device(np.zeros(D, np.float32))
+            be.rmsnorm_backward(dx, dw, cuda.to_device(dy), dx, d_x, d_w, rstd, False)
+            bits.append([a.copy_to_host().tobytes() for a in (y, rstd, dx, dw)])
+            calls.append(list(used))
+            used.clear()
+        assert calls == [["forward_kernel", "backward_kernel"], []]
+        assert bits[0] == bits[1]
+
     # the 16-byte paths (D, F, E/2 multiples of 4), then the scalar ones
     TWIN_SIZES = {
         "vector": SimpleNamespace(B=1, T=6, D=12, F=8, V=16, H=4, G=2, E=8, K=3),

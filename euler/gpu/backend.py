@@ -76,7 +76,8 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """How GpuBackend schedules its matrix products (frozen: one backend, one choice).
+    """How GpuBackend schedules its matrix products and RMSNorm (frozen: one backend, one
+    choice).
 
     transpose_weight_grads: weight gradients a^T b (a (K, M), b (K, N), K tokens) with the
         narrower operand first copied token-contiguous (transpose.py). The copy costs
@@ -101,11 +102,16 @@ class GpuOptions:
         in all; the add's time is the device-only profile's). In the training step: 68.1 ms
         against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). A
         stand-in blas (the simulator's) always takes the unfused path.
+    held_rmsnorm_rows: bf16 RMSNorm rows of at most 768 columns held in registers between
+        their passes (rmsnorm_rows.py; the same bits): on an H200 at (16384, 768) the
+        backward takes 0.048 ms against 0.068 re-reading each row, the forward 0.023
+        against 0.026 (bench/labs/rmsnorm_bf16_backward_gpu.py); False re-reads them.
     """
 
     transpose_weight_grads: bool = True
     transpose_min_width: int = 0
     fused_residual: bool = True
+    held_rmsnorm_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.transpose_min_width < 0:
@@ -380,7 +386,8 @@ class GpuBackend:
         self.k_embedding.embedding_backward(dwte, dx, tokens, accumulate, self.stream, self.threads)
 
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
-        self.k_rmsnorm.rmsnorm_forward(y, rstd, x, w, eps, self.stream, self.threads)
+        self.k_rmsnorm.rmsnorm_forward(y, rstd, x, w, eps, self.stream, self.threads,
+                                       held_rows=self.options.held_rmsnorm_rows)  # fmt: skip
 
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
         N, D = x.shape
@@ -397,6 +404,7 @@ class GpuBackend:
             partial,
             self.stream,
             self.threads,
+            held_rows=self.options.held_rmsnorm_rows,
         )
 
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:

@@ -158,10 +158,11 @@ def rmsnorm_forward_vec_bf16_kernel(y, rstd, x, w, eps, D):
                 rstd[n] = r
 
 
-def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
+def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0, held_rows: bool = True) -> None:
     """y (N, D) = x (N, D) / rms(x) * w (D,), assigned; rstd (N,) saved for the backward.
 
-    y float32 or bf16; x, w, rstd float32."""
+    y float32 or bf16; x, w, rstd float32. held_rows: bf16 rows that fit are held in
+    registers (rmsnorm_rows.py), else read twice; the same bits either way."""
     N, D = x.shape
     check_shapes("rmsnorm_forward", y=(y, (N, D)), rstd=(rstd, (N,)), w=(w, (D,)))
     warps = block_warps(threads)
@@ -172,7 +173,7 @@ def rmsnorm_forward(y, rstd, x, w, eps, stream=0, threads: int = 0) -> None:
         if D % 8 == 0 and aligned8_bf16(y) and aligned4(x, w):
             flat = y.reshape(y.size), rstd, x.reshape(x.size), w
             kernel = rmsnorm_forward_vec_bf16_kernel
-            if rmsnorm_rows.held_in_registers(D):
+            if held_rows and rmsnorm_rows.held_in_registers(D):
                 kernel = rmsnorm_rows.forward_kernel(D)
             kernel[grid, warps * WARP, stream](*flat, eps, D)
         else:
@@ -365,12 +366,14 @@ def partial_rows(N: int) -> int:
 
 
 def rmsnorm_backward(
-    dx, dw, dy, dres, x, w, rstd, accumulate, partial, stream=0, threads: int = 0
-) -> None:
+    dx, dw, dy, dres, x, w, rstd, accumulate, partial, stream=0, threads: int = 0,
+    held_rows: bool = True,
+) -> None:  # fmt: skip
     """dx (N, D) = dres + J^T dy, assigned; dw (D,) (+)= sum_n dy x rstd (+= if accumulate).
 
     dx may alias dres. partial is (C, D) scratch with C = partial_rows(N) (or fewer rows).
     dx and dres both float32 or both bf16; dy, x, w, rstd, dw and partial float32.
+    held_rows as rmsnorm_forward's.
     """
     N, D = x.shape
     check_shapes("rmsnorm_backward", dx=(dx, (N, D)), dy=(dy, (N, D)), dres=(dres, (N, D)),
@@ -388,7 +391,7 @@ def rmsnorm_backward(
         if D % 8 == 0 and aligned8_bf16(dx, dres) and aligned4(dy, x, w):
             flat = [a.reshape(a.size) for a in (dx, dy, dres, x)]
             kernel = rmsnorm_backward_vec_bf16_kernel
-            if rmsnorm_rows.held_in_registers(D):
+            if held_rows and rmsnorm_rows.held_in_registers(D):
                 kernel = rmsnorm_rows.backward_kernel(D)
             kernel[C, warps * WARP, stream, nbytes](
                 flat[0], partial, flat[1], flat[2], flat[3], w, rstd, D
