@@ -42,6 +42,10 @@ def overlap_rows(paths: list[str]) -> list[dict]:
     for path, answers in runs.items():
         if [a["instruction"] for a in answers] != [a["instruction"] for a in base]:
             sys.exit(f"error: {path}: not the same instructions as {paths[0]}")
+        missing = {"loops", "rouge_l_budget"} - set().union(*answers)
+        if missing:
+            sys.exit(f"error: {path}: answers lack {', '.join(sorted(missing))} "
+                     "(written by an older euler eval: run it again)")  # fmt: skip
         full = [scorer.score(a["reference"], a["answer"])["rougeL"] for a in answers]
         cut = [
             scorer.score(a["reference"], first_words(a["answer"], len(b["answer"].split())))
