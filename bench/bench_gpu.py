@@ -211,7 +211,9 @@ def overlap_steps(args) -> dict[str, dict]:
     cuBLASLt); with token-contiguous copies only where the other side is 2048 or more wide
     (GpuOptions.transpose_min_width 2048); in bf16, with RMSNorm rows read twice instead
     of held in registers (GpuOptions.held_rmsnorm_rows); each replayed as CUDA graphs and
-    launched: time_steps' statistics plus tokens/s."""
+    launched: time_steps' statistics plus tokens/s. --knobs keeps the named rows, --rounds
+    repeats them in turn (A B A B: rows named name_graph_r1, ...), --graph-only skips the
+    launched steps: an A/B of two knobs in one call."""
     from euler.bench.steps import synthetic_batch, time_engine
 
     cfg = PRESETS[args.preset]
@@ -225,20 +227,27 @@ def overlap_steps(args) -> dict[str, dict]:
         ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
         ("reread_rmsnorm", True, GpuOptions(held_rmsnorm_rows=False)),
     )
-    for name, overlap, options in knobs:
-        if name == "reread_rmsnorm" and args.precision != "bf16":
-            continue  # held rows are a bf16 path: elsewhere the same step as the default
-        be = GpuBackend(tf32=args.precision != "fp32", overlap=overlap, options=options)
-        for graph in (True, False):
-            s = time_engine(
-                cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph,
-                precision=args.precision,
-            )  # fmt: skip
-            s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
-            row = f"{name}_{'graph' if graph else 'launched'}"
-            print(row, json.dumps(s), flush=True)
-            rows[row] = s
-        del be
+    names = [k[0] for k in knobs]
+    unknown = sorted(set(args.knobs or ()) - set(names))
+    if unknown:
+        raise SystemExit(f"--knobs: {', '.join(unknown)} not among {', '.join(names)}")
+    picked = [k for k in knobs if not args.knobs or k[0] in args.knobs]
+    for r in range(args.rounds):
+        for name, overlap, options in picked:
+            if name == "reread_rmsnorm" and args.precision != "bf16":
+                continue  # held rows are a bf16 path: elsewhere the same step as the default
+            be = GpuBackend(tf32=args.precision != "fp32", overlap=overlap, options=options)
+            for graph in (True,) if args.graph_only else (True, False):
+                s = time_engine(
+                    cfg, be, "cuda", tokens, targets, args.steps, 2, graph=graph,
+                    precision=args.precision,
+                )  # fmt: skip
+                s["tokens_per_s"] = args.batch * args.seq / s["ms_per_step"] * 1e3
+                row = f"{name}_{'graph' if graph else 'launched'}"
+                row += f"_r{r + 1}" if args.rounds > 1 else ""
+                print(row, json.dumps(s), flush=True)
+                rows[row] = s
+            del be
     return rows
 
 
@@ -350,6 +359,9 @@ def main() -> None:
     ap.add_argument("--flop-per-token", type=float, default=0.72e9)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--steps-only", action="store_true", help="just the overlap_steps table")
+    ap.add_argument("--knobs", nargs="*", default=None, help="--steps-only: these rows only")
+    ap.add_argument("--rounds", type=int, default=1, help="--steps-only: rows repeated in turn")
+    ap.add_argument("--graph-only", action="store_true", help="--steps-only: no launched steps")
     ap.add_argument(
         "--profile-only", action="store_true",
         help="just the training step: its per-method profile and the products alone",

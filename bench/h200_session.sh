@@ -29,8 +29,9 @@
 #                                           # recompute decoder; euler serve --device cuda with
 #                                           # 32 clients (on runs/sft after `pipeline`, else a
 #                                           # 2-step model; carry .whl with fastapi's wheels)
-#     bash bench/h200_session.sh norm       # the bf16 RMSNorm backward lab, the bf16 step's
-#                                           # knobs (bench_gpu.py --steps-only)
+#     bash bench/h200_session.sh norm       # the bf16 step with RMSNorm rows held and read
+#                                           # twice, in turn; cuBLASLt's algorithms for each
+#                                           # bf16 product (cublaslt_bf16_algos_gpu.py)
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished. `speed`, `bf16curves` and `gputests`
 # end their steps by a deadline BUDGET_S (585) seconds after the script started, inside a
@@ -291,12 +292,13 @@ decode)
         --json "$OUT/serve-load.json" 2>&1 | keep
     ;;
 norm)
-    log "the bf16 RMSNorm backward, rows in registers, against the package's (lab)"
-    timeout "$(left 150)" python3 bench/labs/rmsnorm_bf16_backward_gpu.py \
-        --out "$OUT/rmsnorm-bf16-backward.json" 2>&1 | keep
-    log "the bf16 step at the defaults and with each knob off (bench_gpu.py --steps-only)"
+    log "each bf16 product of the step with each of cuBLASLt's heuristic algorithms (lab)"
+    timeout "$(left 240)" python3 bench/labs/cublaslt_bf16_algos_gpu.py \
+        --out "$OUT/cublaslt-bf16-algos.json" 2>&1 | grep -E '"kind": "(summary|error)"' | keep
+    log "the bf16 step, RMSNorm rows held against read twice, 3 rounds in turn (graphs)"
     timeout "$(left 330)" python3 bench/bench_gpu.py --steps-only --precision bf16 \
-        --out "$OUT/steps-bf16.json" 2>&1 | tail -30 | keep
+        --knobs default reread_rmsnorm --rounds 3 --graph-only --steps 20 \
+        --out "$OUT/steps-bf16-norm.json" 2>&1 | grep -E "^(default|reread)" | keep
     ;;
 *)
     echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
