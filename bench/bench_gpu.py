@@ -210,7 +210,9 @@ def overlap_steps(args) -> dict[str, dict]:
     projections' residual adds fused into their GEMMs (GpuOptions.fused_residual:
     cuBLASLt); with token-contiguous copies only where the other side is 2048 or more wide
     (GpuOptions.transpose_min_width 2048); in bf16, with RMSNorm rows read twice instead
-    of held in registers (GpuOptions.held_rmsnorm_rows); each replayed as CUDA graphs and
+    of held in registers (GpuOptions.held_rmsnorm_rows); with each cuBLASLt product on the
+    heuristic's first algorithm, not the fastest of 8 (GpuOptions.gemm_candidates 1); each
+    replayed as CUDA graphs and
     launched: time_steps' statistics plus tokens/s. --knobs keeps the named rows, --rounds
     repeats them in turn (A B A B: rows named name_graph_r1, ...), --graph-only skips the
     launched steps: an A/B of two knobs in one call."""
@@ -226,6 +228,7 @@ def overlap_steps(args) -> dict[str, dict]:
         ("unfused_residual", True, GpuOptions(fused_residual=False)),
         ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
         ("reread_rmsnorm", True, GpuOptions(held_rmsnorm_rows=False)),
+        ("first_algorithm", True, GpuOptions(gemm_candidates=1)),
     )
     names = [k[0] for k in knobs]
     unknown = sorted(set(args.knobs or ()) - set(names))

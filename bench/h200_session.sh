@@ -32,6 +32,8 @@
 #     bash bench/h200_session.sh norm       # the bf16 step with RMSNorm rows held and read
 #                                           # twice, in turn; cuBLASLt's algorithms for each
 #                                           # bf16 product (cublaslt_bf16_algos_gpu.py)
+#     bash bench/h200_session.sh algos      # gpu tests, the bf16 step with the fastest
+#                                           # cuBLASLt algorithms against the first, euler bench
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
 # so a call cut short still returns what it finished. `speed`, `bf16curves` and `gputests`
 # end their steps by a deadline BUDGET_S (585) seconds after the script started, inside a
@@ -300,9 +302,24 @@ norm)
         --knobs default reread_rmsnorm --rounds 3 --graph-only --steps 20 \
         --out "$OUT/steps-bf16-norm.json" 2>&1 | grep -E "^(default|reread)" | keep
     ;;
+algos)
+    # the cuBLASLt products on each one's fastest of 8 algorithms (GpuOptions.gemm_candidates):
+    # the gpu tests, the step against the heuristic's first algorithms in turn, euler bench
+    log "pytest -m gpu: device, bf16 and tensor-core attention tests"
+    timeout "$(left 260)" python3 -m pytest -q -m gpu tests/test_gpu_device.py \
+        tests/test_gpu_bf16.py tests/test_gpu_tc.py >"$OUT/pytest-gpu.txt" 2>&1
+    grep -E "passed|failed|Error" "$OUT/pytest-gpu.txt" | tail -8 | tee -a "$OUT/log.txt"
+    log "the bf16 step, fastest algorithms against the heuristic's first, 2 rounds in turn"
+    timeout "$(left 100)" python3 bench/bench_gpu.py --steps-only --precision bf16 \
+        --knobs default first_algorithm --rounds 2 --graph-only --steps 20 \
+        --out "$OUT/steps-bf16-algos.json" 2>&1 | grep -E "^(default|first)" | keep
+    log "euler bench --precision bf16 (ours, ours_cuda_graph, torch eager, torch compiled)"
+    timeout "$(left 220)" python3 -m euler.cli bench --device cuda --preset gpu --precision bf16 \
+        --steps 10 --json "$OUT/bench-bf16.json" 2>&1 | keep | tail -3
+    ;;
 *)
     echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
-        "speed|bf16curves|gputests|pipeline|decode|norm" >&2
+        "speed|bf16curves|gputests|pipeline|decode|norm|algos" >&2
     exit 2
     ;;
 esac

@@ -275,3 +275,107 @@ def test_missing_library_is_a_cublas_error(monkeypatch) -> None:
     monkeypatch.setattr(cublaslt, "library_candidates", lambda *a: ["/nonexistent/libcublasLt.so"])
     with pytest.raises(CublasError, match="cuBLASLt not found"):
         cublaslt.CublasLt(STREAM, HostArray(np.zeros(16, np.uint8)))
+
+
+class FakeTimer:
+    """cublaslt.AlgoTimer over FakeLt: each run() is timed as ms[algo id] of the call it
+    made (None for every call after `live` of them: a graph capture began)."""
+
+    def __init__(self, fake: FakeLt, ms: dict[int, float], live: int = 1 << 30):
+        self.fake, self.ms, self.live = fake, ms, live
+        self.timed: list[int] = []  # the algorithm of each timed run
+        self.scratches: list[HostArray] = []
+
+    def scratch(self, shape, dtype):
+        self.scratches.append(HostArray(np.full(shape, np.nan, dtype)))
+        return self.scratches[-1]
+
+    def time(self, run):
+        if len(self.timed) >= self.live:
+            return None
+        run()
+        self.timed.append(self.fake.matmuls[-1].algo)
+        return self.ms[self.timed[-1]]
+
+
+def timed_lt(monkeypatch, fake: FakeLt, timer, candidates: int):
+    monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
+    workspace = HostArray(np.zeros(1 << 20, np.uint8))
+    return cublaslt.CublasLt(STREAM, workspace, candidates=candidates, timer=timer)
+
+
+def usable(n: int) -> list[SimpleNamespace]:
+    return [SimpleNamespace(state=0, workspace=0, out_of_place=True) for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["assign", "accumulate", "c"])
+def test_the_fastest_of_the_candidates_is_kept(monkeypatch, mode) -> None:
+    """candidates > 1: the first `candidates` usable algorithms timed in turn, each twice,
+    into a scratch D (out and c untouched by them); the fastest runs the product once and
+    every later call; an equal time keeps the earlier."""
+    monkeypatch.setattr(cublaslt, "CHOSEN", {})
+    fake = FakeLt(usable(5))
+    timer = FakeTimer(fake, {1: 3.0, 2: 2.0, 3: 1.0, 4: 1.0, 5: 0.5})
+    lt = timed_lt(monkeypatch, fake, timer, candidates=4)
+    rng = np.random.default_rng(20)
+    a, b = operands(rng, False, True)
+    init = rng.standard_normal((M, N)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    out, C = HostArray(init.copy()), HostArray(c0.copy())
+    kw = {"accumulate": mode == "accumulate", "c": C if mode == "c" else None}
+    call = lambda: lt.gemm(out, HostArray(a), HostArray(b), trans_b=True, **kw)
+    call()
+    assert timer.timed == [1, 2, 3, 4, 1, 2, 3, 4]  # never the fifth: past `candidates`
+    (d,) = timer.scratches
+    assert all(m.d == addr(d) for m in fake.matmuls[:-1])
+    last = fake.matmuls[-1]
+    assert last.algo == 3 and last.d == addr(out)
+    want = a.astype(np.float64) @ b.T + {"assign": 0, "accumulate": init, "c": c0}[mode]
+    np.testing.assert_allclose(out.host, want, rtol=1e-6, atol=1e-6)  # added to once
+    np.testing.assert_array_equal(C.host, c0)
+    call()
+    assert len(timer.timed) == 8 and fake.matmuls[-1].algo == 3
+    lt.close()
+    assert fake.objects == {}
+
+
+def test_the_choice_holds_for_every_handle_of_the_process(monkeypatch) -> None:
+    """A second CublasLt times nothing for a product already timed, and runs the same
+    algorithm; another product, or another candidates count, is timed afresh."""
+    monkeypatch.setattr(cublaslt, "CHOSEN", {})
+    fake = FakeLt(usable(3))
+    timer = FakeTimer(fake, {1: 2.0, 2: 1.0, 3: 3.0})
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(21), False, True))
+    out = HostArray(np.zeros((M, N), np.float32))
+    first = timed_lt(monkeypatch, fake, timer, candidates=3)
+    first.gemm(out, a, b, trans_b=True)
+    second = timed_lt(monkeypatch, fake, timer, candidates=3)
+    second.gemm(out, a, b, trans_b=True)
+    assert len(timer.timed) == 6 and [m.algo for m in fake.matmuls[-2:]] == [2, 2]
+    second.gemm(out, a, b, trans_b=True, c=HostArray(np.ones((M, N), np.float32)))
+    assert len(timer.timed) == 12  # with c: another product
+    timed_lt(monkeypatch, fake, timer, candidates=2).gemm(out, a, b, trans_b=True)
+    assert len(timer.timed) == 16
+    for lt in (first, second):
+        lt.close()
+
+
+def test_untimed_choices_take_the_heuristics_first(monkeypatch) -> None:
+    """candidates = 1, no timer, or a timer that cannot time now (a capture): the first
+    usable algorithm, and nothing remembered for the process."""
+    monkeypatch.setattr(cublaslt, "CHOSEN", {})
+    fake = FakeLt(usable(3))
+    a, b = (HostArray(x) for x in operands(np.random.default_rng(22), False, True))
+    out = HostArray(np.zeros((M, N), np.float32))
+    one = FakeTimer(fake, {1: 3.0, 2: 1.0, 3: 2.0})
+    timed_lt(monkeypatch, fake, one, candidates=1).gemm(out, a, b, trans_b=True)
+    timed_lt(monkeypatch, fake, None, candidates=3).gemm(out, a, b, trans_b=True)
+    assert one.timed == [] and [m.algo for m in fake.matmuls] == [1, 1]
+    capturing = FakeTimer(fake, {1: 3.0, 2: 1.0, 3: 2.0}, live=2)
+    timed_lt(monkeypatch, fake, capturing, candidates=3).gemm(out, a, b, trans_b=True)
+    assert fake.matmuls[-1].algo == 1 and cublaslt.CHOSEN == {}
+    later = FakeTimer(fake, {1: 3.0, 2: 1.0, 3: 2.0})
+    timed_lt(monkeypatch, fake, later, candidates=3).gemm(out, a, b, trans_b=True)
+    assert len(later.timed) == 6 and fake.matmuls[-1].algo == 2
+    with pytest.raises(ValueError, match="CublasLt candidates: 1 to 8, not 9"):
+        timed_lt(monkeypatch, fake, None, candidates=9)

@@ -357,6 +357,31 @@ else:
             bits.append([a.copy_to_host().tobytes() for a in (y, rstd, dx, partial)])
         assert bits[0] == bits[1]
 
+    def test_gemm_candidates_reach_cublaslt(monkeypatch) -> None:
+        """GpuOptions.gemm_candidates: each stream's CublasLt times that many algorithms
+        with a StreamTimer on its own stream, one that declines while the backend captures
+        a graph; 0 or more than the heuristic's 8 is refused."""
+        from euler.gpu import backend
+        from euler.gpu.backend import GpuBackend, GpuOptions, StreamTimer
+
+        made = lambda library, stream, tf32, **kw: SimpleNamespace(library=library, **kw)
+        monkeypatch.setattr(backend, "_on_stream", made)
+        blas = NumpyBlas()
+        blas.tf32 = False  # read by the CublasLt made beside it
+        be = GpuBackend(tf32=False, threads=64, blas=blas, options=GpuOptions(gemm_candidates=3))
+        lt = be._make_lt(be.stream)
+        assert lt.library is backend.CublasLt and lt.candidates == 3
+        assert isinstance(lt.timer, StreamTimer) and lt.timer.stream is be.stream
+        assert lt.timer.scratch((2, 3), np.uint16).shape == (2, 3)
+        runs = []
+        be.capturing = True
+        assert lt.timer.time(lambda: runs.append(1)) is None and runs == []
+        be.capturing = False
+        assert lt.timer.time(lambda: runs.append(1)) is not None and len(runs) == 6
+        for bad in (0, 9):
+            with pytest.raises(ValueError, match=f"gemm_candidates: 1 to 8, not {bad}"):
+                GpuOptions(gemm_candidates=bad)
+
     def test_held_rmsnorm_rows_is_an_option(monkeypatch) -> None:
         """GpuOptions.held_rmsnorm_rows picks rmsnorm_rows.py's kernels (True, the default)
         or the 16-byte ones that read a row twice (False): the same bits either way."""

@@ -70,7 +70,7 @@ class AlgoLt(cublaslt.CublasLt):
         """The package's plan of p (descriptor and layouts) and the heuristic's usable
         results for it, best estimate first."""
         key = (p.M, p.N, p.K, p.trans_a, p.trans_b, p.with_c, *cublaslt._types(out, a, b))
-        plan = self._plan(key)
+        plan = self._plan(key, None)
         results = (cublaslt.HeuristicResult * count)()
         found = ctypes.c_int(0)
         cublaslt._check(

@@ -23,7 +23,7 @@ import numpy as np
 
 from euler.errors import EulerError
 from euler.gpu.cublas import INSTALL_HINT, Cublas
-from euler.gpu.cublaslt import CublasLt
+from euler.gpu.cublaslt import HEURISTIC_RESULTS, CublasLt
 from euler.precision import check_bf16_capability, is_bf16
 
 try:
@@ -63,12 +63,41 @@ def _event():
 CUBLAS_WORKSPACE = 32 * 2**20  # bytes; NVIDIA's suggestion for Hopper
 
 
-def _on_stream(library, stream, tf32: bool):
+def _on_stream(library, stream, tf32: bool, **kw):
     """A Cublas or CublasLt handle issuing on stream, with a workspace of its own (which it
-    keeps): without one cuBLAS allocates its own, which a captured step cannot record."""
+    keeps): without one cuBLAS allocates its own, which a captured step cannot record. kw
+    goes to the library (CublasLt's candidates and timer)."""
     workspace = cuda.device_array(CUBLAS_WORKSPACE, np.uint8, stream=stream)
     handle = int(getattr(stream.handle, "value", stream.handle))
-    return library(handle, tf32=tf32, workspace=workspace)
+    return library(handle, tf32=tf32, workspace=workspace, **kw)
+
+
+TIMED_CALLS = 5  # calls timed together per candidate algorithm, after one untimed
+
+
+class StreamTimer:
+    """cublaslt.AlgoTimer on one stream of a backend: device time by CUDA events, after the
+    whole device has drained (the side stream's work would share the GPU); none while the
+    backend captures a graph."""
+
+    def __init__(self, backend: GpuBackend, stream):
+        self.backend, self.stream = backend, stream
+
+    def scratch(self, shape: tuple, dtype):
+        return cuda.device_array(shape, dtype, stream=self.stream)
+
+    def time(self, run) -> float | None:
+        if self.backend.capturing:
+            return None
+        cuda.synchronize()
+        run()
+        start, end = cuda.event(), cuda.event()
+        start.record(self.stream)
+        for _ in range(TIMED_CALLS):
+            run()
+        end.record(self.stream)
+        end.synchronize()
+        return start.elapsed_time(end) / TIMED_CALLS
 
 
 SIDE_EVENTS = 8  # deferred products that may be outstanding at once
@@ -105,18 +134,33 @@ class GpuOptions:
     held_rmsnorm_rows: bf16 RMSNorm rows of at most 768 columns held in registers between
         their passes (rmsnorm_rows.py; the same bits): on an H200 at (16384, 768) the
         backward takes 0.048 ms against 0.068 re-reading each row, the forward 0.023
-        against 0.026 (bench/labs/rmsnorm_bf16_backward_gpu.py); False re-reads them.
+        against 0.026 (bench/labs/rmsnorm_bf16_backward_gpu.py), and the bf16 step
+        31.25-31.64 ms against 31.94-32.43 re-reading them (three rounds in turn,
+        bench/bench_gpu.py --steps-only, results/steps-bf16-norm-2026-12-03-h200.json);
+        False re-reads them.
+    gemm_candidates: the cuBLASLt products (every bf16 one, and the fused residuals) time
+        up to this many of the heuristic's algorithms on a product's first call and keep
+        the fastest (cublaslt.py; 1: the heuristic's first, untimed). On an H200 the gpu
+        preset's bf16 products took 15.66 ms a step with each one's fastest of 8 against
+        17.38 with the first; the residual products gained most, wo + residual 0.0431 ms
+        against 0.0729 (bench/labs/cublaslt_bf16_algos_gpu.py,
+        results/cublaslt-bf16-algos-2026-12-03-h200.json).
     """
 
     transpose_weight_grads: bool = True
     transpose_min_width: int = 0
     fused_residual: bool = True
     held_rmsnorm_rows: bool = True
+    gemm_candidates: int = HEURISTIC_RESULTS
 
     def __post_init__(self) -> None:
         if self.transpose_min_width < 0:
             raise ValueError(
                 f"GpuOptions.transpose_min_width: at least 0, not {self.transpose_min_width}"
+            )
+        if not 1 <= self.gemm_candidates <= HEURISTIC_RESULTS:
+            raise ValueError(
+                f"GpuOptions.gemm_candidates: 1 to {HEURISTIC_RESULTS}, not {self.gemm_candidates}"
             )
 
 
@@ -188,6 +232,7 @@ class GpuBackend:
         self._scratch: dict[tuple, object] = {}
         self._lt = None  # the stream's cuBLASLt (fused residuals, bf16 products), made on use
         self._side_lt = None  # the side stream's, for deferred bf16 products
+        self.capturing = False  # inside capture(): nothing may be timed or waited for
 
     @property
     def can_capture(self) -> bool:
@@ -290,7 +335,7 @@ class GpuBackend:
         if not side:
             return self._fused_blas()
         if self._side_lt is None:
-            self._side_lt = _on_stream(CublasLt, self.side[0], self.blas.tf32)
+            self._side_lt = self._make_lt(self.side[0])
         return self._side_lt
 
     def matmul_residual(self, out, res, a, b) -> None:
@@ -313,8 +358,14 @@ class GpuBackend:
         forward of a step runs eagerly (step_graph.py), so neither the workspace nor a
         product's heuristic query happens inside a captured graph (so is the side stream's)."""
         if self._lt is None:
-            self._lt = _on_stream(CublasLt, self.stream, self.blas.tf32)
+            self._lt = self._make_lt(self.stream)
         return self._lt
+
+    def _make_lt(self, stream) -> CublasLt:
+        """A CublasLt on stream choosing algorithms as options.gemm_candidates says."""
+        candidates = self.options.gemm_candidates
+        return _on_stream(CublasLt, stream, self.blas.tf32, candidates=candidates,
+                          timer=StreamTimer(self, stream))  # fmt: skip
 
     def matmul_batched(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (Z, M, N) = op(a[z]) @ op(b[z]) for each z (strided-batched GEMM)."""
@@ -505,7 +556,11 @@ class GpuBackend:
         """(CUDA graph of the work fn() enqueues, fn's result): see euler/gpu/graph.py."""
         from euler.gpu import graph
 
-        return graph.capture(self.stream, fn)
+        self.capturing = True
+        try:
+            return graph.capture(self.stream, fn)
+        finally:
+            self.capturing = False
 
     # ------------------------------------------------------------ decoding with a KV cache
     def decode_linear(self, out, x, w) -> None:

@@ -19,16 +19,28 @@ is the column-major out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b, its B our
 n = M; a row-major (r, c) array is the column-major (c, r) one with leading dimension c.
 
 Each distinct product (shape, transposes, with or without a separate C, operand and output
-dtypes) gets its descriptor, layouts and the heuristic's first usable algorithm once, on its
-first call; later calls reuse them (an accumulating call shares the plain call's plan: the
-heuristic sees layouts, not beta). So a call captured into a CUDA graph queries nothing
-(the trainer runs a step eagerly before capturing it: euler/training/step_graph.py), and
-the workspace is the caller's device buffer, so cuBLASLt allocates nothing either.
+dtypes) gets its descriptor, layouts and algorithm once, on its first call; later calls
+reuse them (an accumulating call shares the plain call's plan: the heuristic sees layouts,
+not beta). So a call captured into a CUDA graph queries nothing (the trainer runs a step
+eagerly before capturing it: euler/training/step_graph.py), and the workspace is the
+caller's device buffer, so cuBLASLt allocates nothing either.
+
+The algorithm: the heuristic's estimate of the best is often not the fastest. With
+`candidates` > 1 and a timer, the first call times up to that many of the heuristic's
+usable algorithms on the real operands (into a scratch D) and keeps the fastest, for every
+handle of the process (CHOSEN); on an H200 that took the gpu preset's bf16 products from
+17.38 to 15.66 ms a step (bench/labs/cublaslt_bf16_algos_gpu.py). The algorithms differ in
+tiles, which leave the bits as they are, and in split-K, which changes the order of a
+sum: two processes may choose differently, so their weight gradients may differ in the
+last bits. A first call inside a graph capture, where nothing can be timed, takes the
+heuristic's first.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -57,9 +69,26 @@ PREF_MAX_WORKSPACE_BYTES = 1
 # (int32_t): whether an algorithm may write D elsewhere than C. The heuristic sees layouts,
 # not pointers, so it cannot know that C != D is wanted: a call with c asks each candidate.
 CAP_OUT_OF_PLACE = 4
-HEURISTIC_RESULTS = 8  # candidates asked for; the first usable one is kept
+HEURISTIC_RESULTS = 8  # candidates asked for: the first usable one, or the fastest timed
+TIMING_ROUNDS = 2  # rounds over the candidates; each one's best round counts
+# product key, workspace bytes, candidates -> the algorithm chosen by timing (its 64 bytes)
+CHOSEN: dict[tuple, bytes] = {}
 
 LIB_NAME, LIB_SONAME = "cublasLt", "libcublasLt.so"
+
+
+class AlgoTimer(Protocol):
+    """What CublasLt times candidate algorithms with, on its handle's stream (GpuBackend's
+    StreamTimer)."""
+
+    def scratch(self, shape: tuple, dtype) -> object:
+        """A device array (C-contiguous) for the timed calls' D; its values are not kept."""
+        ...
+
+    def time(self, run: Callable[[], None]) -> float | None:
+        """Device ms of one run() on the stream, or None where nothing can be timed now (the
+        stream is being captured into a graph)."""
+        ...
 
 
 class MatmulAlgo(ctypes.Structure):
@@ -154,10 +183,22 @@ class CublasLt:
     stream_handle: the CUstream (an int) every product is enqueued on. workspace: a device
     buffer (uint8; the backend gives 32 MiB) kept referenced here and used by every call.
     tf32: float32 products in CUBLAS_COMPUTE_32F_FAST_TF32, else exact fp32
-    (CUBLAS_COMPUTE_32F); bf16 products are CUBLAS_COMPUTE_32F either way.
+    (CUBLAS_COMPUTE_32F); bf16 products are CUBLAS_COMPUTE_32F either way. candidates
+    (1 to HEURISTIC_RESULTS) and timer: how a product's algorithm is chosen (module doc);
+    without a timer, or with 1, the heuristic's first usable one.
     """
 
-    def __init__(self, stream_handle: int, workspace, tf32: bool = True):
+    def __init__(
+        self,
+        stream_handle: int,
+        workspace,
+        tf32: bool = True,
+        candidates: int = 1,
+        timer: AlgoTimer | None = None,
+    ):
+        if not 1 <= candidates <= HEURISTIC_RESULTS:
+            raise ValueError(f"CublasLt candidates: 1 to {HEURISTIC_RESULTS}, not {candidates}")
+        self.candidates, self.timer = candidates, timer
         for struct, size in STRUCT_SIZES.items():
             if ctypes.sizeof(struct) != size:
                 raise CublasError(f"{struct.__name__}: {ctypes.sizeof(struct)} bytes, not {size}")
@@ -221,22 +262,31 @@ class CublasLt:
                 raise ValueError(f"gemm: c {c.shape} {c.dtype} must match out {out.shape}")
             if overlaps(c, out):
                 raise ValueError("gemm: c may not overlap out")
-        plan = self._plan((M, N, K, trans_a, trans_b, c is not None, ab_type, out_type))
         beta = self._zero if c is None and not accumulate else self._one
+
+        def trial(plan: _Plan, algo: MatmulAlgo, d) -> None:
+            """One call with algo into d (a scratch D): from c, or from d itself."""
+            self._matmul(plan, algo, d, a, b, d if c is None else c, beta)
+
+        plan = self._plan((M, N, K, trans_a, trans_b, c is not None, ab_type, out_type), trial)
+        self._matmul(plan, plan.algo, out, a, b, out if c is None else c, beta)
+
+    def _matmul(self, plan: _Plan, algo: MatmulAlgo, d, a, b, c, beta: ctypes.c_float) -> None:
+        """cublasLtMatmul: D = op(a) @ op(b) + beta C with algo, on the stream."""
         _check(
             self.lib.cublasLtMatmul(
                 self.handle, plan.desc, ctypes.byref(self._one),
                 _ptr(b), plan.a_layout, _ptr(a), plan.b_layout,
-                ctypes.byref(beta), _ptr(out if c is None else c), plan.cd_layout,
-                _ptr(out), plan.cd_layout,
-                ctypes.byref(plan.algo), _ptr(self.workspace), self.workspace.nbytes, self.stream,
+                ctypes.byref(beta), _ptr(c), plan.cd_layout, _ptr(d), plan.cd_layout,
+                ctypes.byref(algo), _ptr(self.workspace), self.workspace.nbytes, self.stream,
             ),
             "cublasLtMatmul",
         )  # fmt: skip
 
-    def _plan(self, key: tuple) -> _Plan:
+    def _plan(self, key: tuple, trial) -> _Plan:
         """The cached plan of the product key = (M, N, K, trans_a, trans_b, has_c, ab_type,
-        out_type), made (and its algorithm chosen) on first use."""
+        out_type), made (and its algorithm chosen) on first use; trial(plan, algo, d) runs
+        the product once with algo into d, for timing."""
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -244,7 +294,7 @@ class CublasLt:
         plan = _Plan(ab_type, out_type)
         try:
             self._describe(plan, M, N, K, trans_a, trans_b)
-            self._choose(plan, key, has_c)
+            self._choose(plan, key, has_c, trial)
         except BaseException:
             self._destroy(plan)
             raise
@@ -279,9 +329,10 @@ class CublasLt:
                 "cublasLtMatrixLayoutCreate",
             )
 
-    def _choose(self, plan: _Plan, key: tuple, has_c: bool) -> None:
-        """plan.algo = the heuristic's first result that can run (state 0), fits the
-        workspace and, with c, writes D out of place."""
+    def _choose(self, plan: _Plan, key: tuple, has_c: bool, trial) -> None:
+        """plan.algo = of the heuristic's results that can run (state 0), fit the workspace
+        and, with c, write D out of place: the first, or the fastest of the first
+        `candidates` (_fastest)."""
         results = (HeuristicResult * HEURISTIC_RESULTS)()
         found = ctypes.c_int(0)
         _check(
@@ -291,17 +342,41 @@ class CublasLt:
             ),
             "cublasLtMatmulAlgoGetHeuristic",
         )  # fmt: skip
-        for r in results[: found.value]:
-            if r.state != 0 or r.workspaceSize > self.workspace.nbytes:
-                continue
-            if has_c and not self._out_of_place(r.algo):
-                continue
-            ctypes.memmove(ctypes.byref(plan.algo), ctypes.byref(r.algo), ctypes.sizeof(r.algo))
-            return
-        raise CublasError(
-            f"cublasLtMatmulAlgoGetHeuristic failed: {_STATUS[15]} (none of {found.value} "
-            f"algorithms runs (M, N, K, trans_a, trans_b, with_c, ab_type, out_type) = {key})"
-        )
+        usable = [
+            r.algo
+            for r in results[: found.value]
+            if r.state == 0 and r.workspaceSize <= self.workspace.nbytes
+            and not (has_c and not self._out_of_place(r.algo))
+        ][: self.candidates]  # fmt: skip
+        if not usable:
+            raise CublasError(
+                f"cublasLtMatmulAlgoGetHeuristic failed: {_STATUS[15]} (none of {found.value} "
+                f"algorithms runs (M, N, K, trans_a, trans_b, with_c, ab_type, out_type) = {key})"
+            )
+        chosen = usable[0] if len(usable) == 1 else self._fastest(plan, key, usable, trial)
+        ctypes.memmove(ctypes.byref(plan.algo), ctypes.byref(chosen), ctypes.sizeof(chosen))
+
+    def _fastest(self, plan: _Plan, key: tuple, usable: list, trial) -> MatmulAlgo:
+        """The algorithm of usable with the least device time (the earlier on a tie): each
+        timed TIMING_ROUNDS times, in turn, into a scratch D; remembered in CHOSEN for every
+        handle of the process. usable[0] where there is no timer or it cannot time now."""
+        cache = (key, self.workspace.nbytes, self.candidates)
+        if cache in CHOSEN:
+            return MatmulAlgo.from_buffer_copy(CHOSEN[cache])
+        if self.timer is None:
+            return usable[0]
+        M, N, out_type = key[0], key[1], key[7]
+        d = self.timer.scratch((M, N), BF16 if out_type == CUDA_R_16BF else np.float32)
+        best = [float("inf")] * len(usable)
+        for _ in range(TIMING_ROUNDS):
+            for i, algo in enumerate(usable):
+                ms = self.timer.time(lambda algo=algo: trial(plan, algo, d))
+                if ms is None:
+                    return usable[0]
+                best[i] = min(best[i], ms)
+        chosen = usable[best.index(min(best))]
+        CHOSEN[cache] = bytes(chosen)
+        return chosen
 
     def _out_of_place(self, algo: MatmulAlgo) -> bool:
         val, written = ctypes.c_int32(0), ctypes.c_size_t(0)
