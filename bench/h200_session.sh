@@ -32,6 +32,7 @@
 #     bash bench/h200_session.sh norm       # the bf16 step with RMSNorm rows held and read
 #                                           # twice, in turn; cuBLASLt's algorithms for each
 #                                           # bf16 product (cublaslt_bf16_algos_gpu.py)
+#     bash bench/h200_session.sh serve      # decode_linear_gpu.py, then decode's euler serve
 #     bash bench/h200_session.sh algos      # gpu tests, the bf16 step with the fastest
 #                                           # cuBLASLt algorithms against the first, euler bench
 # Results go to $OUT (the device tool brings them back); every step appends to $OUT/log.txt,
@@ -62,6 +63,23 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/log.txt"
+
+# euler serve on the fine-tuned runs/sft of `pipeline` if this machine still holds it, else
+# on a 2-step model: serving speed does not depend on the weights (the gpu preset trained 2
+# steps on the embedded corpus; no --data: its 4,096-token tokenizer is trained first)
+serve_clients() {
+    local serve=runs/sft
+    if [ ! -f runs/sft/checkpoint.safetensors ]; then
+        log "no runs/sft: the gpu preset, 2 steps on the embedded corpus, stands in for it"
+        serve=runs/quick
+        timeout "$(left 120)" python3 -m euler.cli train --device cuda --preset gpu --steps 2 \
+            --batch-size 8 --eval-every 1000 --sample-tokens 0 --out runs/quick \
+            >"$OUT/quick-train.txt" 2>&1
+    fi
+    log "euler serve --device cuda ($serve), 32 streaming clients beside one alone"
+    timeout "$(left 200)" python3 bench/serve_load.py --checkpoint $serve --device cuda \
+        --json "$OUT/serve-load.json" 2>&1 | keep
+}
 
 case "${1:-check}" in
 check)
@@ -265,8 +283,7 @@ pipeline)
 decode)
     # issue 33, run 4: decode_batch.py on the gpu preset's random initialisation (decoding
     # speed does not depend on what the weights say: it never stops early), then euler serve
-    # on the fine-tuned runs/sft of `pipeline` if this machine still holds it, else on a
-    # 2-step model
+    # (serve_clients)
     log "the GPU KV-cache kernels against the CPU, graphs against launches (pytest -k kv_cache)"
     timeout "$(left 200)" python3 -m pytest -q -m gpu tests/test_gpu_device.py -k kv_cache 2>&1 \
         | grep -E "Error|passed|failed" | tee -a "$OUT/log.txt"
@@ -279,19 +296,13 @@ decode)
     log "decode tokens/s, batch 1, 8, 32, graphs and launched, against the recompute decoder"
     timeout "$(left 240)" python3 bench/decode_batch.py --preset gpu --device cuda \
         --rounds 3 --steps 200 --prompt-len 32 --json "$OUT/decode-batch.json" 2>&1 | keep
-    serve=runs/sft
-    if [ ! -f runs/sft/checkpoint.safetensors ]; then
-        # serving speed does not depend on the weights either: the gpu preset trained 2 steps
-        # on the embedded corpus (no --data: its 4,096-token tokenizer is trained first)
-        log "no runs/sft: the gpu preset, 2 steps on the embedded corpus, stands in for it"
-        serve=runs/quick
-        timeout "$(left 120)" python3 -m euler.cli train --device cuda --preset gpu --steps 2 \
-            --batch-size 8 --eval-every 1000 --sample-tokens 0 --out runs/quick \
-            >"$OUT/quick-train.txt" 2>&1
-    fi
-    log "euler serve --device cuda ($serve), 32 streaming clients beside one alone"
-    timeout "$(left 200)" python3 bench/serve_load.py --checkpoint $serve --device cuda \
-        --json "$OUT/serve-load.json" 2>&1 | keep
+    serve_clients
+    ;;
+serve)
+    log "decode products: the package's row groups against feature tiles (lab)"
+    timeout "$(left 150)" python3 bench/labs/decode_linear_gpu.py \
+        --out "$OUT/decode-linear.json" 2>&1 | keep
+    serve_clients
     ;;
 norm)
     log "each bf16 product of the step with each of cuBLASLt's heuristic algorithms (lab)"
@@ -319,7 +330,7 @@ algos)
     ;;
 *)
     echo "usage: $0 check|exact|prep|parts|attention|overlap|labs|curves|final|defaults|bf16|" \
-        "speed|bf16curves|gputests|pipeline|decode|norm|algos" >&2
+        "speed|bf16curves|gputests|pipeline|decode|serve|norm|algos" >&2
     exit 2
     ;;
 esac
