@@ -206,13 +206,15 @@ else:
         be.wait_deferred()
         be.matmul_residual(v["res_out"], v["res"], v["x"], v["w"])
 
-    @pytest.mark.parametrize("route", ["stand_in", "cublaslt"])
+    @pytest.mark.parametrize("route", ["stand_in", "cublaslt", "cublaslt_timed"])
     def test_bf16_products_match_the_cpu_emulation(route, monkeypatch) -> None:
         """bf16_products on uint16 device arrays equal the CPU backend's emulation bit for
         bit: the values are multiples of 1/4 below 4, so every float32 sum is exact and only
         the bf16 stores round. stand_in: NumpyBlas (the CPU's own products) behind the
         backend's routing, side stream included; cublaslt: the backend's CublasLt objects on
-        the stream and on the side stream, their library the host-memory FakeLt."""
+        the stream and on the side stream, their library the host-memory FakeLt;
+        cublaslt_timed: the same with 3 algorithms a product, each product's first call
+        timing them (StreamTimer) into a scratch D, which leaves every output as it was."""
         from fake_cublaslt import R_16BF, R_32F, FakeLt
         from numba import cuda
 
@@ -220,21 +222,24 @@ else:
         from euler.gpu.cublas import Cublas
         from euler.precision import from_bf16, to_bf16
 
-        fake, blas = FakeLt(), NumpyBlas()
-        if route == "cublaslt":
+        candidates = 3 if route == "cublaslt_timed" else 1
+        fake = FakeLt([SimpleNamespace(state=0, workspace=0, out_of_place=True)] * candidates)
+        blas = NumpyBlas()
+        if route != "stand_in":
             blas, real_on_stream = CublasLikeNumpyBlas(), backend._on_stream
             handles = iter(range(0x5EA, 0x600))
 
-            def on_stream(library, stream, tf32):
+            def on_stream(library, stream, tf32, **kw):
                 """The simulator's streams get a CUstream number; cuBLAS is the stand-in."""
                 if not hasattr(stream, "handle"):
                     stream.handle = next(handles)
-                return blas if library is Cublas else real_on_stream(library, stream, tf32)
+                return blas if library is Cublas else real_on_stream(library, stream, tf32, **kw)
 
             monkeypatch.setattr(backend, "_on_stream", on_stream)
             monkeypatch.setattr(cublaslt, "load_library", lambda: fake)
             monkeypatch.setattr(cublaslt, "_ptr", lambda x: x._ary.ctypes.data)
-        options = backend.GpuOptions(transpose_weight_grads=False)
+            monkeypatch.setattr(cublaslt, "CHOSEN", {})
+        options = backend.GpuOptions(transpose_weight_grads=False, gemm_candidates=candidates)
         gpu = backend.GpuBackend(tf32=False, threads=32, tile=4, blas=blas, options=options)
         rng = np.random.default_rng(7)
         quarters = lambda *shape: (rng.integers(-15, 16, shape) / 4).astype(np.float32)
@@ -258,7 +263,12 @@ else:
             return
         main, side = gpu.stream.handle, gpu.side[0].handle
         F, B = R_32F, R_16BF
-        assert [(m.types[2:], m.beta, m.c == m.d, m.stream) for m in fake.matmuls] == [
+        outs = {cublaslt._ptr(a) for a in dev.values()}
+        calls = [m for m in fake.matmuls if m.d in outs]
+        # 5 plans (y_acc shares y's), each timing 3 algorithms twice: one untimed call, 5 timed
+        timed = 5 * 3 * 2 * (1 + backend.TIMED_CALLS) if candidates > 1 else 0
+        assert len(fake.matmuls) - len(calls) == timed
+        assert [(m.types[2:], m.beta, m.c == m.d, m.stream) for m in calls] == [
             ((B, B), 0.0, True, main),  # y
             ((B, B), 1.0, True, main),  # y_acc: C = D = out
             ((F, F), 1.0, True, main),  # dx
@@ -268,6 +278,8 @@ else:
         ]
         assert all(m.types[:2] == (B, B) and m.compute == cublaslt.COMPUTE_32F
                    for m in fake.matmuls)  # fmt: skip
+        # the simulator's events time every algorithm alike: the first is kept
+        assert all(m.algo == 1 for m in calls)
         assert main != side and gpu._side_lt.stream.value == side
 
     @pytest.mark.parametrize("shape", [(70, 45), (33, 100), (64, 32), (128, 192), (132, 200)])
