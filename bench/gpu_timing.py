@@ -31,11 +31,11 @@ WARM_S = 0.5  # seconds of calls before timing: after NVVM's compile the GPU has
 CALLS = GPU_CALLS  # calls timed back to back in a round, as `euler bench` times a GPU layer
 
 
-def timed(stream, fn, reps: int, calls: int = CALLS) -> float:
+def timed(stream, fn, reps: int, calls: int = CALLS, warm_s: float = WARM_S) -> float:
     """Median device ms of one fn() over reps rounds, each `calls` calls queued behind a
-    HOLD_MS spin and timed together, after WARM_S seconds of calls."""
+    HOLD_MS spin and timed together, after warm_s seconds of calls."""
     start = time.perf_counter()
-    while time.perf_counter() - start < WARM_S:
+    while time.perf_counter() - start < warm_s:
         fn()
         stream.synchronize()
     times = []

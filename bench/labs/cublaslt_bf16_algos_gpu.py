@@ -43,79 +43,33 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench import gpu_timing  # noqa: E402
 from bench.gemm_bf16_gpu import Bench, Product, step_products  # noqa: E402
-from bench.gpu_timing import CALLS, HOLD_MS, hold_stream  # noqa: E402
-from bench.labs.cublaslt_lab_gpu import ALGO_CONFIG, TILES  # noqa: E402
+from bench.labs.cublaslt_lab_gpu import LabLt  # noqa: E402
 from bench.records import emit, guarded, last_line  # noqa: E402
-from euler.bench.device_time import events_ms  # noqa: E402
 from euler.gpu import cublaslt  # noqa: E402
-from euler.gpu.cublas import _ptr  # noqa: E402
 from euler.precision import from_bf16  # noqa: E402
 
 
-class AlgoLt(cublaslt.CublasLt):
-    """The package's CublasLt that lists a product's heuristic algorithms and runs one."""
-
-    def __init__(self, stream_handle: int, workspace):
-        super().__init__(stream_handle, workspace, tf32=True)
-        fn = self.lib.cublasLtMatmulAlgoConfigGetAttribute
-        sz = ctypes.c_size_t
-        fn.argtypes = [ctypes.POINTER(cublaslt.MatmulAlgo), ctypes.c_int, ctypes.c_void_p, sz,
-                       ctypes.POINTER(sz)]  # fmt: skip
-        fn.restype = ctypes.c_int
-        self.lib.cublasLtGetVersion.argtypes, self.lib.cublasLtGetVersion.restype = [], sz
-        self.version = int(self.lib.cublasLtGetVersion())
+class AlgoLt(LabLt):
+    """The TF32 lab's CublasLt (describe, version) that lists any product's usable
+    heuristic algorithms, bf16 ones included, and runs one."""
 
     def candidates(self, out, a, b, p: Product, count: int) -> tuple[cublaslt._Plan, list]:
         """The package's plan of p (descriptor and layouts) and the heuristic's usable
         results for it, best estimate first."""
         key = (p.M, p.N, p.K, p.trans_a, p.trans_b, p.with_c, *cublaslt._types(out, a, b))
         plan = self._plan(key, None)
-        results = (cublaslt.HeuristicResult * count)()
-        found = ctypes.c_int(0)
-        cublaslt._check(
-            self.lib.cublasLtMatmulAlgoGetHeuristic(
-                self.handle, plan.desc, plan.a_layout, plan.b_layout, plan.cd_layout,
-                plan.cd_layout, self.pref, count, results, ctypes.byref(found),
-            ),
-            "cublasLtMatmulAlgoGetHeuristic",
-        )  # fmt: skip
         usable = [
-            cublaslt.HeuristicResult.from_buffer_copy(r)
-            for r in results[: found.value]
+            r for r in self.heuristic(plan, count)
             if r.state == 0 and r.workspaceSize <= self.workspace.nbytes
             and (not p.with_c or self._out_of_place(r.algo))
         ]  # fmt: skip
         return plan, usable
 
-    def describe(self, r) -> dict:
-        """An algorithm's configuration as read back from it (None where a query fails)."""
-        info: dict = {"workspace": int(r.workspaceSize), "waves": round(float(r.wavesCount), 3)}
-        written = ctypes.c_size_t(0)
-        for name, attr, ctype in ALGO_CONFIG:
-            val = ctype(0)
-            status = self.lib.cublasLtMatmulAlgoConfigGetAttribute(
-                ctypes.byref(r.algo), attr, ctypes.byref(val), ctypes.sizeof(val),
-                ctypes.byref(written),
-            )  # fmt: skip
-            info[name] = int(val.value) if status == 0 else None
-        if info.get("tile") in TILES:
-            info["tile_shape"] = TILES[info["tile"]]
-        return info
-
     def run(self, plan, r, out, a, b, c, beta: float) -> None:
         """out = op(a) @ op(b) + beta c (c = out when None) with algorithm r."""
-        beta_ = ctypes.c_float(beta)
-        c = out if c is None else c
-        cublaslt._check(
-            self.lib.cublasLtMatmul(
-                self.handle, plan.desc, ctypes.byref(self._one),
-                _ptr(b), plan.a_layout, _ptr(a), plan.b_layout,
-                ctypes.byref(beta_), _ptr(c), plan.cd_layout, _ptr(out), plan.cd_layout,
-                ctypes.byref(r.algo), _ptr(self.workspace), self.workspace.nbytes, self.stream,
-            ),
-            "cublasLtMatmul",
-        )  # fmt: skip
+        self._matmul(plan, r.algo, out, a, b, out if c is None else c, ctypes.c_float(beta))
 
 
 def products(preset: str, tokens: int) -> list[Product]:
@@ -131,17 +85,11 @@ def products(preset: str, tokens: int) -> list[Product]:
 
 
 def timed(stream, fn, reps: int) -> float:
-    """Median device ms of one fn() over reps rounds of CALLS calls behind a HOLD_MS spin,
-    after 3 untimed calls (gpu_timing.timed warms up for half a second: 15 products of up to
-    --algos algorithms would take minutes; the GPU is busy from the first product on)."""
+    """gpu_timing.timed after 3 untimed calls, not half a second of them: 15 products of up to
+    --algos algorithms would take minutes, and the GPU is busy from the first product on."""
     for _ in range(3):
         fn()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        hold_stream(stream, HOLD_MS)
-        times.append(events_ms(stream, fn, CALLS) / CALLS)
-    return float(np.median(times))
+    return gpu_timing.timed(stream, fn, reps, warm_s=0.0)
 
 
 def host_out(bench: Bench, out, bf16: bool) -> np.ndarray:

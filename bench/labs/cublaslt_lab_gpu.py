@@ -56,7 +56,7 @@ from bench.bench_gpu import timed  # noqa: E402
 from bench.records import emit, guarded, last_line, rel_err  # noqa: E402
 from euler.gpu import cublaslt  # noqa: E402
 from euler.gpu.backend import CUBLAS_WORKSPACE, GpuBackend  # noqa: E402
-from euler.gpu.cublas import Cublas, CublasError, _ptr  # noqa: E402
+from euler.gpu.cublas import Cublas, CublasError  # noqa: E402
 
 # (M, N, K, trans_a, trans_b, calls per step, legacy TFLOP/s measured on the H200 before)
 SHAPES = [
@@ -141,20 +141,10 @@ class LabLt(cublaslt.CublasLt):
     def heuristics(self, p: LabPlan, count: int = ALGOS) -> list:
         """The heuristic's results for plan p, best estimate first: those with state 0 whose
         workspace fits ours."""
-        results = (cublaslt.HeuristicResult * count)()
-        found = ctypes.c_int(0)
-        cublaslt._check(
-            self.lib.cublasLtMatmulAlgoGetHeuristic(
-                self.handle, p.desc, p.a_layout, p.b_layout, p.cd_layout, p.cd_layout,
-                self.pref, count, results, ctypes.byref(found),
-            ),
-            "cublasLtMatmulAlgoGetHeuristic",
-        )  # fmt: skip
         return [
-            cublaslt.HeuristicResult.from_buffer_copy(r)
-            for r in results[: found.value]
+            r for r in self.heuristic(p, count)
             if r.state == 0 and r.workspaceSize <= self.workspace.nbytes
-        ]
+        ]  # fmt: skip
 
     def describe(self, r) -> dict:
         """An algorithm's configuration as read back from it (None where a query fails)."""
@@ -183,16 +173,7 @@ class LabLt(cublaslt.CublasLt):
         c = out if c is None else c
         if c.shape != out.shape or not c.is_c_contiguous() or c.dtype != out.dtype:
             raise ValueError(f"C {c.shape} {c.dtype} must match D {out.shape} {out.dtype}")
-        alpha, beta_ = ctypes.c_float(1.0), ctypes.c_float(beta)
-        cublaslt._check(
-            self.lib.cublasLtMatmul(
-                self.handle, p.desc, ctypes.byref(alpha),
-                _ptr(b), p.a_layout, _ptr(a), p.b_layout,
-                ctypes.byref(beta_), _ptr(c), p.cd_layout, _ptr(out), p.cd_layout,
-                ctypes.byref(r.algo), _ptr(self.workspace), self.workspace.nbytes, self.stream,
-            ),
-            "cublasLtMatmul",
-        )  # fmt: skip
+        self._matmul(p, r.algo, out, a, b, c, ctypes.c_float(beta))
 
 
 @cuda.jit

@@ -333,28 +333,34 @@ class CublasLt:
         """plan.algo = of the heuristic's results that can run (state 0), fit the workspace
         and, with c, write D out of place: the first, or the fastest of the first
         `candidates` (_fastest)."""
-        results = (HeuristicResult * HEURISTIC_RESULTS)()
-        found = ctypes.c_int(0)
-        _check(
-            self.lib.cublasLtMatmulAlgoGetHeuristic(
-                self.handle, plan.desc, plan.a_layout, plan.b_layout, plan.cd_layout,
-                plan.cd_layout, self.pref, HEURISTIC_RESULTS, results, ctypes.byref(found),
-            ),
-            "cublasLtMatmulAlgoGetHeuristic",
-        )  # fmt: skip
+        results = self.heuristic(plan)
         usable = [
             r.algo
-            for r in results[: found.value]
+            for r in results
             if r.state == 0 and r.workspaceSize <= self.workspace.nbytes
             and not (has_c and not self._out_of_place(r.algo))
         ][: self.candidates]  # fmt: skip
         if not usable:
             raise CublasError(
-                f"cublasLtMatmulAlgoGetHeuristic failed: {_STATUS[15]} (none of {found.value} "
+                f"cublasLtMatmulAlgoGetHeuristic failed: {_STATUS[15]} (none of {len(results)} "
                 f"algorithms runs (M, N, K, trans_a, trans_b, with_c, ab_type, out_type) = {key})"
             )
         chosen = usable[0] if len(usable) == 1 else self._fastest(plan, key, usable, trial)
         ctypes.memmove(ctypes.byref(plan.algo), ctypes.byref(chosen), ctypes.sizeof(chosen))
+
+    def heuristic(self, plan: _Plan, count: int = HEURISTIC_RESULTS) -> list[HeuristicResult]:
+        """cublasLtMatmulAlgoGetHeuristic's results for plan (at most count), its best
+        estimate first, each as returned (state, workspace size)."""
+        results = (HeuristicResult * count)()
+        found = ctypes.c_int(0)
+        _check(
+            self.lib.cublasLtMatmulAlgoGetHeuristic(
+                self.handle, plan.desc, plan.a_layout, plan.b_layout, plan.cd_layout,
+                plan.cd_layout, self.pref, count, results, ctypes.byref(found),
+            ),
+            "cublasLtMatmulAlgoGetHeuristic",
+        )  # fmt: skip
+        return [HeuristicResult.from_buffer_copy(r) for r in results[: found.value]]
 
     def _fastest(self, plan: _Plan, key: tuple, usable: list, trial) -> MatmulAlgo:
         """The algorithm of usable with the least device time (the earlier on a tie): each
