@@ -127,8 +127,10 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         hyper = np.ones(3)
         adamw.adamw_update(f32(p), f32(p), f32(p), f32(p), stats, hyper, 0.9, 0.95, 1e-8, 0.1, 50)
     _bf16_rope_ce_adamw_launches(B, T, N, K, tokens)
-    for n in (1, N, 9):  # KV-cache decoding (decode.py): each row count's kernel shape
-        decode.linear_rows(f32(n, V), f32(n, D), f32(V, D))
+    # KV-cache decoding (decode.py): each row count's kernel shape, features a multiple of 4
+    # (V + 2 = 12) and not (V)
+    for n, M in ((1, V), (N, V), (9, V), (9, V + 2)):
+        decode.linear_rows(f32(n, M), f32(n, D), f32(M, D))
     S, C, H, G, E = 2, 5, 4, 2, 8
     at = np.zeros(N, np.int32)
     decode.attention_decode(f32(N, H * E), f32(N, (H + 2 * G) * E), f32(S, G, C, E),

@@ -560,6 +560,32 @@ else:
         np.testing.assert_allclose(y.copy_to_host(), x @ w.T, rtol=1e-5, atol=1e-5)
         assert y1.copy_to_host().tobytes() == y.copy_to_host()[1:2].tobytes()
 
+    def test_decode_linear_bits_do_not_depend_on_the_rows_beside(gpu) -> None:
+        """decode_linear at 1, 3, 9 and 10 rows (each linear_shape: one feature of one row,
+        one of 4 rows, 4 of 4 rows, with a tail of rows) and 12 or 5 features (4 a warp, or
+        one where 4 do not divide them): every row has the bits it has alone."""
+        from numba import cuda
+
+        from euler.gpu import decode
+
+        rng = np.random.default_rng(8)
+        x = rng.standard_normal((10, 70)).astype(np.float32)
+        assert {decode.linear_shape(n, M) for n in (3, 9) for M in (12, 5)} == {
+            (1, 4, 4), (4, 4, 4), (1, 8, 4)}  # fmt: skip
+        for M in (12, 5):
+            w = cuda.to_device(rng.standard_normal((M, 70)).astype(np.float32))
+            alone = []
+            for i in range(10):
+                y = cuda.to_device(np.zeros((1, M), np.float32))
+                gpu.decode_linear(y, cuda.to_device(x[i : i + 1]), w)
+                alone.append(y.copy_to_host())
+            np.testing.assert_allclose(np.concatenate(alone), x @ w.copy_to_host().T,
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+            for n in (3, 9, 10):
+                y = cuda.to_device(np.zeros((n, M), np.float32))
+                gpu.decode_linear(y, cuda.to_device(x[:n]), w)
+                assert y.copy_to_host().tobytes() == np.concatenate(alone[:n]).tobytes(), (n, M)
+
     def test_kv_cache_decoder_matches_the_cpu(gpu) -> None:
         """A BatchDecoder on the GPU backend against the CPU's: hidden rows to float32
         rounding and the same greedy next tokens."""

@@ -1,23 +1,22 @@
-"""The decoder's product out = x w^T over its shapes: warps of R rows, W warps a block.
+"""The decoder's product out = x w^T over its shapes: warps of F features by R rows.
 
     python bench/labs/decode_linear_gpu.py [--rows 1,8,32] [--reps 5] [--out linear.json]
-    NUMBA_ENABLE_CUDASIM=1 python bench/labs/decode_linear_gpu.py --rows 3 --shapes 70x5 \
+    NUMBA_ENABLE_CUDASIM=1 python bench/labs/decode_linear_gpu.py --rows 3 --shapes 72x8 \
         --check-only
 
 The package's kernels (euler.gpu.decode): linear_element_kernel gives an output element to
-one warp, a block of one warp, each row reading the whole weight again; linear_kernel(R, W)
-gives a warp one feature m for R rows at once, each weight element loaded once and
-multiplied into R sums, with W warps a block. linear_rows takes the element kernel at one
-row and linear_shape(n) beyond. Each row's sum is taken in the same order by every kernel
-(lane l's strided partial, then the butterfly), so every variant's outputs must be the
-element kernel's bit for bit: the lab checks it before timing.
-
-The variant here (`tile F x R x W`) gives a warp F features for R rows: each step of a lane
-loads F weight elements and R row elements for F R products, where linear_kernel loads 1
-and R for R (at batch 32 its products reach 0.16 TB/s of weights, loads of x bounding them).
+one warp, a block of one warp, each row reading the whole weight again; linear_kernel(F,
+R, W) gives a warp F features of R rows, each lane loading F weight and R row elements a
+step for F R products, with W warps a block. linear_rows takes the element kernel at one
+row and linear_shape(n, M) beyond. Each row's sum is taken in the same order by every
+kernel (lane l's strided partial, then the butterfly), so every variant's outputs must be
+the element kernel's bit for bit: the lab checks it before timing.
 
 Timed launch-free (bench/gpu_timing.timed) at the `gpu` preset's products, D x M: qkv
-768 x 1280, attention output 768 x 768, gate and up 768 x 4096, down 2048 x 768.
+768 x 1280, attention output 768 x 768, gate and up 768 x 4096, down 2048 x 768. On an H200
+(results/decode-linear-tiles-2026-12-03-h200.json) the variants of 2 and 4 features beat
+one feature at batch 32 on every shape (the step's products 2.05 ms with 4 x 4 x 4 against
+3.18 with 1 x 8 x 4), and at batch 8 on two shapes of four.
 """
 
 from __future__ import annotations
@@ -25,64 +24,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import cache
 from pathlib import Path
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
 from euler.gpu import decode  # noqa: E402
 from euler.gpu.memory import grid_for  # noqa: E402
-from euler.gpu.reduce import WARP, warp_sum_all  # noqa: E402
+from euler.gpu.reduce import WARP  # noqa: E402
 
 SHAPES = "768x1280,768x768,768x4096,2048x768"  # D x M
-VARIANTS = ((1, 1), (2, 4), (4, 4), (8, 4), (8, 8))  # (R, W)
-TILES = ((2, 4, 4), (2, 8, 4), (4, 4, 4), (4, 8, 4))  # (F, R, W)
-
-
-@cache
-def tile_kernel(F: int, R: int, W: int):
-    """out (n, M) = x (n, D) @ w (M, D)^T, assigned: warp job j = block f * groups + group
-    computes features f F .. f F + F - 1 of rows group R .. group R + R - 1 (M % F == 0)."""
-    threads, FR = W * WARP, F * R
-
-    @cuda.jit
-    def linear_tile_kernel(out, x, w):
-        n, D = x.shape
-        M = w.shape[0]
-        buf = cuda.shared.array(threads, float32)
-        s = cuda.local.array(FR, float32)
-        wv = cuda.local.array(F, float32)
-        lane = cuda.threadIdx.x % WARP
-        groups = (n + R - 1) // R
-        jobs = groups * (M // F)
-        base = cuda.blockIdx.x * W
-        while base < jobs:  # the same for the whole block
-            job = base + cuda.threadIdx.x // WARP
-            f0 = job // groups * F
-            i0 = (job - job // groups * groups) * R
-            for k in range(FR):
-                s[k] = float32(0.0)
-            if job < jobs:
-                for d in range(lane, D, WARP):
-                    for a in range(F):
-                        wv[a] = w[f0 + a, d]
-                    for k in range(R):
-                        if i0 + k < n:
-                            xv = x[i0 + k, d]
-                            for a in range(F):
-                                s[a * R + k] += xv * wv[a]
-            for a in range(F):
-                for k in range(R):
-                    t = warp_sum_all(s[a * R + k], buf, float32(0.0))
-                    if lane == 0 and job < jobs and i0 + k < n:
-                        out[i0 + k, f0 + a] = t
-            base += cuda.gridDim.x * W
-
-    return linear_tile_kernel
+# (F, R, W): one feature for R rows, then F features for R rows
+VARIANTS = ((1, 1, 1), (1, 2, 4), (1, 4, 4), (1, 8, 4), (1, 8, 8),
+            (2, 4, 4), (2, 8, 4), (4, 4, 4), (4, 8, 4))  # fmt: skip
 
 
 def main() -> None:
@@ -111,26 +68,18 @@ def main() -> None:
             def element(out=got, x=x, w=w, grid=grid1):
                 decode.linear_element_kernel[grid, WARP, stream](out, x, w)
 
-            shape = "element" if n == 1 else decode.linear_shape(n)
+            shape = "element" if n == 1 else decode.linear_shape(n, M)
             calls = [(f"package {shape}", package), ("element", element)]
-            for R, W in VARIANTS:
-                groups = (n + R - 1) // R
-                grid, kernel = grid_for(groups * M, W), decode.linear_kernel(R, W)
+            for F, R, W in VARIANTS:
+                if M % F:
+                    continue
+                jobs = (n + R - 1) // R * (M // F)
+                grid, kernel = grid_for(jobs, W), decode.linear_kernel(F, R, W)
 
                 def variant(out=got, x=x, w=w, k=kernel, grid=grid, W=W):
                     k[grid, W * WARP, stream](out, x, w)
 
-                calls.append((f"rows {R} x {W}", variant))
-            for F, R, W in TILES:
-                if M % F:
-                    continue
-                jobs = (n + R - 1) // R * (M // F)
-                grid, kernel = grid_for(jobs, W), tile_kernel(F, R, W)
-
-                def tile(out=got, x=x, w=w, k=kernel, grid=grid, W=W):
-                    k[grid, W * WARP, stream](out, x, w)
-
-                calls.append((f"tile {F} x {R} x {W}", tile))
+                calls.append((f"{F} x {R} x {W}", variant))
             for name, call in calls:
                 got[:] = 0
                 call()

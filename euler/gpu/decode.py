@@ -5,11 +5,11 @@ position positions[r]; keys and values are written into the (S, G, C, E) caches 
 then row r attends to its slot's positions 0..positions[r]. Each row is computed alone, in
 an order fixed by its sizes, so a row's result does not depend on what shares its call: a
 product's output element is reduced by one warp (each lane's strided partial sum, then the
-butterfly, whose every lane ends with the same bits; a warp takes a feature for 1, 4 or 8
-rows, by the row count, in that order for each), and attention's (row, head) by a
-block of WARPS warps splitting the keys, merged in warp order. Every thread of a block
-takes the same number of reductions (the simulator's shared-memory path meets at block
-barriers); the softmax's rescale and exp are layer_math's.
+butterfly, whose every lane ends with the same bits; a warp takes one feature of one row,
+one of 4 rows, or 4 of 4 rows, by the row count, in that order for each), and attention's
+(row, head) by a block of WARPS warps splitting the keys, merged in warp order. Every
+thread of a block takes the same number of reductions (the simulator's shared-memory path
+meets at block barriers); the softmax's rescale and exp are layer_math's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ KEYS = WARPS * WARP  # keys a block scores at once
 @cuda.jit
 def linear_element_kernel(out, x, w):
     """out (n, M) = x (n, D) @ w (M, D)^T, assigned: a warp an element (grid-stride), one
-    warp a block; linear_kernel(R, W)'s order for each element."""
+    warp a block; linear_kernel(F, R, W)'s order for each element."""
     n, D = x.shape
     M = w.shape[0]
     buf = cuda.shared.array(WARP, float32)
@@ -53,50 +53,61 @@ def linear_element_kernel(out, x, w):
 
 
 @cache
-def linear_kernel(R: int, W: int):
-    """The kernel out (n, M) = x (n, D) @ w (M, D)^T, assigned, with R rows a warp and W
-    warps a block: warp job j = m * groups + group (groups = ceil(n / R)) computes feature m
-    of rows group R .. group R + R - 1, each weight element loaded once for its R rows.
-    Grid-stride over jobs, a block's warps taking theirs together (the same count each)."""
-    threads = W * WARP  # a constant of the kernel, as shared.array needs
+def linear_kernel(F: int, R: int, W: int):
+    """The kernel out (n, M) = x (n, D) @ w (M, D)^T, assigned (M % F == 0), with warps of
+    F features by R rows and W warps a block: warp job j = block f * groups + group
+    (groups = ceil(n / R)) computes features f F .. f F + F - 1 of rows group R .. group R +
+    R - 1, each lane loading F weight and R row elements a step for F R products. Grid-stride
+    over jobs, a block's warps taking theirs together (the same count each)."""
+    threads, FR = W * WARP, F * R  # constants of the kernel, as shared and local arrays need
 
     @cuda.jit
-    def linear_group_kernel(out, x, w):
+    def linear_tile_kernel(out, x, w):
         n, D = x.shape
         M = w.shape[0]
         buf = cuda.shared.array(threads, float32)
-        s = cuda.local.array(R, float32)
+        s = cuda.local.array(FR, float32)
+        wv = cuda.local.array(F, float32)
         lane = cuda.threadIdx.x % WARP
         groups = (n + R - 1) // R
+        jobs = groups * (M // F)
         base = cuda.blockIdx.x * W
-        while base < groups * M:  # the same for the whole block
+        while base < jobs:  # the same for the whole block
             job = base + cuda.threadIdx.x // WARP
-            m = job // groups
-            i0 = (job - m * groups) * R
-            for k in range(R):
+            f0 = job // groups * F
+            i0 = (job - job // groups * groups) * R
+            for k in range(FR):
                 s[k] = float32(0.0)
-            if job < groups * M:
+            if job < jobs:
                 for d in range(lane, D, WARP):
-                    wv = w[m, d]
+                    for a in range(F):
+                        wv[a] = w[f0 + a, d]
                     for k in range(R):
                         if i0 + k < n:
-                            s[k] += x[i0 + k, d] * wv
-            for k in range(R):
-                t = warp_sum_all(s[k], buf, float32(0.0))
-                if lane == 0 and job < groups * M and i0 + k < n:
-                    out[i0 + k, m] = t
+                            xv = x[i0 + k, d]
+                            for a in range(F):
+                                s[a * R + k] += xv * wv[a]
+            for a in range(F):
+                for k in range(R):
+                    t = warp_sum_all(s[a * R + k], buf, float32(0.0))
+                    if lane == 0 and job < jobs and i0 + k < n:
+                        out[i0 + k, f0 + a] = t
             base += cuda.gridDim.x * W
 
-    return linear_group_kernel
+    return linear_tile_kernel
 
 
-def linear_shape(n: int) -> tuple[int, int]:
-    """(rows a warp, warps a block) of linear_kernel for n >= 2 rows: on an H200 at the
-    `gpu` preset's products 4 rows a warp is 1.6-1.8x linear_element_kernel at batch 8 and
-    8 rows 1.7-2.0x at batch 32, while at batch 1 linear_element_kernel is the fastest
-    (bench/labs/decode_linear_gpu.py). Every choice takes each row's sum in the same order,
-    so the bits do not depend on it."""
-    return (4, 4) if n <= 8 else (8, 4)
+def linear_shape(n: int, M: int) -> tuple[int, int, int]:
+    """(features, rows, warps a block) of linear_kernel for n >= 2 rows and M features. On
+    an H200 at the `gpu` preset's products (bench/labs/decode_linear_gpu.py, 2026-12-03):
+    at batch 8, a feature for 4 rows takes 7.7-25.1 us, where 2 features take 9.1-18.1
+    (faster at 768 x 4096, slower at 2048 x 768 and 768 x 768); at batch 32, 4 features for
+    4 rows take 16.4-46.1 us against 19.2-82.5 for a feature for 8 rows, 1.5x over the
+    step's products. At batch 1 linear_element_kernel is the fastest. Every choice takes
+    each row's sum in the same order, so the bits do not depend on it."""
+    if n <= 8:
+        return 1, 4, 4
+    return (4, 4, 4) if M % 4 == 0 else (1, 8, 4)
 
 
 @cuda.jit
@@ -196,9 +207,9 @@ def linear_rows(out, x, w, stream=0) -> None:
     if n == 1 and M:
         linear_element_kernel[grid_for(M, 1), WARP, stream](out, x, w)
     elif n * M:
-        R, W = linear_shape(n)
-        grid = grid_for((n + R - 1) // R * M, W)
-        linear_kernel(R, W)[grid, W * WARP, stream](out, x, w)
+        F, R, W = linear_shape(n, M)
+        grid = grid_for((n + R - 1) // R * (M // F), W)
+        linear_kernel(F, R, W)[grid, W * WARP, stream](out, x, w)
 
 
 def attention_decode(out, qkv, k_cache, v_cache, slots, positions, H, G, E, stream=0) -> None:
