@@ -9,9 +9,11 @@ exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (GpuOptions.transpose_weight_grads), without the residual adds fused
   into the output projections (GpuOptions.fused_residual), and with copies only next to a
-  2048-wide side (GpuOptions.transpose_min_width 2048), and with bf16 RMSNorm rows read
-  twice (GpuOptions.held_rmsnorm_rows), replayed as CUDA graphs and launched
-  (`--steps-only`: just this);
+  2048-wide side (GpuOptions.transpose_min_width 2048), with bf16 RMSNorm rows read
+  twice (GpuOptions.held_rmsnorm_rows), and with each cuBLASLt product on the heuristic's
+  first algorithm (GpuOptions.gemm_candidates 1), replayed as CUDA graphs and launched
+  (`--steps-only`: just this; --knobs, --rounds and --graph-only make an A/B in turn:
+  `--knobs default first_algorithm --rounds 2 --graph-only --steps 20`);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
   per step, and device memory in use;
