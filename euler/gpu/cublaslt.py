@@ -263,12 +263,15 @@ class CublasLt:
             if overlaps(c, out):
                 raise ValueError("gemm: c may not overlap out")
         beta = self._zero if c is None and not accumulate else self._one
+        key = (M, N, K, trans_a, trans_b, c is not None, ab_type, out_type)
+        plan = self._plans.get(key)
+        if plan is None:  # the first call: the timing closure is made only here
 
-        def trial(plan: _Plan, algo: MatmulAlgo, d) -> None:
-            """One call with algo into d (a scratch D): from c, or from d itself."""
-            self._matmul(plan, algo, d, a, b, d if c is None else c, beta)
+            def trial(plan: _Plan, algo: MatmulAlgo, d) -> None:
+                """One call with algo into d (a scratch D): from c, or from d itself."""
+                self._matmul(plan, algo, d, a, b, d if c is None else c, beta)
 
-        plan = self._plan((M, N, K, trans_a, trans_b, c is not None, ab_type, out_type), trial)
+            plan = self._plan(key, trial)
         self._matmul(plan, plan.algo, out, a, b, out if c is None else c, beta)
 
     def _matmul(self, plan: _Plan, algo: MatmulAlgo, d, a, b, c, beta: ctypes.c_float) -> None:
