@@ -7,20 +7,16 @@ from typing import Annotated
 
 import typer
 
-from euler.errors import EulerError
 
+def check_json_out(path: Path | None, overwrite: bool, kind=None, reads=()) -> None:
+    """Refuse a --json file the command may not write (euler.ownership's rule: a missing
+    folder, a folder, an input, a file of another kind; one of this kind without
+    --overwrite), before any work. kind: a bench report unless given."""
+    from euler import ownership
 
-def check_json_out(path: Path | None, overwrite: bool) -> None:
-    """Refuse a --json file in a missing folder, a folder, or one that exists (without
-    --overwrite), before any work."""
     if path is None:
         return
-    if not path.parent.is_dir():
-        raise EulerError(f"--json: folder does not exist: {path.parent}")
-    if path.is_dir():
-        raise EulerError(f"--json: {path} is a folder, expected a file name")
-    if path.exists() and not overwrite:
-        raise EulerError(f"--json: {path} exists (use --overwrite to replace it)")
+    ownership.claim_file(path, kind or ownership.BENCH_REPORT, overwrite, reads, "--json")
 
 
 def register(app: typer.Typer) -> None:
@@ -89,5 +85,5 @@ def register(app: typer.Typer) -> None:
         result = run_bench(opts, log=lambda line: console.print(f"[dim]{line}[/dim]"))
         print_report(result, console)
         if json_out is not None:
-            write_json_atomic(json_out, result.to_dict())
+            write_json_atomic(json_out, {"report": "euler bench", **result.to_dict()})
             console.print(f"wrote {json_out}")

@@ -119,8 +119,11 @@ def prepare(
     check_int(seed, "--seed", 0, MAX_SEED)
     check_int(threads, "--threads", 0, MAX_THREADS)
     check_number(tokenizer_sample_mb, "--tokenizer-sample-mb", 0.0, 1e6, lo_open=True)
-    reads = [tokenizer_file(tokenizer)] if tokenizer is not None else []
-    check_output(out, overwrite, reads)  # before any download or tokenizer training
+    reads = [("--tokenizer", tokenizer_file(tokenizer))] if tokenizer is not None else []
+    local = lambda items: [i for i in items or () if Path(i).exists()]  # not URLs, numbers
+    given = [(flag, Path(i)) for flag, items in (("--books", books), ("--web", web))
+             for i in local(items)]  # fmt: skip
+    check_output(out, overwrite, reads + given)  # before any download or tokenizer training
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     weighted = books_weight is not None or web_weight is not None
     sources = []
@@ -214,7 +217,7 @@ def prepare_sft_command(
     check_int(max_answer, "--max-answer", 0, MAX_CONTEXT)
     check_fraction(val_fraction, "--val-fraction")
     check_int(seed, "--seed", 0, MAX_SEED)
-    reads = [tokenizer_file(tokenizer)]
+    reads = [("--tokenizer", tokenizer_file(tokenizer))]
     tok = load_tokenizer(tokenizer)
     m = prepare_sft(inputs, out, tok, context, val_fraction, seed, overwrite=overwrite,
                     reads=reads, long=long, pack=pack, max_answer=max_answer)  # fmt: skip

@@ -50,6 +50,7 @@ def register(app: typer.Typer) -> None:
         from euler.cli.commands_train import chat_precision
         from rich.console import Console
 
+        from euler import ownership
         from euler.data.files import write_json_atomic
         from euler.training import checkpoint as ckpt
 
@@ -60,7 +61,9 @@ def register(app: typer.Typer) -> None:
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
         precision = chat_precision(device, precision)
-        check_json_out(json_out, overwrite)
+        reads = [("CHECKPOINT", checkpoint), ("--instructions", instructions),
+                 *(("--text", t) for t in text or ())]  # fmt: skip
+        check_json_out(json_out, overwrite, ownership.EVAL_REPORT, reads)
         records = None
         if instructions is not None:
             from euler.data.sft import load_alpaca
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         if not console.is_terminal:
             console.width = max(console.width, 140)
-        result: dict = {"checkpoint": str(ck.path), "step": ck.step}
+        result: dict = {"report": "euler eval", "checkpoint": str(ck.path), "step": ck.step}
         if text:
             result["text"] = _eval_text(ck, text, device, precision, console)
         if records is not None:

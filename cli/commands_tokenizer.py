@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from euler.cli.commands_data import MAX_THREADS, check_int
 
+from euler import ownership
 from euler.errors import EulerError
 
 tokenizer_app = typer.Typer(
@@ -52,15 +53,11 @@ def train(
     from euler.tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE, Tokenizer
 
     check_int(vocab_size, "--vocab-size", FIRST_MERGE_ID, MAX_VOCAB_SIZE)
-    for flag, target in (("--out", out), ("--hf", hf)):  # fail before training, not after
-        if target is None:
-            continue
-        if not target.parent.is_dir():
-            raise EulerError(f"{flag} {target}: folder {target.parent} does not exist")
-        if target.is_dir():
-            raise EulerError(f"{flag} {target}: is a folder, expected a file name")
-        if target.exists() and not overwrite:
-            raise EulerError(f"{flag} {target}: exists; pass --overwrite to replace it")
+    reads = [("input", path) for path in inputs]
+    # fail before training, not after (euler.ownership's rule for every output)
+    ownership.claim_file(out, ownership.TOKENIZER, overwrite, reads, "--out")
+    if hf is not None:
+        ownership.claim_file(hf, ownership.HF_TOKENIZER, overwrite, reads, "--hf")
     if hf is not None and hf.resolve() == out.resolve():
         raise EulerError(f"--hf {hf}: the same file as --out")
     t = time.perf_counter()

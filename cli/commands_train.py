@@ -109,11 +109,13 @@ def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwr
     """
     from euler.training import distributed
     from euler.training.loop import train
-    from euler.training.run_folder import check_folder, lock_run
+    from euler.training.resume import run_inputs
+    from euler.training.run_folder import check_folder, check_run_dir, lock_run
 
     check_int(nproc, "--nproc", 1, MAX_NPROC)
     if resume is None:
         tc = _train_config(kind, settings)
+        check_run_dir(Path(tc.out_dir), overwrite, run_inputs(tc))  # before the lock's file
     else:
         _refuse_resume_conflicts(given, overwrite)
         check_folder(resume)

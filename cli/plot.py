@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from euler import ownership
 from euler.data.files import atomic_open
 from euler.errors import EulerError
 from euler.schema import Fields, parse_json
@@ -67,8 +68,9 @@ def read_curves(run: Path) -> Curves:
 
 
 def check_out(out: Path) -> Path:
-    """Refuse a --out that is not a .png path in an existing folder (so no run file, such
-    as metrics.jsonl, is ever overwritten by a plot)."""
+    """Refuse a --out that is not a .png path in an existing folder, or that holds anything
+    but a plot euler plot wrote (euler.ownership's rule; a plot is replaced without
+    --overwrite: plotting again is how a plot is updated)."""
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise EulerError(f"--out must be a .png file, got {out}")
@@ -76,6 +78,7 @@ def check_out(out: Path) -> Path:
         raise EulerError(f"--out {out} is a folder, expected a .png file")
     if not out.parent.is_dir():
         raise EulerError(f"--out {out}: folder {out.parent} not found")
+    ownership.claim_file(out, ownership.PLOT, True)
     return out
 
 
@@ -128,7 +131,8 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     fig.tight_layout()
     try:  # a kill leaves the old plot or the new one
         with atomic_open(out, "wb") as f:
-            fig.savefig(f, format="png", dpi=120)
+            fig.savefig(f, format="png", dpi=120,
+                        metadata={"Software": ownership.PLOT_SOFTWARE})  # fmt: skip
     finally:
         plt.close(fig)
     return out

@@ -261,7 +261,7 @@ CASES = [
          ("--out", "book.txt", "not a folder"), BOOK_FILE),
     Case("prepare-out-earlier-no-overwrite", PREP_V, ("--out", "--overwrite"),
          both(BOOK_FILE, copy("pre", name="out"))),
-    Case("prepare-out-user-files", (*PREP_V, "--overwrite"), ("--out", "no earlier preparation"),
+    Case("prepare-out-user-files", (*PREP_V, "--overwrite"), ("--out", "no euler command wrote"),
          both(BOOK_FILE, write("out/notes.txt", "mine"))),
     Case("prepare-overwrite-own-tokenizer", (*PREP, "--tokenizer", "{root}/out", "--overwrite"),
          ("--overwrite would delete", "tokenizer.json"), both(BOOK_FILE, copy("pre", name="out"))),

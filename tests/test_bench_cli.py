@@ -34,7 +34,8 @@ def test_tiny_run_writes_json_with_every_section(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert "MFU = 6 * params * tokens/s / peak" in stdout and "training step" in stdout
     res = json.loads(out.read_text())
-    assert set(res) == {"meta", "peak", "step", "layers", "attention", "tokenizer", "notes"}
+    assert set(res) == {"report", "meta", "peak", "step", "layers", "attention", "tokenizer",
+                        "notes"}  # fmt: skip
     meta = res["meta"]
     assert (meta["preset"], meta["batch"], meta["seq"]) == ("tiny", 4, 24)
     assert len(meta["loadavg_before"]) == 3 and len(meta["loadavg_after"]) == 3

@@ -131,11 +131,11 @@ def test_failures_leave_nothing_half_written(corpus, tok, tmp_path):
             [file_source("web", [str(bad)])], tmp_path / "out", tokenizer=tok, overwrite=True
         )
     assert read_manifest(tmp_path / "out")["sources"] == good["sources"]
-    with pytest.raises(EulerError, match="earlier preparation; pass --overwrite"):
+    with pytest.raises(EulerError, match=r"pretraining data folder\); pass --overwrite"):
         prepare_corpus(sources(corpus), tmp_path / "out", tokenizer=tok)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(EulerError, match="not empty"):
+    with pytest.raises(EulerError, match="no euler command wrote"):
         prepare_corpus(sources(corpus), tmp_path / "mine", tokenizer=tok)
 
 

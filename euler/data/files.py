@@ -7,12 +7,14 @@ atomic on POSIX and Windows, so an interrupted run leaves only a `.tmp-*` file.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,31 +76,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         f.write("\n")
 
 
-def check_output(out: Path, overwrite: bool = False, reads: Iterable[Path] = ()) -> None:
-    """Refuse an output folder that a preparation may not replace.
+def check_output(out: Path, overwrite: bool = False, reads: Iterable = (), kind=None) -> None:
+    """Refuse an output folder that a preparation may not replace (euler.ownership's rule).
 
-    `out` may be missing or empty; an earlier preparation (it has a manifest.json) only
-    with `overwrite`, and then only if none of `reads` (the inputs and the tokenizer the
-    preparation reads) lies inside it. A folder of other files is never replaced.
+    `out` may be missing or empty; an earlier preparation of the same kind (pretraining
+    data unless `kind` says otherwise) only with `overwrite`, and then only if none of
+    `reads` (the inputs and the tokenizer the preparation reads: paths, or (flag, path))
+    lies inside it. A folder of another kind or of other files is never replaced.
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise EulerError(f"--out {out}: exists and is not a folder")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not (out / "manifest.json").is_file():
-        raise EulerError(f"--out {out}: folder is not empty and holds no earlier preparation")
-    if not overwrite:
-        raise EulerError(
-            f"--out {out}: holds an earlier preparation; pass --overwrite to replace it"
-        )
-    inside = out.resolve()
-    for path in reads:
-        p = Path(path).resolve()
-        if p == inside or inside in p.parents:
-            raise EulerError(
-                f"--overwrite would delete {path}, an input of this preparation inside --out {out}"
-            )
+    from euler import ownership
+
+    reads = [r if isinstance(r, tuple) else ("input", Path(r)) for r in reads]
+    ownership.claim_folder(Path(out), kind or ownership.PRETRAIN_DATA, overwrite, reads)
 
 
 def clean_stale(out: Path) -> None:
@@ -136,18 +125,85 @@ def _running(pid: int) -> bool:
     return True
 
 
+def acquire_lock(path: Path, busy: str) -> int:
+    """Take the lock file `path` (flock, not waiting) and write our PID in it; a held one
+    is refused as `busy` (the holder's PID appended). Returns the open file's descriptor;
+    release_lock lets it go."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _lock_holder(fd)
+            os.close(fd)
+            raise EulerError(f"{busy} (PID {pid})") from None
+        # a holder unlinks the file before it lets go: the file we locked may no longer be
+        # the one at `path`, and another process may lock that one; then start over
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def release_lock(path: Path, fd: int) -> None:
+    """Let go of a lock acquire_lock took: unlink the file while still holding it."""
+    Path(path).unlink(missing_ok=True)
+    os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    """The PID a held lock file names; its holder may not have written it yet."""
+    for _ in range(20):
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return text
+        time.sleep(0.01)
+    return "unknown"
+
+
 @contextmanager
-def staged_dir(out: Path, overwrite: bool = False, reads: Iterable[Path] = ()) -> Iterator[Path]:
+def output_lock(out: Path, flag: str = "--out") -> Iterator[None]:
+    """Hold `.lock-NAME` beside the output folder `out` for the block: one writer of a
+    folder at a time (a second one is refused, naming the first's PID)."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise EulerError(f"{flag} {out}: folder {out.parent} does not exist")
+    path = out.parent / f".lock-{out.name}"
+    fd = acquire_lock(path, f"{flag} {out}: another process is writing it")
+    try:
+        yield
+    finally:
+        release_lock(path, fd)
+
+
+@contextmanager
+def staged_dir(
+    out: Path, overwrite: bool = False, reads: Iterable = (), kind=None
+) -> Iterator[Path]:
     """Build a folder under a temporary name; on success swap it in place of `out`.
 
-    `out` is checked by check_output first. On an exception the temporary folder is
-    removed and `out` is untouched; an OSError (a full disk) becomes one EulerError naming
-    the file. What an earlier killed run left is cleaned first (clean_stale).
+    Holds output_lock for the block; `out` is checked by check_output under it. On an
+    exception the temporary folder is removed and `out` is untouched; an OSError (a full
+    disk) becomes one EulerError naming the file. What an earlier killed run left is
+    cleaned first (clean_stale).
     """
     out = Path(out)
-    clean_stale(out)
-    check_output(out, overwrite, reads)
     out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):
+        clean_stale(out)
+        check_output(out, overwrite, reads, kind)
+        with _staged(out) as work:
+            yield work
+
+
+@contextmanager
+def _staged(out: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}.{os.getpid()}."))
     os.chmod(tmp, default_mode(directory=True))
     try:

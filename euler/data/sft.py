@@ -33,6 +33,7 @@ from euler.data.prepare import SPLITS, TOKENIZER_FILE, is_val
 from euler.data.sft_policy import check_long, classify, pack_windows
 from euler.data.shards import first_out_of_range, open_shard, token_dtype, write_shard
 from euler.errors import EulerError
+from euler.ownership import SFT_DATA
 from euler.schema import MISSING, Fields, describe, read_json
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def prepare_sft(
         raise EulerError(f"val fraction must be in [0, 1), got {val_fraction}")
     check_long(long)
     reads = [*reads, *(Path(i) for i in items if not i.startswith(("http://", "https://")))]
-    check_output(Path(out_dir), overwrite, reads)  # before any download or encoding
+    check_output(Path(out_dir), overwrite, reads, SFT_DATA)  # before any download or encoding
     threads = threads or os.cpu_count() or 1
     t0 = time.perf_counter()
     inputs, records = [], []
@@ -151,7 +152,7 @@ def prepare_sft(
     if not kept["train"]:
         raise EulerError(f"no record fits a context of {context} tokens")
     V = tokenizer.vocab_size
-    with staged_dir(Path(out_dir), overwrite, reads) as work:
+    with staged_dir(Path(out_dir), overwrite, reads, SFT_DATA) as work:
         (work / TOKENIZER_FILE).write_text(tokenizer.to_json(), encoding="utf-8")
         (work / HELDOUT_FILE).write_text(json.dumps(heldout, indent=1), encoding="utf-8")
         for split in SPLITS:

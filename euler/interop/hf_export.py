@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save as st_save
 
-from euler.data.files import default_mode
+from euler import ownership
+from euler.data.files import default_mode, output_lock
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout
@@ -155,12 +156,12 @@ def write_folder(out: Path, files: dict[str, bytes], overwrite: bool, source: Pa
     out = Path(out)
     if not out.parent.is_dir():
         raise EulerError(f"--out: the folder's parent does not exist: {out.parent}")
-    if out.exists() and not out.is_dir():
-        raise EulerError(f"--out {out} exists and is not a folder")
-    if Path(source).resolve().is_relative_to(out.resolve()):
-        raise EulerError(f"--out {out} holds the checkpoint being exported; choose another folder")
-    if out.exists() and not overwrite:
-        raise EulerError(f"--out {out} already exists (use --overwrite to replace an export)")
+    with output_lock(out):  # one writer at a time; the rule checked under the lock
+        _write_folder(out, files, overwrite, source)
+
+
+def _write_folder(out: Path, files: dict[str, bytes], overwrite: bool, source: Path) -> None:
+    ownership.claim_folder(out, ownership.EXPORT, overwrite, [("--checkpoint", Path(source))])
     foreign = sorted(p.name for p in out.iterdir() if p.name not in files) if out.exists() else []
     if foreign:
         raise EulerError(

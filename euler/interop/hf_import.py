@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from euler import ownership
 from euler.errors import EulerError
 from euler.interop.hf_export import HEAD, SIDE_FILE, SIDE_FORMAT, WEIGHTS, hf_name
 from euler.model.config import ModelConfig
@@ -222,14 +223,15 @@ def import_hf(
         raise EulerError(f"not a folder: {src}")
     out = Path(out)
     out = out / ckpt.CHECKPOINT_NAME if out.is_dir() else out
-    if out.exists() and not overwrite:
-        raise EulerError(f"--out {out} already exists (use --overwrite to replace it)")
     if not out.parent.is_dir():
         raise EulerError(f"--out: folder does not exist: {out.parent}")
     if out.resolve().is_relative_to(src.resolve()):
         raise EulerError(f"--out {out} is inside the folder being imported; choose another")
-    if (out.parent / "run.json").exists():
-        raise EulerError(f"--out {out.parent} holds a training run; import into another folder")
+    if ownership.identify(out.parent).kind in ownership.FOLDER_KINDS:
+        found = ownership.identify(out.parent).words
+        raise EulerError(f"--out {out}: {out.parent} holds {found}; import into another folder")
+    reads = [("SRC", src), ("--tokenizer", Path(tokenizer) if tokenizer else None)]
+    ownership.claim_file(out, ownership.CHECKPOINT, overwrite, reads)
     c = Fields(read_json(src / "config.json", "config.json"), str(src / "config.json"))
     tok = _tokenizer(src, tokenizer)
     tensors = read_weights(src)

@@ -22,11 +22,17 @@ if TYPE_CHECKING:
 def start_fresh(r: RunState, overwrite: bool, init: checkpoint.Checkpoint | None) -> None:
     """Claim the run folder and write run.json; SFT starts from init's weights."""
     if r.comm.rank == 0:  # the other ranks never write to the run folder
-        run_folder.claim_run_dir(r.folder, overwrite)
+        run_folder.claim_run_dir(r.folder, overwrite, run_inputs(r.tc))
         r.run_id = run_folder.new_run_id()
         run_folder.write_run_files(r.folder, RunInfo(r.run_id, r.tc, r.cfg), r.tokenizer_json)
     if init is not None:
         r.model.be.copy_(r.model.params, init.params.astype(r.model.dtype))
+
+
+def run_inputs(tc: TrainConfig) -> list[tuple[str, Path]]:
+    """The (flag, path) of what a fresh run reads, which its folder may not hold."""
+    reads = [("--data", Path(tc.data))] if tc.data else []
+    return reads + ([("--from", Path(tc.init_from))] if tc.init_from else [])
 
 
 def resume_run(r: RunState, log: Callable) -> None:

@@ -16,15 +16,15 @@ removes the temporary files a killed writer left.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from euler import ownership
+from euler.data.files import acquire_lock, release_lock
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.schema import Fields, read_json
@@ -85,8 +85,7 @@ def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
         _held[key][1] -= 1
         if _held[key][1] == 0:
             fd, _ = _held.pop(key)
-            (run / LOCK_FILE).unlink(missing_ok=True)  # while held: see _acquire
-            os.close(fd)
+            release_lock(run / LOCK_FILE, fd)
             if made:
                 with contextlib.suppress(OSError):  # not empty: the run wrote its files
                     run.rmdir()
@@ -94,37 +93,7 @@ def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
 
 def _acquire(run: Path) -> int:
     """Take RUN/.lock (flock, not waiting) and write our PID in it; refuse a held one."""
-    path = run / LOCK_FILE
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _holder(fd)
-            os.close(fd)
-            raise EulerError(f"{run} is in use by another run (PID {pid})") from None
-        # a holder unlinks the file before it lets go: the file we locked may no longer be
-        # the one at `path`, and another process may lock that one; then start over
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def _holder(fd: int) -> str:
-    """The PID a held lock file names; its holder may not have written it yet."""
-    for _ in range(20):
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        if text.isdigit():
-            return text
-        time.sleep(0.01)
-    return "unknown"
+    return acquire_lock(run / LOCK_FILE, f"{run} is in use by another run")
 
 
 def check_folder(run: Path) -> None:
@@ -155,21 +124,33 @@ def remove_temp_files(run: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def claim_run_dir(run: Path, overwrite: bool) -> None:
-    """Make a locked folder a fresh run's: refuse one that holds a run unless overwrite
-    (then clear it); remove temporary files a killed run left."""
-    held = [name for name in RUN_FILES if (run / name).exists()]
-    if held and not overwrite:
+def check_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] = ()) -> bool:
+    """Refuse a folder a fresh run may not take (euler.ownership's rule): one that holds a
+    run unless overwrite, one of another kind or holding run files but no run.json, one
+    that holds an input (reads). True when it holds a run to replace."""
+    try:
+        replace = ownership.claim_folder(run, ownership.RUN, overwrite, reads,
+                                         foreign_ok=RUN_FILES)  # fmt: skip
+    except EulerError:
+        if overwrite or ownership.identify(run).kind is not ownership.RUN:
+            raise
         what = "a run"
         with contextlib.suppress(EulerError):
             tc = read_run(run)[0]
             what = f"a {tc.kind} run ({tc.preset} preset)"
         raise EulerError(
-            f"{run} already holds {what}; continue it with --resume {run}, "
+            f"--out {run} already holds {what}; continue it with --resume {run}, "
             "or pass --overwrite to replace it"
-        )
-    for name in held:
-        (run / name).unlink()
+        ) from None
+    return replace
+
+
+def claim_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] = ()) -> None:
+    """Make a locked folder a fresh run's: check_run_dir, then clear the run it replaces
+    and the temporary files a killed run left."""
+    if check_run_dir(run, overwrite, reads):
+        for name in RUN_FILES:
+            (run / name).unlink(missing_ok=True)
     remove_temp_files(run)
 
 
