@@ -282,7 +282,10 @@ def reference_forward(
         gate = silu(h @ params[p + "mlp.w_gate"].T)
         x = x + (gate * (h @ params[p + "mlp.w_up"].T)) @ params[p + "mlp.w_down"].T
     xf = rmsnorm(x, params["final_norm"], eps)
-    logits = np.einsum("btd,kvd->kbtv", xf, params["mtp_heads"])  # (K, B, T, V)
+    # tied: head 0 is the embedding matrix, mtp_heads holds heads 1..K-1
+    own = [params["mtp_heads"]] if "mtp_heads" in params else []
+    heads = np.concatenate([params["tok_emb"][None], *own]) if cfg.tie_embeddings else own[0]
+    logits = np.einsum("btd,kvd->kbtv", xf, heads)  # (K, B, T, V)
 
     if targets is None:
         return None, logits

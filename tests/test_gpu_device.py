@@ -9,6 +9,7 @@ runs them in the CUDA simulator on smaller shapes.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -314,8 +315,10 @@ def train_step_matches(gpu, preset, B: int, T: int, steps: int, grad_rtol: float
 
 
 @pytest.mark.gpu
-def test_training_steps_match_cpu() -> None:
-    train_step_matches(_gpu_backend(), "small", B=4, T=128, steps=3, grad_rtol=1e-5)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_training_steps_match_cpu(tied: bool) -> None:
+    cfg = dataclasses.replace(PRESETS["small"], tie_embeddings=tied)
+    train_step_matches(_gpu_backend(), cfg, B=4, T=128, steps=3, grad_rtol=1e-5)
 
 
 def markov_batches(V: int, B: int, T: int, K: int, steps: int, seed: int = 0):

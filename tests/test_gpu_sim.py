@@ -117,6 +117,20 @@ else:
         assert gpu._side_count > 0 and gpu._side_pending == []
         assert any(key[0] == "weight_grad_operand" for key in gpu._scratch)
 
+    def test_training_steps_tied() -> None:
+        """Tied embeddings on the GPU backend: head 0 reads tok_emb (its transposed weight
+        gradient accumulated into tok_emb's, then the embedding's scatter adds), as on the
+        CPU; one head (no mtp_heads tensor) and two."""
+        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.model.config import ModelConfig
+
+        options = GpuOptions(transpose_weight_grads=True, transpose_min_width=32)
+        gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
+        for k in (1, 2):
+            cfg = ModelConfig(vocab_size=40, d_model=16, n_head=2, n_kv_head=1, n_layer=1,
+                              context=16, ffn_hidden=24, n_mtp=k, tie_embeddings=True)  # fmt: skip
+            train_step_matches(gpu, cfg, B=1, T=8, steps=2, grad_rtol=1e-4)
+
     @pytest.mark.parametrize("M, N", [(24, 10), (10, 24)])  # b narrower, then a
     @pytest.mark.parametrize("accumulate", [False, True])
     def test_weight_gradient_through_a_transposed_operand(M, N, accumulate):

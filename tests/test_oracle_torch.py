@@ -8,6 +8,8 @@ Skipped where torch is not installed (the `bench` extra).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,10 @@ CONFIGS = {
     "odd": ModelConfig(
         vocab_size=50, d_model=36, n_head=6, n_kv_head=2, n_layer=2, context=19, n_mtp=4
     ),
+    # head 0 is tok_emb: its gradient is the embedding's scatter plus head 0's product
+    "tied": dataclasses.replace(PRESETS["tiny"], tie_embeddings=True),
+    # one head, tied: no mtp_heads tensor at all
+    "tied-k1": dataclasses.replace(PRESETS["tiny"], tie_embeddings=True, n_mtp=1),
 }
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
 ATTENTION_TILE = 8  # keys per tile: T = 19 and 24 cross tile boundaries

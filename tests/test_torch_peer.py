@@ -7,6 +7,8 @@ differences of that reference. Skipped where torch is not installed (the `bench`
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ CONFIGS = {
     "tiny": PRESETS["tiny"],
     # head size 6, 3 query heads per kv head, T = 19 not a multiple of any tile
     "odd": ModelConfig(vocab_size=50, d_model=36, n_head=6, n_kv_head=2, n_layer=2, context=19),
+    "tied": dataclasses.replace(PRESETS["tiny"], tie_embeddings=True),
 }
 
 

@@ -116,7 +116,10 @@ class TorchPeer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mtp_heads = nn.Parameter(torch.empty(cfg.n_mtp, cfg.vocab_size, cfg.d_model))
+        # tied: head 0 is tok_emb's weight, and only heads 1..K-1 are parameters of their own
+        n_own = cfg.n_mtp - 1 if cfg.tie_embeddings else cfg.n_mtp
+        if n_own:
+            self.mtp_heads = nn.Parameter(torch.empty(n_own, cfg.vocab_size, cfg.d_model))
         # angles in float64 whatever the model dtype; .to(dtype) later only rounds cos and sin
         E = cfg.head_size
         inv_freq = cfg.rope_base ** (-torch.arange(0, E, 2, dtype=torch.float64) / E)
@@ -134,8 +137,13 @@ class TorchPeer(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin)
         xf = self.final_norm(x)
+        own = [self.mtp_heads] if hasattr(self, "mtp_heads") else []
+        if self.cfg.tie_embeddings:
+            heads = torch.cat([self.tok_emb.weight[None], *own])
+        else:
+            heads = self.mtp_heads
         # all K heads as one (B T, D) x (D, K V) product
-        logits = (xf @ self.mtp_heads.view(K * V, D).T).view(B, T, K, V)
+        logits = (xf @ heads.reshape(K * V, D).T).view(B, T, K, V)
         if targets is None:
             return None, logits
         tgt = targets.permute(1, 2, 0)  # (B, T, K), matching the logits' order
@@ -214,7 +222,8 @@ def flops_per_token(cfg: ModelConfig, T: int) -> int:
         for name, shape, _ in param_table(cfg)
         if len(shape) > 1 and name != "tok_emb"
     )
-    return 6 * matrix + 6 * cfg.n_layer * T * cfg.q_dim
+    tied_head = cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0  # tok_emb as head 0
+    return 6 * (matrix + tied_head) + 6 * cfg.n_layer * T * cfg.q_dim
 
 
 def time_training(

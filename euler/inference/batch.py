@@ -40,7 +40,7 @@ import numpy as np
 from euler.backend import Backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout
+from euler.model.params import ParamLayout, head_weights
 from euler.model.transformer import rope_tables
 from euler.training.step_graph import StepGraphs
 
@@ -118,6 +118,7 @@ class BatchDecoder:
         self.dtype = np.dtype(dtype)
         self.params = backend.to_device(np.ascontiguousarray(params, dtype=self.dtype))
         self.p = layout.views(self.params)
+        self.heads = head_weights(cfg, self.p)  # K matrices (V, D); head 0 tok_emb if tied
         # host tables: each call gathers its rows' positions from them
         self.cos, self.sin = rope_tables(cfg, self.dtype)
         L, G, C, E = cfg.n_layer, cfg.n_kv_head, cfg.context, cfg.head_size
@@ -228,7 +229,7 @@ class BatchDecoder:
                 self._heads[n] = bufs
         x, out = bufs
         self.be.copy_(x, xf)
-        product = partial(self.be.decode_linear, out, x, self.p["mtp_heads"][k])
+        product = partial(self.be.decode_linear, out, x, self.heads[k])
         with self._threads():
             if n <= GRAPH_ROWS:
                 self.graphs.run(("logits", n, k), product)

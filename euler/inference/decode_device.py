@@ -22,7 +22,7 @@ from euler.backend import Backend
 from euler.inference.batch import check_feed
 from euler.inference.generate import Decoder
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout
+from euler.model.params import ParamLayout, head_weights
 from euler.model.transformer import Model
 from euler.precision import host_values, round_bf16
 
@@ -36,8 +36,8 @@ class RecomputeDecoder:
         self.cfg = cfg
         params = np.asarray(params, np.float32)
         self.model = Model(cfg, backend, flat_params=params, precision=precision)
-        heads = ParamLayout(cfg).views(params)["mtp_heads"]
-        self.heads = round_bf16(heads) if precision == "bf16" else heads
+        heads = head_weights(cfg, ParamLayout(cfg).views(params))  # K of (V, D)
+        self.heads = [round_bf16(h) for h in heads] if precision == "bf16" else heads
         self.tokens = np.zeros((1, cfg.context), np.int32)
         self.length = 0
 

@@ -18,7 +18,12 @@ CONFIG_VERSION = 1
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU, K MTP heads)."""
+    """Architecture of a decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU, K MTP heads).
+
+    tie_embeddings: head 0 is the embedding matrix itself (GPT-2, Llama 3.2, SmolLM2); the
+    table then holds K - 1 head matrices. A config saved before the field existed reads as
+    untied.
+    """
 
     vocab_size: int = 512  # V
     d_model: int = 128  # D
@@ -31,6 +36,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     ffn_hidden: int = 0  # F; 0 means the SwiGLU default floor(8 D / 3)
     init_std: float = 0.02
+    # head 0 reads the embedding matrix (V, D) and adds its weight gradient into it
+    tie_embeddings: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -83,6 +90,10 @@ class ModelConfig:
             raise EulerError(f"config field rope_base must be > 1, got {self.rope_base}")
         if not self.norm_eps > 0.0:
             raise EulerError(f"config field norm_eps must be > 0, got {self.norm_eps}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise EulerError(
+                f"config field tie_embeddings must be true or false, got {self.tie_embeddings!r}"
+            )
         if self.version != CONFIG_VERSION:
             raise EulerError(
                 f"config field version is {self.version}; this build reads version {CONFIG_VERSION}"
@@ -105,6 +116,8 @@ class ModelConfig:
         its type, none unknown; EulerError naming `source` and the field otherwise."""
         from euler.schema import Fields, dataclass_values
 
+        if isinstance(d, dict) and "tie_embeddings" not in d:
+            d = {**d, "tie_embeddings": False}  # saved before the field existed: untied
         values = dataclass_values(cls, Fields(d, source))
         try:
             return cls(**values)
@@ -112,7 +125,7 @@ class ModelConfig:
             raise EulerError(f"{source}: {e}") from None
 
     def n_params(self) -> int:
-        """Exact parameter count (embedding and the K heads untied)."""
+        """Exact parameter count (head 0 counted once when tied to the embedding)."""
         from euler.model.params import param_table
 
         return sum(int(_prod(shape)) for _, shape, _ in param_table(self))

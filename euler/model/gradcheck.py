@@ -19,6 +19,7 @@ it an absolute check when the whole sample's gradient is that small.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ CHECK_TILE = 16  # T = 24 and 45 then span 2 and 3 key tiles, the last one parti
 ODD_CONFIG = ModelConfig(
     vocab_size=50, d_model=36, n_head=6, n_kv_head=2, n_layer=2, context=45, n_mtp=4
 )
+# head 0 tied to the embedding: tok_emb's gradient is the scatter plus head 0's product
+TIED_CONFIG = dataclasses.replace(PRESETS["tiny"], tie_embeddings=True)
 
 
 @dataclass
@@ -273,7 +276,8 @@ def _f32_vs_f64(cfg: ModelConfig, rng: np.random.Generator) -> Row:
 
 
 def gradcheck_rows(seed: int = 0, samples: int = 12) -> list[Row]:
-    """All checks: layers and whole model for `tiny` and the odd-shaped config.
+    """All checks: layers and whole model for `tiny` and the odd-shaped config, and the
+    whole model of `tiny` with tied embeddings.
 
     Runs on one thread: at these sizes a parallel region costs more than its work.
     """
@@ -302,6 +306,7 @@ def _all_rows(seed: int, samples: int) -> list[Row]:
         rows[-1].layer = f"{cname}: {rows[-1].layer}"
         rows.append(_f32_vs_f64(cfg, rng))
         rows[-1].layer = f"{cname}: {rows[-1].layer}"
+    rows += _model_check("tied: model", TIED_CONFIG, be, rng, samples)
     return rows
 
 

@@ -33,7 +33,10 @@ def param_table(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], bool]]:
             (p + "mlp.w_up", (F, D), True),
             (p + "mlp.w_down", (D, F), True),
         ]
-    table.append(("mtp_heads", (K, V, D), True))
+    # tied: head 0 is tok_emb, so only heads 1..K-1 have their own matrices
+    n_own = K - 1 if cfg.tie_embeddings else K
+    if n_own:
+        table.append(("mtp_heads", (n_own, V, D), True))
     for layer in range(cfg.n_layer):
         p = f"layers.{layer}."
         table += [(p + "attn_norm", (D,), False), (p + "mlp_norm", (D,), False)]
@@ -74,6 +77,14 @@ class ParamLayout:
             F = self.cfg.ffn_hidden
             out[p + "mlp.w_gateup"] = flat[off_g : off_g + 2 * F * D].reshape(2 * F, D)
         return out
+
+
+def head_weights(cfg: ModelConfig, views: dict) -> list:
+    """The K head matrices (V, D) out of `views` (ParamLayout.views of params, grads or a
+    bf16 copy): head 0 is views["tok_emb"] when cfg.tie_embeddings, else mtp_heads[0]."""
+    heads = views.get("mtp_heads")
+    own = [heads[k] for k in range(heads.shape[0])] if heads is not None else []
+    return [views["tok_emb"], *own] if cfg.tie_embeddings else own
 
 
 def init_params(layout: ParamLayout, seed: int, dtype=np.float32) -> np.ndarray:

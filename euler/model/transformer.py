@@ -20,7 +20,7 @@ import numpy as np
 
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout, init_params
+from euler.model.params import ParamLayout, head_weights, init_params
 from euler.precision import check_precision, host_values, storage_dtype, to_bf16
 
 
@@ -184,6 +184,9 @@ class Model:
         if precision == "bf16":
             self.params_lp = backend.to_device(to_bf16(host))
             self.w = self.layout.views(self.params_lp)
+        # the K head matrices (V, D); head 0 is tok_emb's view itself when tied
+        self.heads_w = head_weights(cfg, self.w)
+        self.heads_g = head_weights(cfg, self.g)
         cos, sin = rope_tables(cfg, self.dtype)
         self.cos, self.sin = backend.to_device(cos), backend.to_device(sin)
         self.acts: Activations | None = None
@@ -308,7 +311,7 @@ class Model:
         xf = _2d(a.xf)
         for k in range(self.cfg.n_mtp):
             tk = a.targets[k]
-            w = self.w["mtp_heads"][k]  # (V, D)
+            w = self.heads_w[k]  # (V, D)
             be.matmul(a.logits, xf, w, trans_b=True)  # (B T, V)
             if not need_grad:
                 be.cross_entropy_forward(a.losses[k], a.logits, tk)
@@ -316,7 +319,7 @@ class Model:
             be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, self._scales, k)
             be.matmul_pair(
                 (_2d(a.dxf), a.logits, w, False, False, k > 0),
-                (self.g["mtp_heads"][k], a.logits, xf, True, False, accumulate),
+                (self.heads_g[k], a.logits, xf, True, False, accumulate),
             )
             be.wait_deferred()  # the next head's logits overwrite these
         self._accumulate = accumulate
@@ -325,12 +328,16 @@ class Model:
     def head_logits(self, k: int = 0) -> np.ndarray:
         """Logits (B, T, V) of head k for the last forward's input, as a host array."""
         a = self.acts
-        self.be.matmul(a.logits, _2d(a.xf), self.w["mtp_heads"][k], trans_b=True)
+        self.be.matmul(a.logits, _2d(a.xf), self.heads_w[k], trans_b=True)
         return host_values(self.be.to_host(a.logits)).reshape(a.B, a.T, -1).copy()
 
     # ------------------------------------------------------------------ backward
     def backward(self) -> None:
-        """Gradients of the last forward(need_grad=True)'s loss, into self.grads (= or +=)."""
+        """Gradients of the last forward(need_grad=True)'s loss, into self.grads (= or +=).
+
+        Tied embeddings: g["tok_emb"] = (or +=) head 0's weight gradient (from the fused
+        heads) + the embedding's scatter of dx.
+        """
         cfg, be, a, p, g, wt = self.cfg, self.be, self.acts, self.p, self.g, self.w
         acc = self._accumulate
         H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
@@ -378,5 +385,7 @@ class Model:
                 dx, g[w + "attn_norm"], dxn, dx, _2d(a.x[layer]), p[w + "attn_norm"],
                 a.rstd1[layer].reshape(-1), acc,
             )  # fmt: skip
-        be.embedding_backward(g["tok_emb"], dx, self._tokens, acc)
+        # tied: head 0's weight gradient is already in g["tok_emb"] (written by _heads), so
+        # the embedding's scatter adds to it
+        be.embedding_backward(g["tok_emb"], dx, self._tokens, acc or cfg.tie_embeddings)
         be.wait_deferred()
