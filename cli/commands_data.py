@@ -53,9 +53,14 @@ def load_tokenizer(path: Path) -> Tokenizer:
     """A Tokenizer from a file, or from a prepared data folder's tokenizer.json."""
     from euler.tokenizer import Tokenizer
 
+    folder = Path(path)
     path = tokenizer_file(path)
     if not path.is_file():
         raise EulerError(f"--tokenizer: tokenizer file not found: {path}")
+    if folder.is_dir() and (folder / "manifest.json").is_file():  # checked as train checks it
+        from euler.data.manifest import folder_tokenizer, read_manifest
+
+        return folder_tokenizer(folder, read_manifest(folder))
     return Tokenizer.load(path)
 
 

@@ -200,3 +200,51 @@ def _objects(f: Fields, key: str) -> list[Fields]:
         if not isinstance(item, dict):
             f.fail(f"{key}[{i}]", "a JSON object", item)
     return list(f.objects(key))
+
+
+def folder_tokenizer(folder: Path, manifest: dict):
+    """The folder's tokenizer, checked whole against the manifest's tokenizer.sha256: a
+    tokenizer swapped after preparation (even one of the same size) is refused."""
+    from euler.tokenizer import Tokenizer
+
+    path = Path(folder) / manifest["tokenizer"]["file"]
+    tok = Tokenizer.load(path)
+    want = manifest["tokenizer"]["sha256"]
+    if tok.sha256 != want:
+        raise EulerError(
+            f"{path}: SHA-256 {tok.sha256[:12]}... differs from {Path(folder) / MANIFEST_NAME}'s "
+            f"tokenizer.sha256 {want[:12]}... (replaced after preparation; prepare the "
+            "folder again)"
+        )
+    return tok
+
+
+def data_identity(folder: Path, manifest: dict) -> dict:
+    """What a run records of the data folder it starts on: the manifest's SHA-256, the
+    tokenizer's, and each data file's (as the manifest gives them)."""
+    from euler.data.files import sha256_file
+
+    return {
+        "folder": str(folder),
+        "manifest_sha256": sha256_file(Path(folder) / MANIFEST_NAME),
+        "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+        "files": {name: e["sha256"] for name, e in sorted(manifest["files"].items())},
+    }
+
+
+def identity_change(old: dict, new: dict) -> str | None:
+    """None if two data_identity records name the same data, else what changed, in words."""
+    if old["manifest_sha256"] == new["manifest_sha256"]:
+        return None
+    if old["tokenizer_sha256"] != new["tokenizer_sha256"]:
+        return (
+            f"its tokenizer changed ({old['tokenizer_sha256'][:12]}... to "
+            f"{new['tokenizer_sha256'][:12]}...)"
+        )
+    a, b = old["files"], new["files"]
+    changed = sorted(n for n in a.keys() & b.keys() if a[n] != b[n])
+    gone, added = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
+    parts = [f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+             for what, names in (("changed", changed), ("removed", gone), ("added", added))
+             if names]  # fmt: skip
+    return "; ".join(parts) if parts else "its manifest changed (prepared again)"

@@ -77,24 +77,16 @@ def _encoded(name: str, docs: Iterator[str], tok) -> Stream:
 def _prepared_streams(folder: Path, tok) -> list[Stream]:
     """The val split of a prepared folder, per source: its shards as they are when the
     tokenizer is the checkpoint's, else their documents decoded and encoded again."""
-    from euler.data.manifest import read_manifest
-    from euler.data.shards import open_shard, token_dtype
+    from euler.data.manifest import folder_tokenizer, read_manifest
 
     m = read_manifest(folder, kind="pretrain")
     V = m["tokenizer"]["vocab_size"]
     same = m["tokenizer"]["sha256"] == tok.sha256
-    folder_tok = None
-    if not same:
-        from euler.tokenizer import Tokenizer
-
-        folder_tok = Tokenizer.load(folder / m["tokenizer"]["file"])
+    folder_tok = folder_tokenizer(folder, m)  # checked whole, as train checks it
     out = []
     for src in m["sources"]:
         name = f"{folder}:{src['name']} (val)"
-        shards = [
-            np.asarray(open_shard(folder / f, V, token_dtype(V)().itemsize), dtype=np.int32)
-            for f in src["shards"]["val"]
-        ]
+        shards = [_checked_shard(folder / f, m, V) for f in src["shards"]["val"]]
         if not src["documents"]["val"]:
             continue  # a source too small to hold a document out
         if same:
@@ -105,6 +97,23 @@ def _prepared_streams(folder: Path, tok) -> list[Stream]:
     if not out:
         raise EulerError(f"--text: {folder}: its val split holds no document")
     return out
+
+
+def _checked_shard(path: Path, m: dict, V: int) -> np.ndarray:
+    """A val shard of a prepared folder, checked as training checks it: its size and
+    sampled checksum against the manifest, every id inside the vocabulary."""
+    from euler.data.checksums import check_sample
+    from euler.data.shards import first_out_of_range, open_shard, token_dtype
+
+    shard = open_shard(path, V, token_dtype(V)().itemsize)
+    check_sample(path, m["files"][path.name])
+    bad = first_out_of_range(shard, V)
+    if bad >= 0:
+        raise EulerError(
+            f"--text: {path}: position {bad}: token id {int(shard[bad])} is outside the "
+            f"vocabulary (0..{V - 1}); run `euler data verify`"
+        )
+    return np.asarray(shard, dtype=np.int32)
 
 
 def _split_documents(shard: np.ndarray, tok) -> Iterator[str]:

@@ -23,8 +23,7 @@ class Batches:
 
     def __init__(self, tc: TrainConfig, cfg: ModelConfig, log=print):
         from euler.data import SFTDataset, TokenLoader, default_corpus_dir
-        from euler.data.manifest import read_manifest
-        from euler.tokenizer import Tokenizer
+        from euler.data.manifest import data_identity, folder_tokenizer, read_manifest
 
         self.tc, self.K = tc, cfg.n_mtp
         self.T = tc.seq_len or cfg.context
@@ -38,8 +37,9 @@ class Batches:
         if not folder.is_dir():
             raise EulerError(f"data folder not found: {folder}")
         manifest = read_manifest(folder, kind=tc.kind)
-        self.tokenizer = Tokenizer.load(folder / manifest["tokenizer"]["file"])
+        self.tokenizer = folder_tokenizer(folder, manifest)  # checked against the manifest
         self.folder = folder
+        self.identity = data_identity(folder, manifest)  # what a resume checks
         V = self.tokenizer.vocab_size
         if tc.kind == "pretrain":
             self.train = TokenLoader(folder, "train", vocab_size=V)

@@ -24,7 +24,8 @@ def start_fresh(r: RunState, overwrite: bool, init: checkpoint.Checkpoint | None
     if r.comm.rank == 0:  # the other ranks never write to the run folder
         run_folder.claim_run_dir(r.folder, overwrite, run_inputs(r.tc))
         r.run_id = run_folder.new_run_id()
-        run_folder.write_run_files(r.folder, RunInfo(r.run_id, r.tc, r.cfg), r.tokenizer_json)
+        info = RunInfo(r.run_id, r.tc, r.cfg, r.data.identity)
+        run_folder.write_run_files(r.folder, info, r.tokenizer_json)
     if init is not None:
         r.model.be.copy_(r.model.params, init.params.astype(r.model.dtype))
 
@@ -42,6 +43,7 @@ def resume_run(r: RunState, log: Callable) -> None:
     run, be = r.folder, r.model.be
     info = run_folder.read_run_info(run)
     check_resumed_settings(info.train, r.tc, run)
+    check_same_data(info, r.data.identity, run)
     r.run_id = info.run_id
     ck = None
     if (run / checkpoint.CHECKPOINT_NAME).exists():
@@ -55,12 +57,27 @@ def resume_run(r: RunState, log: Callable) -> None:
     if r.comm.rank == 0:
         run_folder.remove_temp_files(run)
         if r.tc != info.train:  # a longer --steps, another --ckpt-every: run.json says so
-            run_folder.write_run_files(run, RunInfo(info.run_id, r.tc, info.model))
+            run_folder.write_run_files(run, RunInfo(info.run_id, r.tc, info.model, info.data))
         run_folder.trim_metrics(run / METRICS_FILE, r.start if ck else -1)
     if ck is None:
         log(f"{run} has no checkpoint yet: starting it from step 0")
     else:
         log(f"resuming {run} at step {r.start}")
+
+
+def check_same_data(info: RunInfo, now: dict, run: Path) -> None:
+    """Refuse to continue a run on data other than the data it started on (the manifest's
+    SHA-256 that run.json recorded), saying what changed."""
+    from euler.data.manifest import identity_change
+
+    if info.data is None:
+        return  # a run started before the data was recorded
+    change = identity_change(info.data, now)
+    if change is not None:
+        raise EulerError(
+            f"{now['folder']}: not the data {run / run_folder.RUN_FILE} started on: {change}; "
+            "resume on the data it started on, or start a new run"
+        )
 
 
 def check_resumed_settings(saved: TrainConfig, tc: TrainConfig, run: Path) -> None:

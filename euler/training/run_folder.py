@@ -45,6 +45,7 @@ class RunInfo:
     run_id: str
     train: TrainConfig
     model: ModelConfig
+    data: dict | None = None  # the data folder it started on (manifest.data_identity)
 
 
 # ---------------------------------------------------------------------------- the lock
@@ -157,6 +158,8 @@ def claim_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] 
 def write_run_files(run: Path, info: RunInfo, tokenizer_json: str | None = None) -> None:
     """run.json (the run's id and settings) and, given one, the tokenizer copy."""
     doc = {"run_id": info.run_id, "train": info.train.to_dict(), "model": info.model.to_dict()}
+    if info.data is not None:
+        doc["data"] = info.data
     write_atomic(run / RUN_FILE, json.dumps(doc, indent=2) + "\n")
     if tokenizer_json is not None:
         write_atomic(run / TOKENIZER_FILE, tokenizer_json)
@@ -171,15 +174,22 @@ def read_run_info(run: Path) -> RunInfo:
     if Path(run).is_dir() and not path.exists():
         raise EulerError(f"{run} is not a run folder (no {RUN_FILE})")
     f = Fields(read_json(path, "run file"), str(path))
-    f.only(("run_id", "train", "model"))
+    f.only(("run_id", "train", "model", "data"))
     run_id = f.str("run_id")
     if not run_id.isalnum():
         f.fail("run_id", "letters and digits", run_id)
     model = f.obj("model")  # refuses a non-object before ModelConfig reads it
+    data = None
+    if f.has("data"):  # absent in runs started before it was recorded
+        d = f.obj("data")
+        data = {"folder": d.str("folder"), "manifest_sha256": d.str("manifest_sha256"),
+                "tokenizer_sha256": d.str("tokenizer_sha256"),
+                "files": {k: d.obj("files").str(k) for k in d.obj("files").data}}  # fmt: skip
     return RunInfo(
         run_id,
         TrainConfig.from_fields(f.obj("train")),
         ModelConfig.from_dict(model.data, f"{path}: model"),
+        data,
     )
 
 
