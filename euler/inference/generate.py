@@ -213,7 +213,8 @@ class ChatSession:
 
     def __init__(self, dec: Decoder, tokenizer):
         self.dec, self.tok = dec, tokenizer
-        self.turns: list[list[int]] = []  # finished turns: prompt ids + answer ids + <|end|>
+        # finished turns: prompt ids + answer ids + the end token (+ ChatML's "\n")
+        self.turns: list[list[int]] = []
         self._fed: list[int] = []  # the tokens whose keys/values the cache holds, in order
         self.last_context: list[int] = []  # the sequence the last answer continued
 
@@ -246,8 +247,10 @@ class ChatSession:
     ) -> tuple[GenResult, bool]:
         """Answer one user turn; (the generation, whether the prompt was cut to fit)."""
         from euler.data import encode_prompt
+        from euler.data.chat_template import turn_gap
 
-        prompt = encode_prompt(self.tok, instruction)
+        # the template's system block opens a conversation (ChatML; ours has none)
+        prompt = encode_prompt(self.tok, instruction, system=not self.turns)
         seq, cut = self.context_for(prompt, max_tokens)
         self.last_context = seq
         # reuse the cached prefix that this sequence shares with what was fed before
@@ -265,5 +268,5 @@ class ChatSession:
         else:
             res = generate(self.dec, seq[same:], max_tokens, sampling, rng, stop, on_token)
         self._fed = (seq + res.tokens)[: self.dec.length]
-        self.turns.append(prompt.tolist() + res.tokens + [self.tok.end_id])
+        self.turns.append(prompt.tolist() + res.tokens + [self.tok.end_id, *turn_gap(self.tok)])
         return res, cut

@@ -8,7 +8,10 @@ settings) or raise ApiError: the HTTP status and OpenAI's error object
 Chat messages are rendered by the chat template (euler.data.chat_template): each user turn
 (consecutive user messages joined by blank lines, system or developer messages put before
 the next user text) becomes <|user|> text <|end|> <|assistant|>, each assistant message
-its answer and <|end|>; the last message must be the user's. Texts are encoded with special
+its answer and <|end|>; the last message must be the user's. A model imported with a ChatML
+template (euler import) renders every message as its own <|im_start|>role ... <|im_end|>
+turn, after the template's default system line unless the first message is a system one,
+and stops at <|im_end|> (tok.end_id). Texts are encoded with special
 tokens off, so "<|end|>" typed in a message stays plain text. A plain completion's prompt
 is preceded by <|endoftext|>, as every pretraining document is.
 
@@ -25,7 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from euler.data.chat_template import prompt_ids, response_ids
+from euler.data.chat_template import (
+    prompt_ids,
+    response_ids,
+    system_ids,
+    template_name,
+    turn_ids,
+)
 from euler.inference.sampling import SamplingConfig
 
 
@@ -53,6 +62,7 @@ class ServeConfig:
     max_queue: int = 64
     prefill_chunk: int = 64
     limits: Limits = field(default_factory=Limits)
+    debug: bool = False  # a server fault's traceback on the console (else one line)
 
 
 class ApiError(Exception):
@@ -249,6 +259,8 @@ def _prompt_limit(n: int, limits: Limits, context: int, param: str) -> None:
 def chat_ids(tok, messages: list[tuple[str, str]]) -> np.ndarray:
     """The token ids (P,) int32 of (role, text) messages rendered by the chat template,
     ending with <|assistant|>: the sequence the answer continues."""
+    if template_name(tok) == "chatml":
+        return _chatml_ids(tok, messages)
     ids, pending, system = [], [], []
     for role, text in messages:
         if role in ("system", "developer"):
@@ -261,6 +273,19 @@ def chat_ids(tok, messages: list[tuple[str, str]]) -> np.ndarray:
                     response_ids(tok, tok.encode(text.strip()))]  # fmt: skip
             pending = []
     ids.append(prompt_ids(tok, tok.encode("\n\n".join(pending))))
+    return np.concatenate(ids).astype(np.int32)
+
+
+def _chatml_ids(tok, messages: list[tuple[str, str]]) -> np.ndarray:
+    """ChatML, as the model's Jinja template renders it: the default system line unless
+    the first message is a system one, every message as a whole turn (a developer message
+    as a system one), then <|im_start|>assistant\n."""
+    ids = [] if messages[0][0] in ("system", "developer") else [system_ids(tok)]
+    for role, text in messages:
+        role = "system" if role == "developer" else role
+        ids.append(turn_ids(tok, role, text.strip()))
+    spec = tok.chat_spec
+    ids.append(np.asarray([tok.token_id(spec["start"]), *tok.encode("assistant\n")], np.int32))
     return np.concatenate(ids).astype(np.int32)
 
 

@@ -59,10 +59,11 @@ class Checkpoint:
         return int(self.state.get("step", 0))
 
     def tokenizer(self):
-        """The embedded tokenizer, validated as Tokenizer.load validates a file."""
-        from euler.tokenizer import Tokenizer
+        """The embedded tokenizer (ours, or an imported model's byte-level BPE with its chat
+        template), validated as a tokenizer file is."""
+        from euler.tokenizer import loads_any
 
-        return Tokenizer.loads(self.tokenizer_json, f"{self.path}: tokenizer")
+        return loads_any(self.tokenizer_json, f"{self.path}: tokenizer")
 
     @property
     def tokenizer_sha256(self) -> str:
