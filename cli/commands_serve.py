@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
                 "delays the other streams by at most that (0: whole prompts)."
             ),
         ] = 64,  # fmt: skip
+        debug: Annotated[
+            bool, typer.Option(help="Print a server fault's traceback (else one line).")
+        ] = False,
     ) -> None:
         """Serve a checkpoint over HTTP: an OpenAI-compatible API (/v1/chat/completions,
         /v1/completions, /v1/models), /health, and a chat page at /. Needs the serve extra
@@ -75,7 +78,7 @@ def register(app: typer.Typer) -> None:
         run = checkpoint.parent if checkpoint.is_file() else checkpoint
         name = model_name or run.resolve().name or "euler"
         cfg = ServeConfig(
-            name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens)
+            name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug
         )
         if not is_loopback(host) and api_key is None:
             print(f"warning: --host {host} is reachable from other machines and no --api-key "

@@ -247,3 +247,34 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_slot(server):
     conn.sock.close()
     conn.close()
     server.wait_for(lambda h: h["active"] == 0 and h["cancelled"] == before + 1, 5.0)
+
+
+def test_a_deeply_nested_body_is_a_400_naming_the_body(server):
+    body = b"[" * 100_000 + b"]" * 100_000  # 200 KB: a recursive parser's stack overflows
+    got, reply = server.request("POST", "/v1/chat/completions", body, KEY)
+    assert got == 400 and reply["error"]["code"] == "invalid_json", reply
+    assert "body" in reply["error"]["message"] and "100000 levels" in reply["error"]["message"]
+    # brackets inside a string are text, not nesting
+    text = {"messages": [{"role": "user", "content": "[{" * 50}], "max_tokens": 1}
+    got, reply = server.request("POST", "/v1/chat/completions", text, KEY)
+    assert got == 200, reply
+
+
+def test_clients_that_close_mid_body_leave_no_traceback(run):
+    """50 clients each send half a body and close: the console stays quiet (no traceback,
+    no line per client) and the server still answers."""
+    srv = Server(run, "--slots", "2")
+    try:
+        url = urlparse(srv.url)
+        for i in range(50):
+            sock = socket.create_connection((url.hostname, url.port), timeout=30)
+            head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/json\r\nContent-Length: 4000\r\n\r\n")  # fmt: skip
+            sock.sendall(head.encode() + b'{"messages": [{"role": "user", "content": "' + b"a" * i)
+            sock.close()
+        got, reply = srv.request("GET", "/health", None, None)
+        assert got == 200, reply
+    finally:
+        srv.stop()  # a graceful stop: every request's handler has run when it returns
+    assert "Traceback" not in srv.output and "ClientDisconnect" not in srv.output, srv.output
+    assert len(srv.output.splitlines()) <= 3, srv.output  # the banner, uvicorn's goodbye

@@ -7,7 +7,9 @@ JavaScript, nothing fetched from elsewhere). With an API key every /v1 route nee
 `Authorization: Bearer KEY` (401 otherwise); / and /health stay open, as llama.cpp's do.
 
 Every error, from a malformed body to an unknown route, is OpenAI's error object with the
-field at fault in param (euler.serve.protocol); only a fault of the server itself is a 500.
+field at fault in param (euler.serve.protocol); a body nested deeper than MAX_JSON_DEPTH is
+a 400 before it is parsed; a client that leaves during its body is not logged; only a
+fault of the server itself is a 500, logged in one line (its traceback only with --debug).
 The model runs on the scheduler's thread; each request waits on an asyncio queue that the
 scheduler fills, and a streamed request whose client goes away is cancelled (its slot
 freed) when Starlette cancels the stream; a request answered whole polls for it.
@@ -18,14 +20,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from euler.serve.protocol import (
     ApiError,
@@ -39,6 +45,48 @@ from euler.serve.protocol import (
 from euler.serve.scheduler import Busy, Delta, Done, Failed, Scheduler
 
 DISCONNECT_POLL_S = 0.25  # how often a request answered whole checks for its client
+MAX_JSON_DEPTH = 32  # nesting of a request body; OpenAI's bodies need fewer than 8 levels
+OPENERS, CLOSERS = [ord("["), ord("{")], [ord("]"), ord("}")]
+LOG = logging.getLogger("euler.serve")
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, brackets inside strings
+    not counted; found without parsing (a parser recurses once a level)."""
+    outside = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", data)
+    b = np.frombuffer(outside, np.uint8)
+    step = np.isin(b, OPENERS).astype(np.int64) - np.isin(b, CLOSERS)
+    return int(np.cumsum(step).max(initial=0))
+
+
+class OneLineErrors:
+    """ASGI middleware: an exception no handler turned into an answer becomes a 500 in
+    OpenAI's shape and one line on the console (the traceback only with --debug), not
+    the server's traceback; after a response has started, the line only."""
+
+    def __init__(self, app, debug: bool = False):
+        self.app, self.debug = app, debug
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            where = f"{scope.get('method')} {scope.get('path')}"
+            LOG.error("500 on %s: %s: %s", where, type(e).__name__, str(e).split("\n")[0][:200],
+                      exc_info=self.debug)  # fmt: skip
+            if not started:
+                err = ApiError(500, f"The server failed: {type(e).__name__}.", None, None,
+                               "server_error")  # fmt: skip
+                await _error(err)(scope, receive, send)
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -54,13 +102,22 @@ async def _json_body(request: Request, limits: Limits) -> dict:
     if length.isdigit() and int(length) > cap:
         raise too_big
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > cap:
-            raise too_big
+    try:
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > cap:
+                raise too_big
+    except ClientDisconnect:  # nobody to answer, nothing to log
+        raise ApiError(400, "The client closed the connection during the request body.",
+                       None, "client_disconnected") from None  # fmt: skip
+    depth = json_depth(bytes(data))
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError(400, f"The body of the request nests {depth} levels of arrays and "
+                       f"objects; at most {MAX_JSON_DEPTH} are allowed.", None,
+                       "invalid_json")  # fmt: skip
     try:
         body = json.loads(bytes(data))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ApiError(400, f"The body of the request is not valid JSON ({e}).", None,
                        "invalid_json") from None  # fmt: skip
     if not isinstance(body, dict):
@@ -93,10 +150,7 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
             message, code = f"{e.detail} ({request.method} {request.url.path}).", None
         return _error(ApiError(e.status_code, message, None, code))
 
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, e: Exception) -> JSONResponse:
-        return _error(ApiError(500, f"The server failed: {type(e).__name__}.", None, None,
-                               "server_error"))  # fmt: skip
+    app.add_middleware(OneLineErrors, debug=cfg.debug)  # every other exception: a 500
 
     def authorize(request: Request) -> None:
         if cfg.api_key is None:
