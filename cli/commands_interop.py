@@ -1,4 +1,5 @@
-"""Interop commands: `euler export` and `euler import` (Hugging Face Llama folders)."""
+"""Interop commands: `euler export` and `euler import` (Hugging Face Llama folders, and
+llama.cpp GGUF files on import)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import typer
 
 from euler.errors import EulerError
 
-FORMATS = ("hf",)
+FORMATS = ("hf", "gguf")
 FormatOpt = Annotated[
-    str, typer.Option("--format", help="Foreign format: hf (Hugging Face LlamaForCausalLM).")
+    str,
+    typer.Option(
+        "--format",
+        help="Foreign format: hf (Hugging Face LlamaForCausalLM folder) or gguf (llama.cpp "
+        "file, import only).",
+    ),
 ]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace what --out already holds.")]
 
@@ -40,13 +46,17 @@ def register(app: typer.Typer) -> None:
         from euler.interop.hf_export import export_hf
 
         _check_format(fmt)
+        if fmt != "hf":
+            raise EulerError(f"--format {fmt}: export writes hf folders only")
         path = export_hf(checkpoint, out, overwrite)
         print(f"wrote {path}: config.json, model.safetensors, mtp_heads.safetensors, "
               "tokenizer.json, tokenizer_config.json, generation_config.json")  # fmt: skip
 
     @app.command("import")
     def import_command(
-        src: Annotated[Path, typer.Argument(help="Hugging Face Llama folder.")],
+        src: Annotated[
+            Path, typer.Argument(help="Hugging Face Llama folder, or a .gguf file (--format gguf).")
+        ],
         out: Annotated[
             Path, typer.Option("--out", "-o", help="Checkpoint file to write (or a folder).")
         ],
@@ -60,15 +70,31 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="K heads when SRC has no mtp_heads.safetensors (default 1)."),
         ] = None,
         seed: Annotated[int, typer.Option(help="Seed of freshly initialised heads.")] = 0,
+        context: Annotated[
+            int | None,
+            typer.Option(help="Context to run at (default: the model's trained context)."),
+        ] = None,
         overwrite: OverwriteOpt = False,
     ) -> None:
-        """Make a checkpoint from a Hugging Face Llama folder our config can express."""
-        from euler.interop.hf_import import import_hf
-
+        """Make a checkpoint from a Hugging Face Llama folder or a llama GGUF file that our
+        config can express (tied embeddings and byte-level BPE tokenizers included)."""
         _check_format(fmt)
         if n_mtp is not None and n_mtp < 1:
             raise EulerError("--n-mtp must be at least 1")
-        path, cfg, notes = import_hf(src, out, tokenizer, n_mtp, seed, overwrite)
+        if context is not None and context < 1:
+            raise EulerError("--context must be at least 1")
+        if fmt == "gguf":
+            from euler.interop.gguf_import import import_gguf
+
+            if tokenizer is not None:
+                raise EulerError("--tokenizer: a GGUF file carries its own tokenizer")
+            path, cfg, notes = import_gguf(src, out, n_mtp, context, seed, overwrite)
+        else:
+            from euler.interop.hf_import import import_hf
+
+            path, cfg, notes = import_hf(src, out, tokenizer, n_mtp, seed, overwrite, context)
         for note in notes:
             print(f"note: {note}")
-        print(f"wrote {path}: {cfg.n_params():,} parameters, {cfg.n_mtp} MTP heads")
+        tied = ", tied embeddings" if cfg.tie_embeddings else ""
+        print(f"wrote {path}: {cfg.n_params():,} parameters, {cfg.n_mtp} MTP heads{tied}, "
+              f"context {cfg.context}")  # fmt: skip

@@ -7,8 +7,8 @@ Our block is Llama's block, so the export is a renaming, not a conversion:
     layers.l.mlp.w_gate|w_up|w_down    model.layers.l.mlp.gate_proj|up_proj|down_proj.weight
     layers.l.attn_norm, mlp_norm (D,)  model.layers.l.input_layernorm, post_attention_layernorm
     final_norm (D,)                    model.norm.weight
-    mtp_heads[0] (V, D)                lm_head.weight
-    mtp_heads[1..K-1]                  mtp_heads.safetensors (side file: `mtp_heads.k`, (V, D))
+    head 0 (V, D)                      lm_head.weight (none when tied: tie_word_embeddings true)
+    heads 1..K-1                       mtp_heads.safetensors (side file: `mtp_heads.k`, (V, D))
 
 Both sides store linear weights (out, in) and both rotate halves in RoPE (see
 tests/numpy_reference.py), so q_proj and k_proj rows keep their order; tests/test_interop.py
@@ -33,7 +33,7 @@ from euler import ownership
 from euler.data.files import default_mode, output_lock
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout
+from euler.model.params import ParamLayout, head_weights
 
 WEIGHTS = "model.safetensors"
 SIDE_FILE = "mtp_heads.safetensors"
@@ -90,7 +90,7 @@ def hf_config(cfg: ModelConfig, special: dict[str, int]) -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
         "rope_scaling": None,
         "initializer_range": cfg.init_std,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": 0.0,
@@ -112,8 +112,9 @@ def hf_files(
         for name, _, _ in ParamLayout(cfg).table
         if name != "mtp_heads"
     }
-    heads = views["mtp_heads"]  # (K, V, D)
-    tensors[HEAD] = np.ascontiguousarray(heads[0])
+    heads = head_weights(cfg, views)  # K of (V, D); head 0 is tok_emb when tied
+    if not cfg.tie_embeddings:  # tied: transformers reads embed_tokens as lm_head
+        tensors[HEAD] = np.ascontiguousarray(heads[0])
     side = {f"mtp_heads.{k}": np.ascontiguousarray(heads[k]) for k in range(1, cfg.n_mtp)}
     eos = [special["<|end|>"], special["<|endoftext|>"]]
     generation = {

@@ -2,21 +2,25 @@
 
 Accepted: a `LlamaForCausalLM` whose architecture our ModelConfig expresses: no biases, SiLU,
 plain RoPE (no scaling, full rotary width), no sliding window, head_dim = hidden/heads, an
-untied lm_head; weights in model.safetensors or shards listed in
-model.safetensors.index.json, as float32, float16 or bfloat16 (widened to float32, exactly).
+lm_head or tied embeddings (tie_word_embeddings; then head 0 is the embedding); weights in
+model.safetensors or shards listed in model.safetensors.index.json, as float32, float16 or
+bfloat16 (widened to float32, exactly).
 Anything else is refused in one line naming the field or tensor.
 
 MTP heads: lm_head becomes head 0. With our side file (mtp_heads.safetensors) heads
 1..K-1 come back bit for bit; without it the model gets K = n_mtp heads, 1..K-1 freshly
 initialised (the caller is told).
 
-Tokenizer: tokenizer.json is taken only if it is exactly one of ours (bytes at ids 0..255,
-our special tokens at 256..259, merge r making id 260 + r, our pretokenizer); any other
-needs one of our tokenizer files given explicitly.
+Tokenizer: tokenizer.json becomes our Tokenizer if it is exactly one of ours (bytes at ids
+0..255, our special tokens at 256..259, merge r making id 260 + r, our pretokenizer), else
+someone else's byte-level BPE (euler.tokenizer.HFByteLevelBPE) with the folder's chat
+template (tokenizer_config.json's chat_template, or chat_template.jinja; ChatML is rendered);
+--tokenizer names a tokenizer file instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -28,12 +32,12 @@ from euler import ownership
 from euler.errors import EulerError
 from euler.interop.hf_export import HEAD, SIDE_FILE, SIDE_FORMAT, WEIGHTS, hf_name
 from euler.model.config import ModelConfig
-from euler.model.params import ParamLayout, init_params
+from euler.model.params import ParamLayout, head_weights, init_params
 from euler.schema import MISSING, Fields, parse_json, read_json
 from euler.training import checkpoint as ckpt
 
 if TYPE_CHECKING:
-    from euler.tokenizer import Tokenizer
+    from euler.tokenizer import HFByteLevelBPE, Tokenizer
 
 _DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # all widen to float32 exactly
 
@@ -211,12 +215,13 @@ def import_hf(
     n_mtp: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    context: int | None = None,
 ) -> tuple[Path, ModelConfig, list[str]]:
     """Write a NanoEuler checkpoint for the Hugging Face Llama folder src.
 
     tokenizer: one of our tokenizer files, used instead of src/tokenizer.json. n_mtp: the
-    number of heads K when src has no side file (default 1). Returns (checkpoint path,
-    config, notes for the user).
+    number of heads K when src has no side file (default 1). context: the context to run
+    at (default max_position_embeddings). Returns (checkpoint path, config, notes).
     """
     src, notes = Path(src), []
     if not src.is_dir():
@@ -246,10 +251,20 @@ def import_hf(
         if any(h is None for h in heads[1:]):
             raise EulerError(f"{side}: not a {SIDE_FORMAT} file (heads 1..{k - 1} expected)")
     cfg = config_from_hf(c, len(heads) if side.is_file() else n_mtp or 1)
-    # a tied head is refused unless the folder also holds it (a tied save drops lm_head)
+    if context is not None:
+        cfg = dataclasses.replace(cfg, context=context)
+    # tied: head 0 is the embedding (a tied save drops lm_head; one that keeps it must equal)
     tied = c.get("tie_word_embeddings", False)
-    if tied and not np.array_equal(heads[0], tensors.get(hf_name("tok_emb"))):
-        raise EulerError(f"{c.where}: tie_word_embeddings is true; NanoEuler needs an lm_head")
+    if tied not in (True, False):
+        c.fail("tie_word_embeddings", "true or false", tied)
+    if tied:
+        if heads[0] is not None and not np.array_equal(heads[0], tensors.get(hf_name("tok_emb"))):
+            raise EulerError(f"{c.where}: tie_word_embeddings is true, but {HEAD} differs "
+                             "from the embedding")  # fmt: skip
+        if hf_name("tok_emb") not in tensors:
+            raise EulerError(f"{src}: tensor {hf_name('tok_emb')} is missing")
+        cfg = dataclasses.replace(cfg, tie_embeddings=True)
+        heads[0] = tensors[hf_name("tok_emb")]
     if heads[0] is None:
         raise EulerError(f"{src}: tensor {HEAD} is missing")
     if tok.vocab_size > cfg.vocab_size:
@@ -277,23 +292,49 @@ def import_hf(
         if name != "mtp_heads":
             views[name][...] = tensors[hf_name(name)]
     for k, h in enumerate(heads):
-        views["mtp_heads"][k] = h
+        if not (k == 0 and cfg.tie_embeddings):  # a tied head 0 is tok_emb, already set
+            head_weights(cfg, views)[k][...] = h
     if cfg.n_mtp > len(heads):
         notes.append(
             f"no {SIDE_FILE}: MTP heads 1..{cfg.n_mtp - 1} are freshly initialised "
             f"(seed {seed}); train them before speculative decoding"
         )
+    if getattr(tok, "chat_spec", 0) is None:
+        notes.append("the folder's chat template is not ChatML: euler chat and serve refuse it")
     ckpt.save(out, cfg, params, None, {}, {"imported_from": str(src)}, tok.to_json())
     return out, cfg, notes
 
 
-def _tokenizer(src: Path, path: str | Path | None) -> Tokenizer:
-    """The Tokenizer of our file `path`, else of src/tokenizer.json if that is one of ours."""
-    from euler.tokenizer import Tokenizer
+def _tokenizer(src: Path, path: str | Path | None) -> Tokenizer | HFByteLevelBPE:
+    """The tokenizer file `path` (ours or a saved foreign one), else src/tokenizer.json: our
+    Tokenizer if it is one of ours, else a foreign byte-level BPE with src's chat template."""
+    from euler.tokenizer import HFByteLevelBPE, load_any
 
     if path is not None:
-        return Tokenizer.load(path)
+        return load_any(path)
     hf = src / "tokenizer.json"
     if not hf.is_file():
         raise EulerError(f"{hf}: not found; give --tokenizer")
-    return tokenizer_from_hf(read_json(hf, "tokenizer"), hf)
+    doc = read_json(hf, "tokenizer")
+    try:
+        return tokenizer_from_hf(doc, hf)
+    except EulerError:
+        pass  # not ours: someone else's byte-level BPE, or a one-line refusal naming why
+    return HFByteLevelBPE(doc, _chat_template(src), str(hf))
+
+
+def _chat_template(src: Path) -> dict | None:
+    """The ChatML spec of src's chat template (tokenizer_config.json's chat_template, or
+    chat_template.jinja), or None."""
+    from euler.data.chat_template import chatml_spec
+
+    config = src / "tokenizer_config.json"
+    jinja = src / "chat_template.jinja"
+    if jinja.is_file():
+        return chatml_spec(jinja.read_text(encoding="utf-8"), str(jinja))
+    if config.is_file():
+        template = Fields(read_json(config, "tokenizer config"), str(config)).get(
+            "chat_template", None
+        )
+        return chatml_spec(template if isinstance(template, str) else None, str(config))
+    return None
