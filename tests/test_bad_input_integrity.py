@@ -23,8 +23,8 @@ from euler.tokenizer import Tokenizer
 from euler.data.corpus import CorpusSource
 from euler.data.prepare import prepare_corpus
 from euler.training.loop import train
-from tests.bad_input import Case, assert_refused
-from tests.train_helpers import build_data, sentences, tiny_config
+from tests.bad_input import Case, assert_refused, snapshot
+from tests.train_helpers import build_data, run_cli, sentences, tiny_config
 
 WORLD: dict[str, Path] = {}
 LOCKS: list[int] = []
@@ -184,3 +184,34 @@ def _truncate(root: Path, split: str) -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_refused(world, case, tmp_path, monkeypatch, capsys):
     assert_refused(monkeypatch, capsys, case, tmp_path / "case")
+
+
+def test_a_failed_start_leaves_the_folder_as_it_found_it(world, tmp_path, monkeypatch, capsys):
+    """A fresh run that fails before its first checkpoint leaves no run.json (a rerun is
+    not refused as 'already holds a run'); a refused start deletes nothing of the run
+    already there."""
+    from euler.training import loop
+
+    def fail(*args, **kw):
+        raise loop.EulerError("the first step failed")
+
+    args = ["train", "--preset", "tiny", "--data", str(world / "pre"), "--out",
+            str(tmp_path / "new"), "--batch-size", "2", "--steps", "1"]  # fmt: skip
+    monkeypatch.setattr(loop, "_train", fail)
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and "the first step failed" in err
+    assert not (tmp_path / "new").exists()  # made by the start, removed with it
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    code, _, err = run_cli(monkeypatch, capsys, *args[:6], str(tmp_path / "mine"), *args[7:])
+    assert code == 2 and "the first step failed" in err
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    # a run with run.json only (no checkpoint yet) is refused, and kept whole
+    shutil.copytree(world / "run", tmp_path / "old")
+    (tmp_path / "old" / "checkpoint.safetensors").unlink()
+    before = snapshot(tmp_path / "old")
+    code, _, err = run_cli(monkeypatch, capsys, *args[:6], str(tmp_path / "old"), *args[7:])
+    assert code == 2 and "already holds" in err and snapshot(tmp_path / "old") == before
+    monkeypatch.undo()
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err

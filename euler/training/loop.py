@@ -206,8 +206,15 @@ def train(tc: TrainConfig, resume: bool = False, overwrite: bool = False, consol
     log = lambda s: console.print(s, markup=False, highlight=False)  # noqa: E731
     # rank 0 holds the lock for every rank of the run
     with run_folder.lock_run(Path(tc.out_dir), create=not resume, owner=comm.rank == 0):
-        r = _set_up(tc, comm, resume, overwrite, log)
-        return _train(r, console, log)
+        try:
+            r = _set_up(tc, comm, resume, overwrite, log)
+            return _train(r, console, log)
+        except BaseException:
+            if not resume and comm.rank == 0:  # a failed start leaves no run behind it
+                run_folder.undo_start(Path(tc.out_dir))
+            raise
+        finally:
+            run_folder.forget_claim(Path(tc.out_dir))
 
 
 def _train(r: RunState, console, log: Callable) -> dict:

@@ -153,6 +153,30 @@ def claim_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] 
         for name in RUN_FILES:
             (run / name).unlink(missing_ok=True)
     remove_temp_files(run)
+    _claimed.add(os.path.realpath(run))
+
+
+_claimed: set[str] = set()  # run folders this process claimed for a fresh run
+
+
+def undo_start(run: Path) -> None:
+    """Remove what a fresh run that failed before its first checkpoint wrote (run.json,
+    the tokenizer copy, metrics), so the folder holds no run to refuse a rerun over; only
+    in a folder this process claimed. A run with a checkpoint is kept: it can resume."""
+    key = os.path.realpath(run)
+    if key not in _claimed:
+        return
+    _claimed.discard(key)
+    if (run / checkpoint.CHECKPOINT_NAME).exists():
+        return
+    for name in RUN_FILES:
+        (run / name).unlink(missing_ok=True)
+    remove_temp_files(run)
+
+
+def forget_claim(run: Path) -> None:
+    """The run in `run` is no longer starting (it ended, or undo_start removed it)."""
+    _claimed.discard(os.path.realpath(run))
 
 
 def write_run_files(run: Path, info: RunInfo, tokenizer_json: str | None = None) -> None:
