@@ -34,6 +34,7 @@ Resume = Annotated[
         "cosine schedule from the resumed step on."
     ),
 ]
+DEFAULT_TEMPERATURE = 0.8  # euler chat's sampling, unless --speculative (greedy)
 Overwrite = Annotated[
     bool, typer.Option(help="Replace a run that --out already holds (not while it trains).")
 ]
@@ -212,7 +213,9 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="Answer this one instruction and exit (for scripts).")
         ] = None,
         max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 96,
-        temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.8,
+        temperature: Annotated[
+            float | None, typer.Option(help="0: greedy. [default: 0.8; --speculative: 0]")
+        ] = None,
         top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0: all).")] = 40,
         top_p: Annotated[float, typer.Option(help="Nucleus: smallest set with this mass.")] = 0.95,
         seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 0,
@@ -250,9 +253,13 @@ def register(app: typer.Typer) -> None:
         # every flag is checked before the checkpoint is read
         check_int(max_tokens, "--max-tokens", 1, MAX_CHAT_TOKENS)
         check_int(seed, "--seed", 0, 2**63 - 1)
+        if speculative and temperature not in (None, 0.0):
+            raise EulerError(f"--speculative decodes greedily (drafts checked against head "
+                             f"0's argmax): --temperature {temperature} cannot apply; drop "
+                             "it or give --temperature 0")  # fmt: skip
+        if temperature is None:  # greedy: the drafts are checked against head 0's argmax
+            temperature = 0.0 if speculative else DEFAULT_TEMPERATURE
         sampling = SamplingConfig(temperature, top_k, top_p)
-        if speculative:  # greedy: the drafts are checked against head 0's argmax
-            sampling = SamplingConfig(0.0, top_k, top_p)
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
         precision = chat_precision(device, precision)

@@ -529,6 +529,22 @@ CASES = (
             ("weights only",),
             run_copy("pre", lambda run: resave_checkpoint(run, weights_only=True)),
         ),  # fmt: skip
+        Case(
+            "resume a weights-only checkpoint without a run id",
+            RESUME,
+            ("--resume", "weights only"),
+            run_copy("pre", lambda run: resave_checkpoint(run, True, drop_run_id=True)),
+        ),  # fmt: skip
+        Case(
+            "chat --speculative --temperature 0.8",
+            (*CHAT, "--speculative", "--temperature", "0.8"),
+            ("--speculative", "--temperature"),
+        ),
+        Case(
+            "chat --speculative --temperature 1",
+            (*CHAT, "--temperature", "1", "--speculative"),
+            ("--speculative", "--temperature"),
+        ),
         # chat: every flag checked before the checkpoint is read
         Case("chat --max-tokens 0", (*CHAT, "--max-tokens", "0"), ("--max-tokens",)),
         Case("chat --max-tokens -1", (*CHAT, "--max-tokens", "-1"), ("--max-tokens",)),

@@ -65,7 +65,8 @@ def config_from_hf(c: Fields, n_mtp: int = 1) -> ModelConfig:
     head_dim = c.int("head_dim", lo=1) if c.get("head_dim", None) is not None else None
     if head_dim is not None and head_dim * heads != hidden:
         raise EulerError(f"{c.where}: head_dim {head_dim} x {heads} heads != hidden_size {hidden}")
-    kv = c.int("num_key_value_heads", lo=1) if c.get("num_key_value_heads", None) else heads
+    given = c.get("num_key_value_heads", None) is not None  # 0 is refused, not read as absent
+    kv = c.int("num_key_value_heads", lo=1) if given else heads
     theta = 10000.0  # defaults as transformers' LlamaConfig
     if rope is not None and rope.has("rope_theta"):
         theta = rope.float("rope_theta")

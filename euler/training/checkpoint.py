@@ -63,6 +63,9 @@ class Checkpoint:
         template), validated as a tokenizer file is."""
         from euler.tokenizer import loads_any
 
+        if not self.tokenizer_json.strip():  # not a JSON error: there is no entry at all
+            raise EulerError(f"{self.path}: tokenizer: missing from the metadata (the "
+                             "checkpoint holds no tokenizer)")  # fmt: skip
         return loads_any(self.tokenizer_json, f"{self.path}: tokenizer")
 
     @property

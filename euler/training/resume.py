@@ -98,6 +98,11 @@ def check_resumable(r: RunState, ck: checkpoint.Checkpoint, info: RunInfo) -> No
     run's (its run id), weights only, another tokenizer, or past the run's last step."""
     run = r.folder
     checkpoint.check_compatible(ck, r.cfg, f"run {run}")
+    if ck.moments is None:  # first: an export or weights-only save has no run id either
+        raise EulerError(
+            f"--resume {run}: {ck.path} holds weights only (no AdamW moments); it cannot "
+            "resume training: start a run from it with `euler sft --from`"
+        )
     state = Fields(ck.state, str(ck.path), "state")
     found = state.get("run_id", MISSING)
     if found != info.run_id:
@@ -107,8 +112,6 @@ def check_resumable(r: RunState, ck: checkpoint.Checkpoint, info: RunInfo) -> No
             "another run's"
         )
     state.int("adam_step", lo=0)
-    if ck.moments is None:
-        raise EulerError(f"{ck.path} holds weights only; it cannot resume training")
     if ck.tokenizer_sha256 != r.data.tokenizer.sha256:
         raise EulerError(f"{ck.path} was trained with another tokenizer than {r.data.folder}'s")
     if ck.step > r.total:
