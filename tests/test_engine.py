@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -301,45 +302,89 @@ def test_failing_gradcheck_exits_non_zero(monkeypatch):
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_split_matmul_equals_numpy(trans_a, trans_b, accumulate):
-    from euler.cpu.blas import SplitMatmul
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_blocked_products_equal_numpy(trans_a, trans_b, accumulate, dtype):
+    from euler.cpu.blas import ProductPlan, Products
 
     rng = np.random.default_rng(0)
-    M, K, N = 301, 128, 96  # large enough to be split, M not divisible by the pieces
-    a = rng.standard_normal((K, M) if trans_a else (M, K))
-    b = rng.standard_normal((N, K) if trans_b else (K, N))
-    out = rng.standard_normal((M, N))
+    # M not a multiple of the row blocks; K long enough that a weight gradient's sum is cut
+    M, K, N = 301, 1100, 300
+    mb, nb, pieces = ProductPlan().cut(M, N, K, trans_a)
+    assert mb > 1 and nb > 1 and (pieces > 1) == trans_a  # this test must exercise every cut
+    a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(dtype)
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(dtype)
+    out = rng.standard_normal((M, N)).astype(dtype)
     want = (a.T if trans_a else a) @ (b.T if trans_b else b) + (out if accumulate else 0)
-    mm = SplitMatmul(workers=3)
-    assert mm.split  # this test must exercise the split path
-    mm(out, a, b, trans_a, trans_b, accumulate)
-    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    Products()(out, a, b, trans_a, trans_b, accumulate)
+    tol = 1e-12 if dtype == np.float64 else 2e-4
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-def test_matmul_pool_runs_every_block_once_and_passes_errors_on():
-    from euler.cpu.blas import SplitMatmul
+def test_blocked_products_take_views_pairs_and_empty_shapes():
+    from euler.cpu.blas import Products
 
-    mm = SplitMatmul(workers=3)
-    assert mm.split and mm.threads == 3
-    for n in (0, 1, 2, 7):
-        seen = []
-        mm.map_blocks(lambda lo, hi, seen=seen: seen.extend(range(lo, hi)), n)
-        assert sorted(seen) == list(range(n))
+    mm = Products()
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((40, 300))
+    a, b = big[:, 10:110], big[:7, 50:150]  # rows 300 apart: BLAS reads them in place
+    ab, ba = np.zeros((40, 7)), np.zeros((7, 40))
+    mm.pair((ab, a, b, False, True, False), (ba, b, a, False, True, False))
+    np.testing.assert_allclose(ab, a @ b.T, rtol=1e-12)
+    np.testing.assert_allclose(ba, b @ a.T, rtol=1e-12)
+    empty = np.zeros((0, 7))
+    mm(empty, a[:0], b, trans_b=True)  # nothing to compute, nothing called
+    with pytest.raises(ValueError, match="shapes"):
+        mm(ab, a, b)
 
-    def fail(lo, hi):
-        if lo > 0:
-            raise ZeroDivisionError(lo)
 
-    with pytest.raises(ZeroDivisionError):
-        mm.map_blocks(fail, 6)
-    seen = []
-    mm.map_blocks(lambda lo, hi: seen.append((lo, hi)), 6)  # the workers still answer
-    assert sorted(seen) == [(0, 2), (2, 4), (4, 6)]
-    a, b = np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(4, 2)
-    ab, ba = np.zeros((3, 2)), np.zeros((2, 3))
-    mm.pair((ab, a, b, False, False, False), (ba, b, a, True, True, False))
-    np.testing.assert_array_equal(ab, a @ b)
-    np.testing.assert_array_equal(ba, (a @ b).T)
+def test_product_plans_depend_on_shapes_only():
+    from euler.cpu.blas import ProductPlan
+
+    # the small preset's activations, a weight gradient with a long sum and a large one
+    cut = ProductPlan().cut
+    # the small preset's products: a tall activation, weight gradients with long sums
+    assert cut(2048, 128, 128, False) == (16, 1, 1)
+    assert cut(682, 128, 2048, True) == (4, 1, 4)
+    assert cut(128, 341, 2048, True) == (1, 4, 4)
+    # the gpu preset's: wide outputs are cut both ways, never their sums
+    assert cut(2048, 1280, 768, False) == (4, 4, 1)
+    assert cut(1280, 768, 2048, True) == (4, 4, 1)
+    assert cut(8, 8, 8, False) == (1, 1, 1)
+
+
+def test_training_bits_do_not_depend_on_the_thread_count(tmp_path):
+    """Three steps at each thread count in one process (NUMBA_NUM_THREADS the largest):
+    the losses and every parameter bit equal. EULER_TEST_THREADS widens it (1,2,4,8,16)."""
+    counts = os.environ.get("EULER_TEST_THREADS", "1,2,4")
+    code = f"""
+import numba, numpy as np
+from euler.bench.steps import synthetic_batch
+from euler.model.config import get_preset
+from euler.model.transformer import Model
+from euler.training.optim import AdamW
+cfg = get_preset("small")
+tokens, targets = synthetic_batch(cfg, 4, 128)
+ref = None
+for n in ({counts},):
+    numba.set_num_threads(n)
+    model = Model(cfg, seed=0)
+    opt = AdamW(model)
+    losses = []
+    for _ in range(3):
+        losses.append(model.forward(tokens, targets, need_grad=True))
+        model.backward()
+        opt.step(1e-3)
+    got = (losses, model.params.copy())
+    if ref is None:
+        ref = got
+    assert got[0] == ref[0], (n, got[0], ref[0])
+    assert np.array_equal(got[1], ref[1]), n
+print("same bits at", {counts!r})
+"""
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(max(int(c) for c in counts.split(","))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "same bits" in out.stdout
 
 
 def test_compiled_kernels_live_in_a_folder_named_by_the_sources(tmp_path):

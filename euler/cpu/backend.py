@@ -23,6 +23,7 @@ from euler.backend import check_shapes
 from euler.cpu import (
     adamw,
     attention,
+    attention_dense,
     cross_entropy,
     decode,
     embedding,
@@ -31,9 +32,9 @@ from euler.cpu import (
     rope,
     swiglu,
 )
-from euler.cpu.attention_dense import DENSE_MAX_T, DenseAttention
+from euler.cpu.attention_dense import DENSE_MAX_T
 from euler.cpu.bf16 import narrow_into, widen
-from euler.cpu.blas import SplitMatmul
+from euler.cpu.blas import Products
 from euler.errors import EulerError
 from euler.layer_math import clip_scale
 from euler.precision import is_bf16
@@ -89,8 +90,7 @@ class CpuBackend:
         # cross several tile boundaries.
         self.attention_tile = attention.TILE if attention_tile is None else attention_tile
         self.dense_max_t = DENSE_MAX_T if attention_tile is None else 0
-        self._matmul = SplitMatmul()
-        self._dense = DenseAttention(self._matmul.map_blocks, self._matmul.threads)
+        self._matmul = Products()
         self._scalars: dict[str, np.ndarray] = {}
         self._scratch: dict[tuple, np.ndarray] = {}
 
@@ -145,8 +145,8 @@ class CpuBackend:
         self.residual_forward(out, res, tmp)
 
     def matmul_pair(self, first, second) -> None:
-        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), run
-        concurrently; both are done when it returns (bf16 operands widened first)."""
+        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), in one
+        parallel loop; both are done when it returns (bf16 operands widened first)."""
         if not any(is_bf16(x) for x in (*first[:3], *second[:3])):
             self._matmul.pair(first, second)
             return
@@ -219,7 +219,7 @@ class CpuBackend:
         check_shapes("attention_forward", qkv=(qkv, (B, T, (H + 2 * G) * E)),
                      out=(out, (B, T, H * E)), lse=(lse, (B, H, T)))  # fmt: skip
         if T <= self.dense_max_t:
-            self._dense.forward(out, lse, qkv, H, G, E)
+            attention_dense.attention_forward(out, lse, qkv, H, G, E)
         else:
             attention.attention_forward(out, lse, qkv, H, G, E, self.attention_tile)
 
@@ -231,7 +231,7 @@ class CpuBackend:
                      dqkv=(dqkv, qkv.shape), lse=(lse, (B, H, T)), out=(out, (B, T, H * E)),
                      dout=(dout, (B, T, H * E)))  # fmt: skip
         if T <= self.dense_max_t:
-            self._dense.backward(dqkv, dout, qkv, out, lse, H, G, E)
+            attention_dense.attention_backward(dqkv, dout, qkv, out, lse, H, G, E)
         else:
             attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, self.attention_tile)
 

@@ -1,183 +1,238 @@
-"""Matrix products for the CPU backend: single-threaded BLAS calls, split across our own pool.
+"""Matrix products on the CPU: OpenBLAS's one-thread kernels, called from prange blocks.
 
-NumPy's OpenBLAS keeps its own worker threads, which spin after each call. Beside Numba's
-prange threads, and beside any other busy process, those spinning workers fight for the
-same cores: measured on this project's 2-core machine with one other busy process, a
-`small` training step took 967 ms with OpenBLAS's 2 threads and 259 ms with 1. So OpenBLAS
-runs one thread per call, and a large product is cut by output rows into one piece per core,
-computed concurrently by a small pool of Python threads (NumPy releases the GIL inside
-BLAS) whose idle workers sleep instead of spinning.
+Every parallel loop of the CPU backend runs on Numba's one pool of threads, products
+included: a product is cut into blocks, a prange hands the blocks to the threads, and each
+block is one call of the sgemm (dgemm for float64) of NumPy's own OpenBLAS, told to run
+single-threaded (a second pool on the same cores would fight this one for them).
 
-The pool is a thread per worker fed through two locks: a hand-off and the wait for it took
-about 25 us against 50 to 70 us through concurrent.futures, and a `small` step makes about
-fifty of them.
+The cut depends on the shapes alone, never on the thread count. OpenBLAS picks its kernel
+by a call's sizes, so an element's bits depend on the block that computes it (measured: a
+product cut into blocks of 33 or 511 rows differs in the last bits from the whole); a plan
+fixed by the shapes keeps every result bit the same at 1 or 16 threads. ProductPlan cuts:
+
+- out (M, N) = A op(B) (activations, input gradients): blocks of about `rows` rows of out.
+- out (M, N) = A^T B (weight gradients: a sum over the batch's tokens): blocks of about
+  `grad_rows` rows of out, times the sum cut into up to `pieces` pieces while the output is
+  small (a large output has rows enough to keep the threads busy); each piece but the first
+  sums into a partial buffer, and the partials are then added into out in their order.
+- Products under `small_macs` multiply-adds run as one block.
+
+The threads take blocks as they finish the last (dynamic scheduling): blocks differ in cost,
+and a backward's two products of a layer share one parallel loop.
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
-import threading
+from dataclasses import dataclass
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
+from numba import njit, prange, types
 
-# below this many multiply-adds a product runs whole on the calling thread: the hand-off
-# to a worker (~25 us) would cost more than the split saves
-SPLIT_MIN_MACS = 1 << 21
+from euler.errors import EulerError
 
-_SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                "openblas_set_num_threads")  # fmt: skip
+# NumPy's OpenBLAS names its symbols by build: scipy-openblas wheels (NumPy 2) prefix and
+# suffix them, OpenBLAS's own 64-bit-integer builds suffix them; all take 64-bit integers.
+_SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+_DGEMM = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")
+_SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
-def limit_blas_threads(n: int) -> bool:
-    """Ask every loaded OpenBLAS for n threads per call; False if none could be found."""
+def _openblas() -> ctypes.CDLL:
+    """NumPy's OpenBLAS, found among the libraries this process has loaded."""
     try:
         maps = open("/proc/self/maps").read()
     except OSError:
-        return False
-    done = False
+        maps = ""
     for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
         lib = ctypes.CDLL(path)
-        for name in _SET_THREADS:
-            if hasattr(lib, name):
-                getattr(lib, name)(ctypes.c_int(n))
-                done = True
-                break
-    return done
+        if any(hasattr(lib, name) for name in _SGEMM):
+            return lib
+    raise EulerError("CPU backend: NumPy's OpenBLAS (with 64-bit integers) was not found; "
+                     "install NumPy's wheel from PyPI")  # fmt: skip
 
 
-class _Worker:
-    """One daemon thread that runs a job at a time; two locks serve as binary semaphores."""
-
-    def __init__(self):
-        self._go = threading.Lock()
-        self._go.acquire()
-        self._done = threading.Lock()
-        self._done.acquire()
-        self._job = None
-        self._error = None
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            self._go.acquire()
-            fn, args = self._job
-            try:
-                fn(*args)
-            except BaseException as e:  # handed to the caller of wait()
-                self._error = e
-            self._done.release()
-
-    def submit(self, fn, *args) -> None:
-        self._job = (fn, args)
-        self._go.release()
-
-    def wait(self) -> BaseException | None:
-        """Block until the job is done; return what it raised, if anything."""
-        self._done.acquire()
-        error, self._error = self._error, None
-        return error
+def _bind() -> ctypes.CDLL:
+    """Give sgemm and dgemm names that compiled kernels link against. The names are resolved
+    when a kernel is linked, also one loaded from Numba's cache, so this runs when the
+    module is imported, before any kernel."""
+    lib = _openblas()
+    for ours, names in (("euler_sgemm", _SGEMM), ("euler_dgemm", _DGEMM)):
+        fn = next(getattr(lib, n) for n in names if hasattr(lib, n))
+        llvm.add_symbol(ours, ctypes.cast(fn, ctypes.c_void_p).value)
+    return lib
 
 
-class SplitMatmul:
-    """out = op(a) @ op(b), cut across `workers` threads by output rows or by the sum."""
+_OPENBLAS = _bind()
 
-    def __init__(self, workers: int | None = None):
-        # as many pieces as Numba has threads (NUMBA_NUM_THREADS, else the cores), so that a
-        # data-parallel rank given one thread also runs its products on one
-        self.workers = workers or numba.config.NUMBA_NUM_THREADS
-        # one BLAS thread per call only if we can say so; otherwise BLAS keeps its own pool
-        # and splitting would oversubscribe the cores
-        self.split = self.workers > 1 and limit_blas_threads(1)
-        self._pool = [_Worker() for _ in range(self.workers - 1)] if self.split else []
-        self._partials: dict = {}  # (shape, dtype) -> the second half-sum of a K-split
+
+def set_blas_threads(n: int) -> None:
+    """OpenBLAS's threads per call: 1 for the backend, whose blocks run on Numba's threads
+    (set when this module is imported); a lab sets more to time OpenBLAS's own threading."""
+    name = next(n for n in _SET_THREADS if hasattr(_OPENBLAS, n))
+    getattr(_OPENBLAS, name)(ctypes.c_int(n))
+
+
+set_blas_threads(1)
+
+
+def _gemm_type(real):
+    # cblas_?gemm(order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) with
+    # pointers passed as 64-bit integers (the same registers and stack slots on x86-64)
+    i32, i64 = types.int32, types.int64
+    return types.void(i32, i32, i32, i64, i64, i64, real, i64, i64, i64, i64, real, i64, i64)
+
+
+_sgemm = types.ExternalFunction("euler_sgemm", _gemm_type(types.float32))
+_dgemm = types.ExternalFunction("euler_dgemm", _gemm_type(types.float64))
+
+
+@dataclass(frozen=True)
+class ProductPlan:
+    """How products are cut into blocks (by their shapes alone) and the blocks scheduled."""
+
+    blocks: int = 16  # blocks a product is cut into (fewer for a small one)
+    block_macs: int = 1 << 20  # fewest multiply-adds in a block
+    pieces: int = 4  # most pieces a weight gradient's sum is cut into
+    piece_min: int = 256  # fewest terms in a piece
+    small_output: int = 1 << 18  # weight gradients with fewer output elements cut their sums
+    dynamic: bool = True  # threads take blocks one at a time as they finish (else: in turn)
+
+    def cut(self, M: int, N: int, K: int, trans_a: bool) -> tuple[int, int, int]:
+        """(row blocks, column blocks, sum pieces) for out (M, N) = op(a) @ op(b), K terms.
+
+        A weight gradient (trans_a) with a small output cuts its sum first. The rest of the
+        blocks form the grid of rows x columns that packs the fewest elements: BLAS copies
+        the (K, N/nb) of b and the (M/mb, K) of a that a block reads, so rows x columns
+        blocks copy mb K N + nb M K elements.
+        """
+        count = max(1, min(self.blocks, M * N * K // self.block_macs))
+        pieces = 1
+        if trans_a and M * N < self.small_output:
+            pieces = max(1, min(self.pieces, count, K // self.piece_min))
+        count //= pieces
+        grids = [(mb, count // mb) for mb in range(1, count + 1) if count % mb == 0]
+        grids = [(mb, nb) for mb, nb in grids if mb <= max(1, M // 16) and nb <= max(1, N // 16)]
+        mb, nb = min(grids, key=lambda g: (g[0] * K * N + g[1] * M * K, -g[0] * g[1]))
+        return mb, nb, pieces
+
+
+@njit(nogil=True, cache=True)
+def _ld(a):
+    """Elements between rows (at least a row's length, as BLAS asks, for a single row)."""
+    return a.strides[0] // a.itemsize if a.shape[0] > 1 else max(a.shape[1], 1)
+
+
+@njit(nogil=True, cache=True)
+def gemm(trans_a, trans_b, m, n, k, pa, lda, pb, ldb, beta, pc, ldc, double):
+    """C (m, n) = op(A) op(B) + beta C on one thread, at raw addresses pa, pb, pc (row-major,
+    leading dimensions in elements); float64 if double, else float32."""
+    ta = _TRANS if trans_a else _NO_TRANS
+    tb = _TRANS if trans_b else _NO_TRANS
+    if double:
+        _dgemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
+    else:
+        _sgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), pa, lda, pb, ldb,
+               np.float32(beta), pc, ldc)  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _block(out, a, b, trans_a, trans_b, beta, mb, nb, kb, partial, i):
+    """Block i of out = op(a) @ op(b) cut into mb x nb x kb: its rows, columns, sum piece."""
+    M, N = out.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    r, c, k = i % mb, (i // mb) % nb, i // (mb * nb)
+    r0, r1 = r * M // mb, (r + 1) * M // mb
+    c0, c1 = c * N // nb, (c + 1) * N // nb
+    k0, k1 = k * K // kb, (k + 1) * K // kb
+    dst = out if k == 0 else partial[k - 1]
+    item = out.itemsize
+    lda, ldb, ldc = _ld(a), _ld(b), _ld(dst)
+    gemm(trans_a, trans_b, r1 - r0, c1 - c0, k1 - k0,
+         a.ctypes.data + item * (k0 * lda + r0 if trans_a else r0 * lda + k0), lda,
+         b.ctypes.data + item * (c0 * ldb + k0 if trans_b else k0 * ldb + c0), ldb,
+         beta if k == 0 else 0.0, dst.ctypes.data + item * (r0 * ldc + c0), ldc,
+         item == 8)  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _add_partials(out, partial, pieces, r):
+    """out[r] += partial[0, r] + ... + partial[pieces - 2, r], in that order."""
+    row = out[r]
+    for p in range(pieces - 1):
+        part = partial[p, r]
+        for j in range(row.shape[0]):
+            row[j] += part[j]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _products(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1,
+              o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2):  # fmt: skip
+    """Two products' blocks in one parallel loop (m x n x k blocks each; m2 = 0 for one
+    product), then their partial sums."""
+    first = m1 * n1 * k1
+    for i in prange(first + m2 * n2 * k2):
+        if i < first:
+            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, i)
+        else:
+            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, i - first)
+    rows1 = o1.shape[0] if k1 > 1 else 0
+    rows2 = o2.shape[0] if k2 > 1 and m2 > 0 else 0
+    for r in prange(rows1 + rows2):
+        if r < rows1:
+            _add_partials(o1, p1, k1, r)
+        else:
+            _add_partials(o2, p2, k2, r - rows1)
+
+
+class Products:
+    """The CPU backend's matrix products: each planned, its partial sums in kept scratch."""
+
+    def __init__(self, plan: ProductPlan | None = None):
+        self.plan = plan or ProductPlan()
+        self._partials: dict[tuple, np.ndarray] = {}
+
+    def _prepare(self, out, a, b, trans_a, trans_b, accumulate) -> tuple:
+        """The arguments of one product for _products, after checking what BLAS trusts."""
+        M, N = out.shape
+        K = a.shape[0] if trans_a else a.shape[1]
+        if (b.shape[1] if trans_b else b.shape[0]) != K or (
+            a.shape[1] if trans_a else a.shape[0]
+        ) != M:
+            raise ValueError(f"matmul: shapes {a.shape}, {b.shape} do not give {out.shape}")
+        if not (out.dtype == a.dtype == b.dtype) or out.dtype not in (np.float32, np.float64):
+            raise ValueError(f"matmul: expected one float32 or float64 dtype, got "
+                             f"{out.dtype}, {a.dtype}, {b.dtype}")  # fmt: skip
+        if out.size and out.strides[1] != out.itemsize:
+            raise ValueError("matmul: out's rows must be contiguous")
+        a = a if a.strides[1] == a.itemsize or not a.size else np.ascontiguousarray(a)
+        b = b if b.strides[1] == b.itemsize or not b.size else np.ascontiguousarray(b)
+        mb, nb, pieces = self.plan.cut(M, N, K, trans_a) if M * N else (0, 1, 1)
+        key = (pieces - 1, M, N, out.dtype.str)
+        partial = self._partials.get(key)
+        if partial is None:
+            partial = self._partials[key] = np.empty((max(pieces - 1, 1), M, N), out.dtype)
+        beta = 1.0 if accumulate else 0.0
+        return out, a, b, trans_a, trans_b, beta, mb, nb, pieces, partial
 
     def __call__(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
-        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=)."""
-        a2 = a.T if trans_a else a
-        b2 = b.T if trans_b else b
-        M, N = out.shape
-        K = a2.shape[1]
-        if M * N * K < SPLIT_MIN_MACS:
-            _product(out, a2, b2, accumulate)
-        elif trans_a:
-            self._split_sum(out, a2, b2, accumulate)
-        elif not self.split or M < 2 * 8:
-            _product(out, a2, b2, accumulate)
-        else:
-            cuts = [M * i // self.workers for i in range(self.workers + 1)]
-            self._run(
-                [(_product, (out[r0:r1], a2[r0:r1], b2, accumulate))
-                 for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True)]
-            )  # fmt: skip
-
-    def _split_sum(self, out, a2, b2, accumulate) -> None:
-        """out (+)= a2[:, :h] @ b2[:h] + a2[:, h:] @ b2[h:], the halves concurrently.
-
-        A weight gradient (trans_a: dW = X^T dY) has a small output and a long sum over the
-        batch's tokens; its row pieces ran at 137 GFLOP/s against 163 for the two half-sums
-        (682 x 2048 x 128 on this 2-core machine). Always two halves, whatever the thread
-        count, so that the result's bits do not depend on it.
-        """
-        h = a2.shape[1] // 2
-        key = (out.shape, out.dtype)
-        if key not in self._partials:
-            self._partials[key] = np.empty_like(out)
-        part = self._partials[key]
-        self._run(
-            [(_product, (out, a2[:, :h], b2[:h], accumulate)),
-             (_product, (part, a2[:, h:], b2[h:], False))]
-        )  # fmt: skip
-        out += part
+        """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op an optional transpose."""
+        first = self._prepare(out, a, b, trans_a, trans_b, accumulate)
+        self._run(first, (*first[:6], 0, 1, 1, first[9]))
 
     def pair(self, first, second) -> None:
-        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), at once.
+        """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), in one
+        parallel loop over both products' blocks (a backward's dX and dW of one layer)."""
+        self._run(self._prepare(*first), self._prepare(*second))
 
-        The backward's products come in pairs of equal cost that read the same gradient,
-        dX = dY W and dW = dY^T X: one whole single-threaded BLAS call per core beats two
-        split calls, by 2% to 10% on this 2-core machine at the `small` shapes (one hand-off
-        to the pool instead of two). Each product is computed whole whatever the thread
-        count, so the results' bits do not depend on it.
-        """
-        self._run([(_whole, first), (_whole, second)])
-
-    @property
-    def threads(self) -> int:
-        """How many calls map_blocks runs at once."""
-        return self.workers if self.split else 1
-
-    def map_blocks(self, fn, n: int) -> None:
-        """fn(lo, hi) over `threads` blocks of range(n), concurrently; returns when all are done.
-
-        fn must release the GIL for its heavy work (BLAS, nogil Numba kernels).
-        """
-        parts = self.threads
-        cuts = [n * i // parts for i in range(parts + 1)]
-        self._run([(fn, (lo, hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True) if hi > lo])
-
-    def _run(self, calls) -> None:
-        """Each (fn, args): the first on this thread, the others on the pool's workers at
-        the same time (one after another where there are too few); returns when all are."""
-        n = max(0, min(len(calls) - 1, len(self._pool)))
-        for worker, (fn, args) in zip(self._pool[:n], calls[1 : 1 + n], strict=True):
-            worker.submit(fn, *args)
+    def _run(self, first, second) -> None:
+        # a chunk size of 1 makes the prange hand out blocks one at a time
+        before = numba.set_parallel_chunksize(1 if self.plan.dynamic else 0)
         try:
-            for fn, args in [calls[0], *calls[1 + n :]] if calls else []:
-                fn(*args)
+            _products(*first, *second)
         finally:
-            errors = [worker.wait() for worker in self._pool[:n]]  # every worker, always
-        for error in errors:
-            if error is not None:
-                raise error
-
-
-def _whole(out, a, b, trans_a, trans_b, accumulate) -> None:
-    _product(out, a.T if trans_a else a, b.T if trans_b else b, accumulate)
-
-
-def _product(out, a, b, accumulate: bool) -> None:
-    if accumulate:
-        out += a @ b
-    else:
-        np.matmul(a, b, out=out)
+            numba.set_parallel_chunksize(before)

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One call on the lent machine's 16 Xeon cores: the CPU engine's core scaling against PyTorch.
+# Run from the repository root through the device tool with carry [".whl"] (numpy 2.3.5,
+# bench/device_wheels.sh); results go to $OUT. Cases:
+#     bash bench/cpu_session.sh scaling   # small at 1..16 cores (eager; compile at 16), small
+#                                         # at B=128 on 16, gpu preset B=4 T=512 on 16
+#     bash bench/cpu_session.sh profile   # each backend method's ms a step at 2, 8 and 16
+#     bash bench/cpu_session.sh policy    # the profile at 2 and 16 under each OpenMP wait policy
+#     bash bench/cpu_session.sh products  # bench/labs/cpu_products.py at 2, 8 and 16 threads
+#     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
+#     bash bench/cpu_session.sh before    # with carry ".old" too: that tree's small at 16
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/log.txt"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3|Flags" | cut -c1-200 >"$OUT/lscpu.txt"
+n=$(nproc)
+for case in "$@"; do
+    case "$case" in
+    scaling)
+        log "small, B=16 x T=128, 1..$n cores"
+        python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n \
+            --json "$OUT/cpu-scaling-small.json" --plot "$OUT/cpu-scaling-small.png" 2>&1 | tee -a "$OUT/log.txt"
+        log "small, B=128 x T=128, $n cores"
+        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 \
+            --json "$OUT/cpu-scaling-small-b128.json" 2>&1 | tee -a "$OUT/log.txt"
+        log "gpu preset, B=4 x T=512, $n cores"
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
+            --warmup 1 --json "$OUT/cpu-scaling-gpu.json" 2>&1 | tee -a "$OUT/log.txt"
+        ;;
+    profile)
+        for t in 2 8 $n; do
+            log "profile at $t threads"
+            NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
+                python3 bench/labs/cpu_step_profile.py 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl"
+        done
+        ;;
+    policy)
+        for pol in "OMP_WAIT_POLICY=PASSIVE" "GOMP_SPINCOUNT=10000" "GOMP_SPINCOUNT=100000" \
+            "GOMP_SPINCOUNT=300000" "OMP_WAIT_POLICY=ACTIVE"; do
+            for t in 2 $n; do
+                log "profile at $t threads, $pol"
+                env $pol NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
+                    python3 bench/labs/cpu_step_profile.py 2>&1 | tail -1 | tee -a "$OUT/policy.jsonl"
+            done
+        done
+        ;;
+    products)
+        for t in 2 8 $n; do
+            log "products lab at $t threads"
+            NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
+                python3 bench/labs/cpu_products.py 2>&1 | tee -a "$OUT/products.jsonl" | cut -c1-60
+        done
+        log "products lab, gpu preset B=4 x T=512, $n threads"
+        python3 bench/labs/cpu_products.py --preset gpu --batch 4 --seq 512 --reps 5 2>&1 \
+            | tee -a "$OUT/products.jsonl" | cut -c1-60
+        log "profile, gpu preset B=4 x T=512, $n threads"
+        python3 bench/labs/cpu_step_profile.py --preset gpu --batch 4 --seq 512 --steps 2 2>&1 \
+            | tail -1 | tee -a "$OUT/profile.jsonl"
+        ;;
+    bits)
+        log "bits at 1..$n threads"
+        EULER_TEST_THREADS=1,2,4,8,$n python3 -m pytest -q -p no:cacheprovider \
+            tests/test_engine.py -k thread_count 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+        ;;
+    quick)
+        log "small at 2 and $n, B=128 and the gpu preset at $n (eager only)"
+        python3 bench/cpu_scaling.py --threads 2,$n --json "$OUT/quick-small.json" 2>&1 | tail -2
+        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 2>&1 | tail -1
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
+            --warmup 1 2>&1 | tail -1
+        ;;
+    before)
+        log "the .old tree: small at $n cores, no peer"
+        (cd .old && PYTHONPATH="$PWD:/tmp/site" python3 bench/cpu_scaling.py --threads $n --no-peer) 2>&1 \
+            | tee -a "$OUT/log.txt"
+        ;;
+    esac
+done
