@@ -103,9 +103,15 @@ def hf_config(cfg: ModelConfig, special: dict[str, int]) -> dict:
 
 
 def hf_files(
-    cfg: ModelConfig, params: np.ndarray, hf_tokenizer_json: str, special: dict[str, int]
-) -> dict[str, bytes]:
-    """File name -> bytes of the export of flat parameters params (P,) float32."""
+    cfg: ModelConfig, params: np.ndarray, hf_tokenizer_json: str, special: dict[str, int],
+    chat: tuple[str, str, str] | None = None,
+) -> dict[str, bytes]:  # fmt: skip
+    """File name -> bytes of the export of flat parameters params (P,) float32.
+
+    chat: (document separator text, end-of-answer text, Jinja chat template) of a foreign
+    tokenizer (an imported model); default ours. `special` maps both texts to ids."""
+    eot, end, template = chat or ("<|endoftext|>", "<|end|>", CHAT_TEMPLATE)
+    special = {**special, "<|endoftext|>": special[eot], "<|end|>": special[end]}
     views = ParamLayout(cfg).views(np.ascontiguousarray(params, dtype=np.float32))
     tensors = {
         hf_name(name): np.ascontiguousarray(views[name])
@@ -127,13 +133,13 @@ def hf_files(
     # add a BOS token by default); the specials and template make chat prompts ours
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|endoftext|>",
-        "eos_token": "<|end|>",
-        "pad_token": "<|endoftext|>",
+        "bos_token": eot,
+        "eos_token": end,
+        "pad_token": eot,
         "add_bos_token": False,
         "add_eos_token": False,
         "model_max_length": cfg.context,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
     }
     text = lambda d: (json.dumps(d, indent=2) + "\n").encode()
     return {
@@ -200,6 +206,14 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) 
         raise EulerError(
             f"{ck.path}: tokenizer has {tok.vocab_size} ids but vocab_size is {ck.cfg.vocab_size}"
         )
-    files = hf_files(ck.cfg, ck.params, tok.to_hf_json(), tok.special)
+    chat = None
+    if hasattr(tok, "chat_spec"):  # an imported model's tokenizer: its texts and template
+        spec = tok.chat_spec or {}
+        eot, end = tok.token_bytes(tok.eot_id).decode(), tok.token_bytes(tok.end_id).decode()
+        chat = (eot, end, spec.get("template") or "")
+        special = {**tok.special, eot: tok.eot_id, end: tok.end_id}
+    else:
+        special = tok.special
+    files = hf_files(ck.cfg, ck.params, tok.to_hf_json(), special, chat)
     write_folder(Path(out), files, overwrite, ck.path)
     return Path(out)
