@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli.options import Threads
 
 
 def check_json_out(path: Path | None, overwrite: bool, kind=None, reads=()) -> None:
@@ -57,13 +58,16 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--json", help="Also write every figure here as JSON.")
         ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
+        threads: Threads = None,
     ) -> None:
-        """Time training steps, layers, attention and the tokenizer against PyTorch."""
+        """Time training steps, layers, attention and the tokenizer against PyTorch (given
+        as many threads as ours)."""
         from rich.console import Console
 
         from euler.bench.report import print_report
         from euler.bench.steps import BenchOptions, run_bench
         from euler.data.files import write_json_atomic
+        from euler.threads import use_threads
 
         opts = BenchOptions(
             device=device,
@@ -78,6 +82,7 @@ def register(app: typer.Typer) -> None:
             precision=precision,
         )
         opts.resolve()  # flag errors before any output
+        use_threads(threads)
         check_json_out(json_out, overwrite)
         console = Console()
         if not console.is_terminal:

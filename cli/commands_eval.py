@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli.options import Threads
 
 from euler.errors import EulerError
 
@@ -43,6 +44,7 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--json", help="Also write the results here as JSON.")
         ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
+        threads: Threads = None,
     ) -> None:
         """Score a checkpoint: bits per byte on --text, answers to --instructions."""
         from euler.cli.commands_bench import check_json_out
@@ -52,6 +54,7 @@ def register(app: typer.Typer) -> None:
 
         from euler import ownership
         from euler.data.files import write_json_atomic
+        from euler.threads import use_threads
         from euler.training import checkpoint as ckpt
 
         if not text and instructions is None:
@@ -61,6 +64,7 @@ def register(app: typer.Typer) -> None:
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
         precision = chat_precision(device, precision)
+        use_threads(threads)
         reads = [("CHECKPOINT", checkpoint), ("--instructions", instructions),
                  *(("--text", t) for t in text or ())]  # fmt: skip
         check_json_out(json_out, overwrite, ownership.EVAL_REPORT, reads)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli.options import DecodeThreads
 
 from euler.errors import EulerError
 from euler.training.config import check_int
@@ -56,12 +57,14 @@ def register(app: typer.Typer) -> None:
         debug: Annotated[
             bool, typer.Option(help="Print a server fault's traceback (else one line).")
         ] = False,
+        threads: DecodeThreads = None,
     ) -> None:
         """Serve a checkpoint over HTTP: an OpenAI-compatible API (/v1/chat/completions,
         /v1/completions, /v1/models), /health, and a chat page at /. Needs the serve extra
         (pip install -e '.[serve]')."""
         from euler.serve.protocol import Limits, ServeConfig
         from euler.serve.run import is_loopback, serve
+        from euler.threads import pick_threads
 
         check_int(port, "--port", 0, 65535)
         check_int(slots, "--slots", 1, 1024)
@@ -78,8 +81,9 @@ def register(app: typer.Typer) -> None:
         run = checkpoint.parent if checkpoint.is_file() else checkpoint
         name = model_name or run.resolve().name or "euler"
         cfg = ServeConfig(
-            name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug
-        )
+            name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug,
+            pick_threads(threads) if threads else 1,
+        )  # fmt: skip
         if not is_loopback(host) and api_key is None:
             print(f"warning: --host {host} is reachable from other machines and no --api-key "
                   "is set: anyone who can reach it can use the model", flush=True)  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli.options import DecodeThreads, Threads
 
 from euler.errors import EulerError
 from euler.training.config import (
@@ -100,20 +101,24 @@ def _train_config(kind: str, settings: dict) -> TrainConfig:
 
 
 def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwrite: bool,
-         nproc: int) -> None:  # fmt: skip
+         nproc: int, threads: int | None = None) -> None:  # fmt: skip
     """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved).
 
     The run folder's lock is held from before run.json is read until the run ends. nproc > 1
     outside mpiexec starts this same command line as nproc MPI ranks (once the lock is
     let go: rank 0 takes it) and exits with their exit code; under mpiexec it must match
-    the ranks mpiexec started.
+    the ranks mpiexec started. threads (default: the usable cores) are shared among the
+    ranks; a rank computes on the threads its launcher gave it.
     """
+    from euler.threads import pick_threads, use_threads
     from euler.training import distributed
     from euler.training.loop import train
     from euler.training.resume import run_inputs
     from euler.training.run_folder import check_folder, check_run_dir, lock_run
 
     check_int(nproc, "--nproc", 1, MAX_NPROC)
+    if threads is not None:
+        pick_threads(threads)  # a bad count is refused before any work
     if resume is None:
         tc = _train_config(kind, settings)
         check_run_dir(Path(tc.out_dir), overwrite, run_inputs(tc))  # before the lock's file
@@ -124,6 +129,10 @@ def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwr
     if nproc > 1 and launched not in (1, nproc):
         raise EulerError(f"--nproc {nproc}, but mpiexec started {launched} ranks")
     relaunch = nproc > 1 and launched == 1
+    if launched > 1:
+        use_threads(None)  # the launcher sized this rank's pool
+    elif not relaunch:
+        use_threads(threads)
     folder = resume if resume is not None else Path(tc.out_dir)
     owner = distributed.launched_rank() == 0
     # under mpiexec: one rank's error stops every rank
@@ -135,7 +144,8 @@ def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwr
         else:
             summary = train(tc, resume=resume is not None, overwrite=overwrite)
     if relaunch:
-        sys.exit(distributed.relaunch(nproc, sys.argv[1:]))
+        per_rank = None if threads is None else max(1, pick_threads(threads) // nproc)
+        sys.exit(distributed.relaunch(nproc, sys.argv[1:], per_rank))
     if summary["interrupted"]:
         # SystemExit, not typer.Exit: in main()'s non-standalone mode click would turn an Exit
         # into a return value, and the code would be lost
@@ -186,9 +196,10 @@ def register(app: typer.Typer) -> None:
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
+        threads: Threads = None,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
-        _run("pretrain", settings, given, resume, overwrite, nproc)
+        _run("pretrain", settings, given, resume, overwrite, nproc, threads)
 
     @app.command("sft")
     @_train_config_options("sft")
@@ -198,11 +209,12 @@ def register(app: typer.Typer) -> None:
         resume: Resume = None,
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
+        threads: Threads = None,
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
         if resume is None and (settings["init_from"] is None or settings["data"] is None):
             raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
-        _run("sft", settings, given, resume, overwrite, nproc)
+        _run("sft", settings, given, resume, overwrite, nproc, threads)
 
     @app.command("chat")
     def chat_command(
@@ -234,6 +246,7 @@ def register(app: typer.Typer) -> None:
                 "default) decode with the KV cache in fp32, as the cpu does."
             ),
         ] = None,
+        threads: DecodeThreads = None,
     ) -> None:
         """Chat with a checkpoint: a REPL (/reset, Ctrl-D to quit) or one --prompt.
 
@@ -248,9 +261,12 @@ def register(app: typer.Typer) -> None:
 
         from euler.inference.generate import ChatSession
         from euler.inference.sampling import SamplingConfig
+        from euler.threads import pick_threads
         from euler.training import checkpoint as ckpt
 
         # every flag is checked before the checkpoint is read
+        if threads is not None:
+            pick_threads(threads)
         check_int(max_tokens, "--max-tokens", 1, MAX_CHAT_TOKENS)
         check_int(seed, "--seed", 0, 2**63 - 1)
         if speculative and temperature not in (None, 0.0):
@@ -267,7 +283,7 @@ def register(app: typer.Typer) -> None:
             prompt = _check_text(prompt, "--prompt")
         ck = ckpt.load(checkpoint)
         tok = ck.tokenizer()
-        decoder = _decoder_factory(ck, device, precision)
+        decoder = _decoder_factory(ck, device, precision, pick_threads(threads) if threads else 1)
         session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:
@@ -348,14 +364,15 @@ def chat_precision(device: str, precision: str | None) -> str:
     return precision
 
 
-def _decoder_factory(ck, device: str, precision: str):
+def _decoder_factory(ck, device: str, precision: str, threads: int = 1):
     """A function making fresh decoders of checkpoint ck on device (cpu or cuda): with a KV
-    cache in fp32, or under bf16 recomputing the context in bf16 (make_decoder)."""
+    cache in fp32 (its CPU kernels on `threads` threads), or under bf16 recomputing the
+    context in bf16 (make_decoder)."""
     from euler.backend import make_backend
     from euler.inference.decode_device import make_decoder
 
     backend = make_backend(device, precision)
-    return lambda: make_decoder(ck.cfg, ck.params, backend, precision)
+    return lambda: make_decoder(ck.cfg, ck.params, backend, precision, threads)
 
 
 def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:

@@ -276,3 +276,39 @@ def test_a_field_without_a_flag_is_refused():
     for kind in ("pretrain", "sft"):
         params = {p.name: p for p in train_config_parameters(kind, flagged)}
         assert params["new_knob"].default == 7
+
+
+def test_threads_flag_sets_the_threads_and_refuses_a_count_beyond_the_pool(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    import numba
+
+    before = numba.get_num_threads()
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "1"]
+    try:
+        code, out, err = run_cli(monkeypatch, capsys, *args, "--threads", "1")
+        assert code == 0, err
+        assert "on cpu (1 threads)" in out
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
+    pool = numba.config.NUMBA_NUM_THREADS
+    for command in (args, ["eval", str(run), "--text", str(data_root / "pre")],
+                    ["chat", "--checkpoint", str(run), "--prompt", "hi"],
+                    ["bench", "--preset", "tiny"]):  # fmt: skip
+        for bad in ("0", str(pool + 1)):
+            code, _, err = run_cli(monkeypatch, capsys, *command, "--threads", bad)
+            _one_line_error(code, err, "--threads must be in [1,", f"got {bad}")
+    assert numba.get_num_threads() == before
+
+
+def test_default_threads_are_the_cores_this_process_may_use(monkeypatch):
+    import numba
+
+    from euler import threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {3})
+    assert threads.pick_threads(None) == 1
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(10**4)))
+    assert threads.pick_threads(None) == numba.config.NUMBA_NUM_THREADS

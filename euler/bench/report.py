@@ -28,6 +28,8 @@ def step_table(res: BenchResult) -> Table:
         f"training step: {m['preset']} ({m['params']:,} params), B={m['batch']} T={m['seq']}, "
         f"{m.get('gpu', m['device'])}, {m['precision']}"
     )
+    if m["device"] == "cpu":
+        title += f", {m['numba_threads']} threads (each engine)"
     t = Table(title=title)
     cols = ("engine", "precision", "tokens/s", "ms/step", "MFU", "peak MiB (start)")
     cols += ("vs torch eager", "1st s", "host ms", "cpu/wall", "last loss")

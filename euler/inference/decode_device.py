@@ -62,11 +62,13 @@ class RecomputeDecoder:
 
 
 def make_decoder(
-    cfg: ModelConfig, params: np.ndarray, backend: Backend, precision: str = "fp32"
-) -> Decoder | RecomputeDecoder:
-    """A decoder of flat params (P,) on backend: the KV-cache Decoder (float32) where the
-    backend has one (kv_cache) and precision is not bf16, else a RecomputeDecoder in
-    `precision` (bf16 decoding runs the training forward in bf16)."""
+    cfg: ModelConfig, params: np.ndarray, backend: Backend, precision: str = "fp32",
+    threads: int = 1,
+) -> Decoder | RecomputeDecoder:  # fmt: skip
+    """A decoder of flat params (P,) on backend: the KV-cache Decoder (float32, its CPU
+    kernels on `threads` threads) where the backend has one (kv_cache) and precision is not
+    bf16, else a RecomputeDecoder in `precision` (bf16 decoding runs the training forward in
+    bf16)."""
     if backend.kv_cache and precision != "bf16":
-        return Decoder(cfg, params, backend=backend)
+        return Decoder(cfg, params, backend=backend, threads=threads)
     return RecomputeDecoder(cfg, params, backend, precision)

@@ -46,8 +46,9 @@ class Decoder:
         params: np.ndarray,
         dtype=np.float32,
         backend: Backend | None = None,
+        threads: int = 1,
     ):
-        self.batch, self.slot = BatchDecoder(cfg, params, 1, dtype, backend), 0
+        self.batch, self.slot = BatchDecoder(cfg, params, 1, dtype, backend, threads), 0
         self.cfg = cfg
 
     @property

@@ -63,6 +63,7 @@ class ServeConfig:
     prefill_chunk: int = 64
     limits: Limits = field(default_factory=Limits)
     debug: bool = False  # a server fault's traceback on the console (else one line)
+    threads: int = 1  # CPU threads the decoder's kernels run on
 
 
 class ApiError(Exception):

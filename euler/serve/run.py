@@ -79,7 +79,8 @@ def _serve_on(sock: socket.socket, checkpoint: Path, device: str, cfg: ServeConf
     if limit is not None and not 1 <= limit <= ck.cfg.context:
         raise EulerError(f"--max-tokens must be in [1, {ck.cfg.context}] (the model's "
                          f"context), got {limit}")  # fmt: skip
-    dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=make_backend(device, "fp32"))
+    dec = BatchDecoder(ck.cfg, ck.params, cfg.slots, backend=make_backend(device, "fp32"),
+                       threads=cfg.threads)  # fmt: skip
     # compile (or load) every kernel a request runs now, not on the first request
     generate_batch(dec, [GenRequest(tuple(tok.encode("warm up").tolist()) or (tok.eot_id,), 2)])
     scheduler = Scheduler(dec, tok, cfg.max_queue, cfg.prefill_chunk)
@@ -88,7 +89,7 @@ def _serve_on(sock: socket.socket, checkpoint: Path, device: str, cfg: ServeConf
     where = sock.getsockname()
     url_host = f"[{where[0]}]" if sock.family == socket.AF_INET6 else where[0]
     say(f"serving {cfg.model_name} (step {ck.step}) at http://{url_host}:{where[1]}/ "
-        f"({cfg.slots} slots; OpenAI API at /v1)")  # fmt: skip
+        f"({cfg.slots} slots, {cfg.threads} threads; OpenAI API at /v1)")  # fmt: skip
     try:
         server.run(sockets=[sock])
     finally:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import numba
 import numpy as np
 
 from euler.backend import Backend, make_backend
@@ -338,6 +339,8 @@ def _banner(r: RunState, graphs_active: bool) -> str:
     """The line that opens a run: what trains, where, for how many steps, on what data."""
     tc = r.tc
     on = f"{tc.device} (CUDA graphs)" if graphs_active else tc.device
+    if tc.device == "cpu":
+        on += f" ({numba.get_num_threads()} threads)"
     return (
         f"{tc.kind} {r.cfg.n_params():,} parameters on {on}: steps {r.start}->{r.total}, "
         f"{r.tokens_per_step:,} tokens/step (B={tc.batch_size}, T={r.data.T}, "
