@@ -206,6 +206,15 @@ def _set(value, *keys: str | int) -> Callable[[dict], None]:
     return change
 
 
+def _numeric_parquet(path: Path) -> None:
+    """A parquet file whose `text` column holds integers (written by DuckDB, as read)."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT 1::BIGINT AS text, 'a page' AS body) TO '{path}' (FORMAT parquet)")
+    con.close()
+
+
 CASES = [
     # ------------------------------------------------ euler data prepare: flags
     Case("prepare-vocab-small", (*PREP, "--vocab-size", "100"), ("--vocab-size", "100"), BOOK_FILE),
@@ -252,6 +261,30 @@ CASES = [
     Case("prepare-web-no-column", ("data", "prepare", "--web", "{root}/w.jsonl", "--out",
          "{root}/o", "--vocab-size", "300"), ("w.jsonl", "'text'"),
          write("w.jsonl", '{"body": "a page"}\n')),
+    # an empty book or a column of numbers: named by the user's file and field, never by a
+    # file of ours (the tokenizer's sample, the staging folder)
+    Case("prepare-empty-book", ("data", "prepare", "--books", "{root}/e.txt", "--out",
+         "{root}/o", "--vocab-size", "300"), ("e.txt", "books", "no document"),
+         write("e.txt", "")),
+    Case("prepare-empty-book-tokenizer", ("data", "prepare", "--books", "{root}/e.txt",
+         "--out", "{root}/o", "--tokenizer", "{data}/pre"), ("e.txt", "books", "no document"),
+         write("e.txt", "")),
+    Case("prepare-header-only-book", ("data", "prepare", "--books", "{root}/h.txt", "--out",
+         "{root}/o", "--vocab-size", "300"), ("h.txt", "header and footer"),
+         write("h.txt", "*** START OF THE PROJECT GUTENBERG EBOOK T ***\n\n"
+               "*** END OF THE PROJECT GUTENBERG EBOOK T ***\n")),
+    Case("prepare-web-blank-texts", ("data", "prepare", "--web", "{root}/w.jsonl", "--out",
+         "{root}/o", "--vocab-size", "300"), ("w.jsonl", "web", "no document"),
+         write("w.jsonl", '{"text": ""}\n{"text": "  "}\n')),
+    Case("prepare-web-numeric-column", ("data", "prepare", "--web", "{root}/w.jsonl", "--out",
+         "{root}/o", "--vocab-size", "300"), ("w.jsonl", "'text'", "BIGINT", "--text-column"),
+         write("w.jsonl", '{"text": 1, "body": "a page"}\n{"text": 2, "body": "b"}\n')),
+    Case("prepare-web-numeric-column-tokenizer", ("data", "prepare", "--web", "{root}/w.jsonl",
+         "--out", "{root}/o", "--tokenizer", "{data}/pre"), ("w.jsonl", "'text'", "body"),
+         write("w.jsonl", '{"text": 1.5, "body": "a page"}\n')),
+    Case("prepare-web-numeric-parquet", ("data", "prepare", "--web", "{root}/w.parquet",
+         "--out", "{root}/o", "--vocab-size", "300"), ("w.parquet", "'text'", "--text-column"),
+         lambda root: _numeric_parquet(root / "w.parquet")),
     Case("prepare-tokenizer-missing", (*PREP, "--tokenizer", "{root}/none.json"),
          ("--tokenizer", "none.json", "not found"), BOOK_FILE),
     Case("prepare-tokenizer-bad-merge", (*PREP, "--tokenizer", "{root}/tok.json"),
@@ -469,8 +502,10 @@ def _subst(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_refused_in_one_line(case, tmp_path, monkeypatch, capsys):
     before = snapshot(SHARED["data"])
-    assert_refused(monkeypatch, capsys, case, tmp_path / "root", **_subst(tmp_path))
+    line = assert_refused(monkeypatch, capsys, case, tmp_path / "root", **_subst(tmp_path))
     assert snapshot(SHARED["data"]) == before
+    # a message names what the user gave, never a file of ours (a staging folder, a sample)
+    assert ".tmp-" not in line and "tokenizer-sample.txt" not in line, line
 
 
 def test_case_ids_are_unique():

@@ -65,6 +65,21 @@ def encode_stream(
         yield from zip(batch, tok.encode_batch(batch, threads=threads), strict=True)
 
 
+def empty_source(src: CorpusSource) -> EulerError:
+    """The error for a source with no document: it names the user's files (never a file of
+    ours), and what cleaning drops."""
+    names = [str(i.get("origin") or i.get("path")) for i in src.inputs]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    why = {
+        "books": "an empty file, or only a Project Gutenberg header and footer",
+        "web": "no non-empty text in its text column, or articles with a title only",
+    }.get(src.name, "nothing but whitespace")
+    return EulerError(
+        f"empty corpus: source {src.name!r} has no document left after cleaning "
+        f"({shown or 'no files'}: {why})"
+    )
+
+
 def train_tokenizer(
     sources: list[CorpusSource], vocab_size: int, workdir: Path, sample_chars: int
 ) -> Tokenizer:
@@ -79,13 +94,16 @@ def train_tokenizer(
     sample = workdir / "tokenizer-sample.txt"
     with open(sample, "w", encoding="utf-8") as f:
         for src in sources:
-            left = budget
+            left, seen = budget, False
             for doc in src.documents():
+                seen = True
                 piece = doc[: min(SAMPLE_CHARS_PER_DOC, left)]
                 f.write(piece + "\n\n")
                 left -= len(piece)
                 if left <= 0:
                     break
+            if not seen:  # not one document: say so by the user's files, not the sample's
+                raise empty_source(src)
     tok = Tokenizer.train([str(sample)], vocab_size, progress=False)
     sample.unlink()
     return tok
@@ -223,7 +241,7 @@ def _write_source(
                 w.abort()
         raise
     if docs["train"] + docs["val"] == 0:
-        raise EulerError(f"empty corpus: source {src.name!r} has no document left after cleaning")
+        raise empty_source(src)
     log(
         f"{src.name}: {docs['train'] + docs['val']} documents, "
         f"{tokens['train']:,} train + {tokens['val']:,} val tokens"

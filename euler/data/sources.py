@@ -35,6 +35,7 @@ KINDS = ("books", "web")
 TEXT_FORMATS = ("gutenberg", "wikiextractor")  # read as strict UTF-8 text (read_text)
 WIKI_DOC = re.compile(r"<doc\b[^>]*>\n?(.*?)</doc>", re.DOTALL)
 ROWS_PER_FETCH = 2048  # DuckDB rows pulled per round trip
+TEXT_TYPES = ("VARCHAR", "JSON")  # DuckDB column types a text column may have (JSON: mixed)
 
 
 @dataclass(frozen=True)
@@ -208,14 +209,21 @@ def _iter_table(path: Path, fmt: str, column: str) -> Iterator[str]:
     con = duckdb.connect()
     try:
         try:
-            columns = [
-                row[0]
+            types = {
+                row[0]: row[1]
                 for row in con.execute(f"DESCRIBE SELECT * FROM {reader}", [str(path)]).fetchall()
-            ]
+            }
+            columns = list(types)
             if column not in columns:
                 raise EulerError(
                     f"{path}: no text column {column!r} (columns: {', '.join(columns)}); "
                     "choose one with --text-column"
+                )
+            if types[column] not in TEXT_TYPES:
+                texts = [c for c, t in types.items() if t in TEXT_TYPES]
+                raise EulerError(
+                    f"{path}: column {column!r} holds {types[column]} values, not text; choose "
+                    f"a text column with --text-column ({', '.join(texts) or 'it has none'})"
                 )
             quoted = '"' + column.replace('"', '""') + '"'
             cur = con.execute(f"SELECT {quoted} FROM {reader}", [str(path)])
