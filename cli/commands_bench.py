@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from euler.cli.options import Threads
 
+from euler.precision import precision_help
+
 
 def check_json_out(path: Path | None, overwrite: bool, kind=None, reads=()) -> None:
     """Refuse a --json file the command may not write (euler.ownership's rule: a missing
@@ -30,10 +32,8 @@ def register(app: typer.Typer) -> None:
         precision: Annotated[
             str | None,
             typer.Option(
-                help="fp32, tf32 (cuda) or bf16, for both engines: exact products; TF32 "
-                "tensor cores; bf16 products, attention and activations with fp32 master "
-                "weights (the peer in torch.autocast bf16; on cpu ours is emulated, slow). "
-                "Default: tf32 on cuda, fp32 on cpu."
+                help=f"For both engines (the peer's bf16 is torch.autocast): "
+                f"{precision_help('bench')}"
             ),
         ] = None,
         batch: Annotated[

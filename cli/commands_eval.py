@@ -10,6 +10,7 @@ import typer
 from euler.cli.options import Threads
 
 from euler.errors import EulerError
+from euler.precision import precision_help
 
 SHOWN = 3  # answers printed beside the table
 
@@ -37,9 +38,7 @@ def register(app: typer.Typer) -> None:
             int, typer.Option(help="Answer only the first N instructions (0: all).")
         ] = 0,
         device: Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra).")] = "cpu",
-        precision: Annotated[
-            str | None, typer.Option(help="fp32, tf32 (cuda) or bf16; default per device.")
-        ] = None,
+        precision: Annotated[str | None, typer.Option(help=precision_help("eval"))] = None,
         json_out: Annotated[
             Path | None, typer.Option("--json", help="Also write the results here as JSON.")
         ] = None,
@@ -63,7 +62,7 @@ def register(app: typer.Typer) -> None:
         check_int(limit, "--limit", 0, 1 << 40)
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
-        precision = chat_precision(device, precision)
+        precision = chat_precision(device, precision, "eval")
         use_threads(threads)
         reads = [("CHECKPOINT", checkpoint), ("--instructions", instructions),
                  *(("--text", t) for t in text or ())]  # fmt: skip

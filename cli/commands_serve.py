@@ -9,6 +9,7 @@ import typer
 from euler.cli.options import DecodeThreads
 
 from euler.errors import EulerError
+from euler.precision import precision_help, resolve_precision
 from euler.training.config import check_int
 
 
@@ -25,8 +26,9 @@ def register(app: typer.Typer) -> None:
         ] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed).")] = 8000,
         device: Annotated[
-            str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU); float32.")
+            str, typer.Option(help="cpu, or cuda (needs the gpu extra and a GPU).")
         ] = "cpu",
+        precision: Annotated[str | None, typer.Option(help=precision_help("serve"))] = None,
         api_key: Annotated[
             str | None,
             typer.Option(
@@ -74,6 +76,7 @@ def register(app: typer.Typer) -> None:
             check_int(max_tokens, "--max-tokens", 1, 1 << 20)
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+        resolve_precision(device, precision, "serve")  # fp32 only: the batch decoder's
         if api_key is not None and not api_key.strip():
             raise EulerError("--api-key is empty")
         if model_name is not None and not model_name.strip():

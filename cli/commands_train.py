@@ -13,6 +13,7 @@ import typer
 from euler.cli.options import DecodeThreads, Threads
 
 from euler.errors import EulerError
+from euler.precision import precision_help
 from euler.training.config import (
     RESUME_FLAGS,
     TrainConfig,
@@ -242,8 +243,8 @@ def register(app: typer.Typer) -> None:
         precision: Annotated[
             str | None,
             typer.Option(
-                help="cuda: bf16 recomputes the context in bf16; fp32 or tf32 (the "
-                "default) decode with the KV cache in fp32, as the cpu does."
+                help=precision_help("chat") + " cuda: bf16 recomputes the context in bf16; "
+                "fp32 or tf32 decode with the KV cache in fp32, as the cpu does."
             ),
         ] = None,
         threads: DecodeThreads = None,
@@ -350,18 +351,12 @@ def _check_text(text: str, what: str) -> str:
     return text
 
 
-def chat_precision(device: str, precision: str | None) -> str:
-    """The precision `euler chat` decodes in: tf32 on cuda and fp32 on cpu by default; the
-    CPU's KV-cache decoder only in fp32. EulerError naming the flag otherwise."""
+def chat_precision(device: str, precision: str | None, command: str = "chat") -> str:
+    """The precision `euler chat` (or eval) decodes in: euler.precision.ACCEPTED's default
+    on device, or the one given where the table accepts it; else its one-line refusal."""
     from euler.precision import resolve_precision
 
-    precision = resolve_precision(device, precision)
-    if device == "cpu" and precision != "fp32":
-        raise EulerError(
-            f"--precision {precision}: the cpu decoder (a KV cache) decodes in fp32; "
-            f"{precision} decoding runs with --device cuda"
-        )
-    return precision
+    return resolve_precision(device, precision, command)
 
 
 def _decoder_factory(ck, device: str, precision: str, threads: int = 1):

@@ -69,6 +69,65 @@ def tensor_table() -> str:
     return "\n".join(rows)
 
 
+# The one statement of which precisions each command accepts on each device, its default
+# first. Every --precision refusal and help text is worded from it (precision_error,
+# precision_help), so no command suggests a precision that another refuses on that device.
+ACCEPTED: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {"cpu": ("fp32", "bf16"), "cuda": ("tf32", "fp32", "bf16")},
+    "sft": {"cpu": ("fp32", "bf16"), "cuda": ("tf32", "fp32", "bf16")},
+    "bench": {"cpu": ("fp32", "bf16"), "cuda": ("tf32", "fp32", "bf16")},
+    "chat": {"cpu": ("fp32",), "cuda": ("tf32", "fp32", "bf16")},
+    "eval": {"cpu": ("fp32",), "cuda": ("tf32", "fp32", "bf16")},
+    "serve": {"cpu": ("fp32",), "cuda": ("fp32",)},
+}
+DEVICES = ("cpu", "cuda")
+MEANING = {
+    "fp32": "exact float32 products",
+    "tf32": "products on TF32 tensor cores",
+    "bf16": "bf16 products, attention and activations with fp32 master weights",
+}
+
+
+def _why_not(command: str, device: str, precision: str) -> str:
+    """Why `command` on `device` refuses precision (which ACCEPTED leaves out there)."""
+    if device == "cpu" and precision == "tf32":
+        return "the CPU has no TF32 products"
+    if command == "serve":
+        return "the server's batch decoder computes in fp32"
+    if device == "cpu":
+        return "the CPU's KV-cache decoder runs in fp32; bf16 is emulated for training only"
+    return f"euler {command} does not run {precision} on {device}"
+
+
+def _choices(names: Sequence[str]) -> str:
+    """'fp32 only', 'fp32 or bf16', 'tf32, fp32 or bf16'."""
+    if len(names) == 1:
+        return f"{names[0]} only"
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def precision_error(command: str, device: str, precision: str) -> EulerError:
+    """The one-line refusal of --precision for command on device, from ACCEPTED: what it
+    takes there, why not this one, and where this one runs (the same command elsewhere)."""
+    takes = ACCEPTED[command][device]
+    msg = (f"--precision {precision}: euler {command} --device {device} takes "
+           f"{_choices(takes)} ({_why_not(command, device, precision)})")  # fmt: skip
+    elsewhere = [d for d in DEVICES if d != device and precision in ACCEPTED[command][d]]
+    if elsewhere:
+        msg += f"; {precision} runs with --device {elsewhere[0]}"
+    return EulerError(msg)
+
+
+def precision_help(command: str) -> str:
+    """--precision's help text for command, from ACCEPTED and MEANING."""
+    per_device = "; ".join(f"{_choices(ACCEPTED[command][d])} on {d}" for d in DEVICES)
+    used = [p for p in PRECISIONS if any(p in ACCEPTED[command][d] for d in DEVICES)]
+    meanings = "; ".join(f"{p}: {MEANING[p]}" for p in used)
+    defaults = ", ".join(f"{ACCEPTED[command][d][0]} on {d}" for d in DEVICES)
+    emulated = " (bf16 on cpu: emulated, slow)" if "bf16" in ACCEPTED[command]["cpu"] else ""
+    return f"{per_device}{emulated}. {meanings}. Default: {defaults}."
+
+
 def check_precision(precision: str, flag: str = "--precision") -> str:
     """precision itself, or an EulerError listing the choices."""
     if precision not in PRECISIONS:
@@ -76,16 +135,18 @@ def check_precision(precision: str, flag: str = "--precision") -> str:
     return precision
 
 
-def resolve_precision(device: str, precision: str | None) -> str:
-    """The precision a run on device computes in: None is tf32 on cuda, fp32 on cpu; an
-    unknown one, or tf32 on the CPU, an EulerError naming --precision."""
+def resolve_precision(device: str, precision: str | None, command: str = "train") -> str:
+    """The precision `euler command` on device computes in: None is ACCEPTED's default
+    there; an unknown precision, or one the command refuses on device, an EulerError
+    naming --precision (precision_error)."""
+    if device not in DEVICES:
+        raise EulerError(f"--device must be cpu or cuda, got {device!r}")
+    takes = ACCEPTED[command][device]
     if precision is None:
-        return "tf32" if device == "cuda" else "fp32"
+        return takes[0]
     check_precision(precision)
-    if precision == "tf32" and device == "cpu":
-        raise EulerError(
-            "--precision tf32: the CPU has no TF32 products; give --precision fp32 (or bf16)"
-        )
+    if precision not in takes:
+        raise precision_error(command, device, precision)
     return precision
 
 

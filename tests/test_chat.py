@@ -117,7 +117,7 @@ def test_bf16_chat_on_cuda_decodes_in_bf16(run, monkeypatch, capsys):
     assert out.splitlines()[0][:9] == fp32_out.splitlines()[0][:9]
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                            "--precision", "bf16")  # fmt: skip
-    assert code == 2 and err.startswith("error: --precision bf16: the cpu decoder")
+    assert code == 2 and err.startswith("error: --precision bf16: euler chat --device cpu takes")
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                            "--precision", "fp16")  # fmt: skip
     assert code == 2 and "fp32, tf32, bf16" in err

@@ -39,7 +39,7 @@ from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
-from euler.precision import check_bf16_sequence, resolve_precision, to_bf16
+from euler.precision import DEVICES, check_bf16_sequence, resolve_precision, to_bf16
 from euler.schema import check_number
 from euler.training import step_graph
 from euler.training.optim import AdamW
@@ -63,18 +63,18 @@ class BenchOptions:
     compile: bool = True  # also time torch.compile(peer) (slow to compile on CPU)
     peak_tflops: float | None = None  # None: measure a large matmul on the spot
     reps: int = 5  # repetitions per layer / attention timing (the minimum is kept)
-    precision: str | None = None  # None: tf32 on cuda, fp32 on cpu, as TrainConfig resolves it
+    precision: str | None = None  # None: euler.precision.ACCEPTED's default for bench
 
     def __post_init__(self) -> None:
         # frozen: the resolved default is set once, here, so that the JSON's options hold it
-        if self.precision is None:
-            object.__setattr__(self, "precision", resolve_precision(self.device, None))
+        if self.precision is None and self.device in DEVICES:  # else resolve() says why
+            object.__setattr__(self, "precision", resolve_precision(self.device, None, "bench"))
 
     def resolve(self) -> tuple[ModelConfig, int, int]:
         """(config, B, T), or EulerError naming the bad flag."""
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device: expected cpu or cuda, got {self.device!r}")
-        resolve_precision(self.device, self.precision)
+        resolve_precision(self.device, self.precision, "bench")
         cfg = get_preset(self.preset)
         B0, T0 = DEFAULT_SHAPES.get(self.preset, (8, cfg.context))
         B = B0 if self.batch is None else self.batch

@@ -15,7 +15,7 @@ from typing import Any
 
 from euler.errors import EulerError
 from euler.model.config import get_preset
-from euler.precision import resolve_precision
+from euler.precision import precision_help, resolve_precision
 from euler.schema import Fields, check_number, dataclass_values
 
 TRAIN_CONFIG_VERSION = 2  # 2: `precision` replaced version 1's `tf32`
@@ -69,11 +69,8 @@ class TrainConfig:
     )  # fmt: skip
     kind: str = no_flag("pretrain")  # "pretrain" (token shards) or "sft": set by the command
     device: str = setting("cpu", "cpu, or cuda (needs the gpu extra and a GPU).")
-    precision: str | None = setting(  # None: tf32 on cuda, fp32 on cpu (run.json: resolved)
-        None, "fp32, tf32 (cuda) or bf16: exact products; TF32 tensor cores; bf16 "
-        "products, attention and activations with fp32 master weights (on cpu: emulated, "
-        "slow). Default: tf32 on cuda, fp32 on cpu.",
-    )  # fmt: skip
+    # None: euler.precision.ACCEPTED's default (run.json holds the resolved one)
+    precision: str | None = setting(None, precision_help("train"))
     exact_attention: bool = setting(
         False, "cuda with --precision tf32: attention in exact fp32 instead of on tensor cores."
     )
@@ -114,7 +111,10 @@ class TrainConfig:
         if self.device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {self.device!r}")
         # frozen: the resolved default is set once, here
-        object.__setattr__(self, "precision", resolve_precision(self.device, self.precision))
+        command = "sft" if self.kind == "sft" else "train"
+        object.__setattr__(
+            self, "precision", resolve_precision(self.device, self.precision, command)
+        )
         if self.exact_attention and self.precision == "bf16":
             raise EulerError(
                 "--exact-attention: bf16 attention runs on tensor cores; it applies to "
