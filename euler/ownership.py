@@ -24,7 +24,9 @@ tokenizer.json, a run's checkpoint) is never replaced by a command that writes f
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -215,6 +217,22 @@ def _input_clash(out: Path, reads: Iterable[tuple[str, Path]]) -> tuple[str, Pat
     return None
 
 
+def check_writable(out: Path, flag: str = "--out") -> None:
+    """EulerError naming the flag and the user's path where this process may not write
+    `out`: out itself when it is an existing folder, and the nearest existing folder
+    above it (where a missing one, a lock or a staged copy would be made). Checked by the
+    process's own rights (os.access): root passes, another user meets the mode bits."""
+    out = Path(out)
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    places = [above] + ([out] if out.is_dir() else [])
+    for place in places:
+        if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
+            where = "it" if place == out else f"folder {place}"
+            raise EulerError(f"{flag} {out}: cannot write in {where} ({os.strerror(errno.EACCES)})")
+
+
 def claim_folder(
     out: Path,
     kind: Kind,
@@ -234,6 +252,7 @@ def claim_folder(
     if out.exists() and not out.is_dir():
         found = identify(out)
         raise EulerError(f"{flag} {out}: is a file ({found.words}), not a folder")
+    check_writable(out, flag)
     found = identify(out)
     if found is NOTHING:
         return False
@@ -281,6 +300,7 @@ def claim_file(
         raise EulerError(f"{flag} {out}: is a folder, expected a file name")
     if not out.parent.is_dir():
         raise EulerError(f"{flag} {out}: folder {out.parent} does not exist")
+    check_writable(out, flag)
     if not out.exists():
         return False
     for in_flag, path in reads:

@@ -174,6 +174,9 @@ def output_lock(out: Path, flag: str = "--out") -> Iterator[None]:
     out = Path(out)
     if not out.parent.is_dir():
         raise EulerError(f"{flag} {out}: folder {out.parent} does not exist")
+    from euler.ownership import check_writable
+
+    check_writable(out, flag)  # the user's path named, never the lock's
     path = out.parent / f".lock-{out.name}"
     fd = acquire_lock(path, f"{flag} {out}: another process is writing it")
     try:
@@ -193,7 +196,10 @@ def staged_dir(
     disk) becomes one EulerError naming the file. What an earlier killed run left is
     cleaned first (clean_stale).
     """
+    from euler.ownership import check_writable
+
     out = Path(out)
+    check_writable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
         clean_stale(out)
