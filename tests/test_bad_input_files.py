@@ -394,11 +394,14 @@ IMPORT_CASES = [
     Case("import-index-number", IMPORT, ("weight_map.x", "a string"), _hf(_sharded({"x": 3}))),
     Case("import-no-tokenizer", IMPORT, ("tokenizer.json", "--tokenizer"),
          _hf(drop=("tokenizer.json",))),
-    Case("import-tokenizer-list", IMPORT, ("tokenizer.json", "not a NanoEuler"),
+    Case("import-tokenizer-list", IMPORT, ("tokenizer.json", "expected a JSON object"),
          _hf(_write("tokenizer.json", "[1]"))),
-    Case("import-tokenizer-merges-ints", IMPORT, ("tokenizer.json", "not a NanoEuler"),
+    Case("import-tokenizer-merges-ints", IMPORT, ("tokenizer.json", "model.merges[0]"),
          _hf(_write("tokenizer.json", json.dumps(
-             {"model": {"type": "BPE", "vocab": {}, "merges": [3, [1]]}})))),  # fmt: skip
+             {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [3, [1]]}})))),
+    Case("import-tokenizer-vocab-empty", IMPORT, ("tokenizer.json", "model.vocab", "empty"),
+         _hf(_write("tokenizer.json", json.dumps(
+             {"model": {"type": "BPE", "vocab": {}, "merges": []}})))),  # fmt: skip
     Case("import-tokenizer-flag-missing", (*IMPORT, "--tokenizer", "{root}/none.json"),
          ("none.json",), _hf()),
     Case("import-n-mtp", (*IMPORT, "--n-mtp", "0"), ("--n-mtp",), _hf()),

@@ -75,8 +75,10 @@ class HFByteLevelBPE:
             model.fail("byte_fallback", "false (a byte-level vocabulary needs none)", True)
         self.ignore_merges = bool(model.get("ignore_merges", False))
         vocab = model.get("vocab")
-        if not isinstance(vocab, dict) or not vocab:
+        if not isinstance(vocab, dict):
             model.fail("vocab", "an object token -> id", vocab)
+        if not vocab:
+            raise EulerError(f"{where}: model.vocab: is empty (expected token -> id)")
         self.vocab: dict[str, int] = {}
         for tok, i in vocab.items():
             if type(i) is not int or i < 0:
@@ -111,7 +113,13 @@ class HFByteLevelBPE:
         )
         self.ranks: dict[tuple[str, str], int] = {}
         for r, m in enumerate(model.list("merges")):
-            pair = tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+            pair = (
+                tuple(m.split(" "))
+                if isinstance(m, str)
+                else tuple(m)
+                if isinstance(m, list)
+                else ()
+            )
             if len(pair) != 2 or not all(isinstance(p, str) for p in pair):
                 raise EulerError(
                     f"{where}: model.merges[{r}]: expected 'a b' or [a, b], found {m!r:.40}"
