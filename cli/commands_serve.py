@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a checkpoint over HTTP: an OpenAI-compatible API (/v1/chat/completions,
         /v1/completions, /v1/models), /health, and a chat page at /. Needs the serve extra
-        (pip install -e '.[serve]')."""
+        (pip install -e '.\\[serve]')."""  # \\[: Rich would read [serve] as markup
         from euler.serve.protocol import Limits, ServeConfig
         from euler.serve.run import is_loopback, serve
         from euler.threads import pick_threads

@@ -18,6 +18,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """--version: the package's version, then exit (before any command runs)."""
+    if value:
+        from euler import __version__
+
+        print(f"euler (nanoeuler) {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """NanoEuler: train, check, benchmark and chat with a small language model."""
+
+
 @app.command()
 def info(preset: str = typer.Option("small", help="Preset name: tiny, small or gpu.")) -> None:
     """Print a preset's configuration and its exact parameter count."""
