@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -36,7 +37,7 @@ Resume = Annotated[
         "cosine schedule from the resumed step on."
     ),
 ]
-DEFAULT_TEMPERATURE = 0.8  # euler chat's sampling, unless --speculative (greedy)
+DEFAULT_TEMPERATURE = 0.8  # the chat REPL's sampling; --prompt and --speculative: greedy
 Overwrite = Annotated[
     bool, typer.Option(help="Replace a run that --out already holds (not while it trains).")
 ]
@@ -227,7 +228,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 96,
         temperature: Annotated[
-            float | None, typer.Option(help="0: greedy. [default: 0.8; --speculative: 0]")
+            float | None,
+            typer.Option(
+                help=f"0: greedy. Default: 0 with --prompt (as euler eval) or --speculative, "
+                f"{DEFAULT_TEMPERATURE} in the REPL.",
+                show_default=False,
+            ),
         ] = None,
         top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0: all).")] = 40,
         top_p: Annotated[float, typer.Option(help="Nucleus: smallest set with this mass.")] = 0.95,
@@ -274,8 +280,9 @@ def register(app: typer.Typer) -> None:
             raise EulerError(f"--speculative decodes greedily (drafts checked against head "
                              f"0's argmax): --temperature {temperature} cannot apply; drop "
                              "it or give --temperature 0")  # fmt: skip
-        if temperature is None:  # greedy: the drafts are checked against head 0's argmax
-            temperature = 0.0 if speculative else DEFAULT_TEMPERATURE
+        if temperature is None:  # greedy: the drafts are checked against head 0's argmax,
+            # and a scripted answer is eval's (greedy), the same on every run
+            temperature = 0.0 if speculative or prompt is not None else DEFAULT_TEMPERATURE
         sampling = SamplingConfig(temperature, top_k, top_p)
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
@@ -288,23 +295,20 @@ def register(app: typer.Typer) -> None:
         session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:
-            _answer(session, prompt, max_tokens, sampling, rng, speculative, decoder)
+            _answer(session, prompt, max_tokens, sampling, rng, speculative, decoder, sys.stderr)
             return
         print(f"chat with {ck.path} (step {ck.step}); /reset forgets the conversation, "
               "Ctrl-D quits", flush=True)  # fmt: skip
+        tty = sys.stdin.isatty()
+        if tty:  # line editing (arrow keys) and a history (up arrow) for input()
+            with contextlib.suppress(ImportError):
+                import readline  # noqa: F401
         while True:
-            sys.stdout.write("you> ")
-            sys.stdout.flush()
             try:
-                line = sys.stdin.buffer.readline()
-            except KeyboardInterrupt:
+                text = _read_line(tty).strip()
+            except (KeyboardInterrupt, EOFError):  # Ctrl-C, Ctrl-D / end of input
                 print()
                 return
-            if not line:  # Ctrl-D / end of input
-                print()
-                return
-            try:
-                text = line.decode("utf-8").strip()
             except UnicodeDecodeError as e:
                 print(f"error: that input is not UTF-8 (byte {e.start}); type it again", flush=True)
                 continue
@@ -340,6 +344,20 @@ def register(app: typer.Typer) -> None:
         print(f"wrote {path}")
 
 
+def _read_line(tty: bool) -> str:
+    """One line typed at the chat's `you> ` prompt; EOFError at the end of input. A terminal
+    reads through input() (readline's editing and history once it is imported); a pipe
+    reads bytes, so that bad UTF-8 is reported and skipped, not fatal."""
+    if tty:
+        return input("you> ")
+    sys.stdout.write("you> ")
+    sys.stdout.flush()
+    line = sys.stdin.buffer.readline()
+    if not line:
+        raise EOFError
+    return line.decode("utf-8")
+
+
 def _check_text(text: str, what: str) -> str:
     """Refuse text that is empty or not UTF-8 (undecodable argv bytes arrive as surrogates)."""
     try:
@@ -370,21 +388,37 @@ def _decoder_factory(ck, device: str, precision: str, threads: int = 1):
     return lambda: make_decoder(ck.cfg, ck.params, backend, precision, threads)
 
 
-def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> None:
-    """Stream one answer to stdout, then a line of statistics; decoder() makes a decoder."""
+def _answer(session, text, max_tokens, sampling, rng, speculative, decoder, notes=None) -> None:
+    """Stream one answer to stdout, then a line of statistics; decoder() makes a decoder.
+
+    notes: where the `euler> ` prefix, the notices and the statistics go (stdout in the
+    REPL; stderr for --prompt, so that stdout holds the answer alone)."""
     from euler.inference.generate import TextStream, generate, generate_speculative
 
+    notes = notes or sys.stdout
     stream = TextStream(session.tok)
-    sys.stdout.write("euler> ")
+    prefix = ["euler> "]  # on stderr, written with the first token: an error stays one line
+
+    def say_prefix() -> None:
+        if prefix:
+            notes.write(prefix.pop())
+            notes.flush()
+
+    if notes is sys.stdout:
+        say_prefix()
 
     def show(t: int) -> None:
+        say_prefix()
         sys.stdout.write(stream.push(t))
         sys.stdout.flush()
 
     res, cut = session.reply(text, max_tokens, sampling, rng, speculative, show)
+    say_prefix()
     sys.stdout.write(stream.flush() + "\n")
+    sys.stdout.flush()
     if cut:
-        print("(the prompt was longer than the context allows: only its last tokens were used)")
+        print("(the prompt was longer than the context allows: only its last tokens were used)",
+              file=notes)  # fmt: skip
     why = {"end": "", "max": " (--max-tokens reached)", "context": " (context full)"}[res.stop]
     line = f"[{len(res.tokens)} tokens, {res.tokens_per_second:.1f} tok/s{why}]"
     if speculative:
@@ -407,4 +441,4 @@ def _answer(session, text, max_tokens, sampling, rng, speculative, decoder) -> N
             f" tokens per forward; {spec.tokens_per_second:.0f} vs {base.tokens_per_second:.0f}"
             f" tok/s plain greedy (best of 3): {speed:.2f}x; output {same}"
         )
-    print(line, flush=True)
+    print(line, file=notes, flush=True)

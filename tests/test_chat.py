@@ -20,19 +20,41 @@ def run(tmp_path_factory):
 
 
 def test_one_prompt_streams_an_answer(run, monkeypatch, capsys):
+    """stdout holds the answer alone (for scripts); the prefix and statistics go to stderr."""
     args = ["--prompt", "Say dog twice.", "--max-tokens", "5", "--temperature", "0"]
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args)
     assert code == 0, err
-    lines = out.splitlines()
-    assert lines[0].startswith("euler> ") and "tok/s" in lines[-1]
+    assert out.count("\n") == 1 and "euler> " not in out and "tok/s" not in out, out
+    lines = err.splitlines()
+    assert lines[0].startswith("euler> ") and "tok/s" in lines[-1], err
+
+
+def test_a_prompt_is_answered_greedily_unless_told(run, monkeypatch, capsys):
+    """--prompt decodes as euler eval does (temperature 0), whatever the seed; the REPL
+    keeps sampling at DEFAULT_TEMPERATURE."""
+    from euler.cli import commands_train
+
+    base = ["chat", "--checkpoint", str(run), "--prompt", "Say dog twice.", "--max-tokens", "8"]
+    answers = {run_cli(monkeypatch, capsys, *base, "--seed", str(s))[1] for s in range(3)}
+    greedy = run_cli(monkeypatch, capsys, *base, "--temperature", "0")[1]
+    assert answers == {greedy}
+    seen = []
+    real = commands_train._answer
+    monkeypatch.setattr(commands_train, "_answer",
+                        lambda session, text, n, sampling, *a: seen.append(sampling.temperature)
+                        or real(session, text, n, sampling, *a))  # fmt: skip
+    run_cli(monkeypatch, capsys, *base)
+    run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), "--max-tokens", "2",
+            stdin=b"hi\n")  # fmt: skip
+    assert seen == [0.0, commands_train.DEFAULT_TEMPERATURE]
 
 
 def test_speculative_reports_acceptance_and_speed_up(run, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), "--prompt",
                              "Say sun twice.", "--max-tokens", "12", "--speculative")  # fmt: skip
     assert code == 0, err
-    assert "drafts accepted" in out and "tok/s plain greedy (best of 3)" in out
-    assert "output identical" in out
+    assert "drafts accepted" in err and "tok/s plain greedy (best of 3)" in err
+    assert "output identical" in err and "drafts" not in out
 
 
 @pytest.mark.parametrize(
@@ -81,7 +103,7 @@ def test_device_cuda_gives_the_cpu_answer(run, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                              "--device", "cuda", "--speculative")  # fmt: skip
     assert code == 0, err
-    assert out.splitlines()[0] == cpu_out.splitlines()[0] and "output identical" in out
+    assert out == cpu_out and "output identical" in err
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                            "--device", "tpu")  # fmt: skip
     assert code == 2 and err == "error: --device must be cpu or cuda, got 'tpu'\n"
@@ -121,3 +143,53 @@ def test_bf16_chat_on_cuda_decodes_in_bf16(run, monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "chat", "--checkpoint", str(run), *args,
                            "--precision", "fp16")  # fmt: skip
     assert code == 2 and "fp32, tf32, bf16" in err
+
+
+def _read_until(fd: int, want: bytes, seen: bytearray, timeout: float = 120.0) -> None:
+    """Read the terminal's output into seen until `want` appears after what it held."""
+    import os
+    import select
+    import time
+
+    start, end = len(seen), time.monotonic() + timeout
+    while want not in seen[start:]:
+        left = end - time.monotonic()
+        assert left > 0, f"no {want!r} in {bytes(seen)!r}"
+        if select.select([fd], [], [], left)[0]:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+
+
+def test_the_repl_edits_lines_and_keeps_a_history_on_a_terminal(run):
+    """On a terminal the REPL reads through readline: the up arrow brings the last line
+    back (shown again after the prompt), never `^[[A` sent to the model."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    cmd = [sys.executable, "-c", "from euler.cli.main import main; main()", "chat",
+           "--checkpoint", str(run), "--max-tokens", "2"]  # fmt: skip
+    child = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                             env={**os.environ, "TERM": "xterm"})  # fmt: skip
+    os.close(slave)
+    seen = bytearray()
+    try:
+        _read_until(master, b"you> ", seen)
+        os.write(master, b"Say sun twice.\r")
+        _read_until(master, b"you> ", seen)
+        mark = len(seen)
+        os.write(master, b"\x1b[A\r")  # up arrow, Enter: the same line again
+        _read_until(master, b"you> ", seen)
+        again = bytes(seen[mark:])
+        os.write(master, b"\x04")  # Ctrl-D
+        assert child.wait(timeout=60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+        os.close(master)
+    assert b"^[[A" not in again and b"Say sun twice." in again, again
+    assert again.count(b"euler> ") == 1, again
