@@ -230,8 +230,11 @@ def prepare_sft_command(
 
 
 def _print_sft_summary(m: dict) -> None:
-    """Records kept whole, cut, truncated and dropped per split; windows and the loss share."""
+    """Records kept whole, cut, truncated and dropped per split; windows and the loss share;
+    then one line on the share kept, why the rest was dropped, and the flag that keeps more."""
     from rich.console import Console
+
+    from euler.data.sft import kept_line
     from rich.table import Table
 
     context, policy = m["context"], m["policy"]
@@ -253,6 +256,7 @@ def _print_sft_summary(m: dict) -> None:
     if not console.is_terminal:
         console.width = max(console.width, 140)  # piped output: keep the table unwrapped
     console.print(table)
+    print(kept_line(m), flush=True)  # one line whatever the width: the share kept, and why
     console.print(
         f"held-out records as given: {m['heldout']['file']} (for euler eval --instructions); loss "
         f"share: response tokens over all {context + 1}-token window positions"

@@ -128,8 +128,9 @@ def prepare_sft(
     responses = tokenizer.encode_batch([r["output"].strip() for r in records], threads=threads)
 
     kinds = ("whole", "cut", "truncated", "dropped")
-    stats = {s: dict.fromkeys(("records", *kinds, "kept", "tokens", "loss_tokens"), 0)
-             for s in SPLITS}  # fmt: skip
+    # dropped_prompt: records whose prompt alone leaves no room for an answer (of dropped)
+    stats = {s: dict.fromkeys(("records", *kinds, "dropped_prompt", "kept", "tokens",
+                               "loss_tokens"), 0) for s in SPLITS}  # fmt: skip
     kept: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SPLITS}
     heldout = []
     for rec, p_tok, r_tok in zip(records, prompts, responses, strict=True):
@@ -143,6 +144,8 @@ def prepare_sft(
         st = stats[split]
         st["records"] += 1
         st[kind] += 1
+        if kind == "dropped" and len(prompt_ids(tokenizer, p_tok)) > context:
+            st["dropped_prompt"] += 1
         if ids is not None:
             st["kept"] += 1
             st["tokens"] += len(ids)
@@ -187,6 +190,39 @@ def prepare_sft(
         }
         write_manifest(work, manifest, [sft_file(s, w) for s in SPLITS for w in SFT_FILES])
     return manifest
+
+
+def kept_line(m: dict) -> str:
+    """One line on an SFT manifest: the share of records kept, why the others were dropped,
+    and the flag that keeps more."""
+    sts = m["splits"].values()
+    records, kept = sum(st["records"] for st in sts), sum(st["kept"] for st in sts)
+    prompt = sum(st.get("dropped_prompt", 0) for st in sts)
+    answer = sum(st["dropped"] for st in sts) - prompt
+    long, max_answer, context = m["policy"]["long"], m["policy"]["max_answer"], m["context"]
+    line = f"kept {kept:,} of {records:,} records ({kept / max(records, 1):.0%})"
+    why = []
+    if answer:
+        room = (f"the room left for it (at most {max_answer} tokens: --max-answer)" if max_answer
+                else "the room the context leaves")  # fmt: skip
+        why.append(
+            f"{answer:,} whose response is longer than {room} with no sentence end to cut it "
+            f"at (--long {long})" if long == "cut"
+            else f"{answer:,} whose response is longer than {room} (--long drop)"
+        )  # fmt: skip
+    if prompt:
+        why.append(f"{prompt:,} whose prompt alone fills the {context}-token context")
+    if not why:
+        return line + ": every record"
+    more = []
+    if answer:
+        more.append(f"--long truncate keeps {records - prompt:,} (responses cut mid-sentence, "
+                    "without an end token)")  # fmt: skip
+        if max_answer:
+            more.append("a larger --max-answer (0: what the context leaves) keeps more whole")
+    if prompt:
+        more.append("a larger --context keeps the long prompts")
+    return f"{line}; dropped {' and '.join(why)}. {'; '.join(more)}"
 
 
 def _write_windows(
