@@ -42,19 +42,28 @@ def check_fraction(value: float, flag: str) -> float:
 
 
 def tokenizer_file(path: Path) -> Path:
-    """The tokenizer JSON that --tokenizer names: a file, or a prepared folder's."""
+    """The file that --tokenizer names: a tokenizer JSON, a prepared folder's, or a
+    checkpoint (a .safetensors file, or a run folder's checkpoint) that carries one."""
     from euler.data.prepare import TOKENIZER_FILE
+    from euler.training.checkpoint import CHECKPOINT_NAME
 
     path = Path(path)
+    if path.is_dir() and not (path / TOKENIZER_FILE).exists() and (path / CHECKPOINT_NAME).exists():
+        return path / CHECKPOINT_NAME
     return path / TOKENIZER_FILE if path.is_dir() else path
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
-    """A Tokenizer from a file, or from a prepared data folder's tokenizer.json."""
+    """A Tokenizer from a file, a prepared data folder's tokenizer.json, or the one a
+    checkpoint carries (an imported model's foreign tokenizer and chat template)."""
     from euler.tokenizer import Tokenizer
 
     folder = Path(path)
     path = tokenizer_file(path)
+    if path.suffix == ".safetensors" and path.is_file():
+        from euler.training.checkpoint import read_tokenizer
+
+        return read_tokenizer(path)
     if not path.is_file():
         raise EulerError(f"--tokenizer: tokenizer file not found: {path}")
     if folder.is_dir() and (folder / "manifest.json").is_file():  # checked as train checks it
@@ -187,7 +196,11 @@ def prepare_sft_command(
     inputs: Annotated[list[str], typer.Argument(help="Alpaca JSON files or URLs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
     tokenizer: Annotated[
-        Path, typer.Option(help="Tokenizer file, or the pretraining data folder that holds it.")
+        Path,
+        typer.Option(
+            help="Tokenizer file, the pretraining data folder that holds it, or a run folder "
+            "or checkpoint (an imported model's own tokenizer and chat template)."
+        ),
     ],
     context: Annotated[int, typer.Option(help="Context T the records must fit.")] = 128,
     long: Annotated[
@@ -233,9 +246,9 @@ def _print_sft_summary(m: dict) -> None:
     """Records kept whole, cut, truncated and dropped per split; windows and the loss share;
     then one line on the share kept, why the rest was dropped, and the flag that keeps more."""
     from rich.console import Console
+    from rich.table import Table
 
     from euler.data.sft import kept_line
-    from rich.table import Table
 
     context, policy = m["context"], m["policy"]
     answer = f"answers of at most {policy['max_answer']} tokens; " if policy["max_answer"] else ""

@@ -140,10 +140,12 @@ def _eval_instructions(
     from euler.cli.commands_train import _decoder_factory
     from rich.table import Table
 
+    from euler.data.chat_template import end_token
     from euler.eval.instructions import answer_records, summarize
     from euler.inference.generate import ChatSession
 
-    session = ChatSession(_decoder_factory(ck, device, precision)(), ck.tokenizer())
+    tok = ck.tokenizer()  # its chat template renders the prompts; answers stop at its end token
+    session = ChatSession(_decoder_factory(ck, device, precision)(), tok)
     with _progress(console, "answering", len(records)) as advance:
         answers = answer_records(session, records, max_tokens, on_record=advance)
     s = summarize(answers, max_tokens, path)
@@ -152,7 +154,7 @@ def _eval_instructions(
         f"at most {max_tokens} tokens"
     )
     cols = {
-        f"end with <|end|> within {max_tokens}": f"{s['ended_share']:.1%}",
+        f"end with {end_token(tok)} within {max_tokens}": f"{s['ended_share']:.1%}",
         "mean tokens": f"{s['mean_tokens']:.1f}",
         f"loops (a word {s['loop_n']}-gram {s['loop_times']}x)": f"{s['loop_share']:.1%}",
         f"(references, first {max_tokens} tokens)": f"{s['reference_loop_share']:.1%}",
@@ -166,4 +168,4 @@ def _eval_instructions(
     for a in answers[:SHOWN]:
         console.print(f"[bold]> {a['instruction']}[/bold]", markup=True, highlight=False)
         console.print(a["answer"] + ("" if a["ended"] else " [...]"), markup=False, highlight=False)
-    return {**s, "answers": answers}
+    return {**s, "end_token": end_token(tok), "answers": answers}

@@ -137,6 +137,13 @@ def response_ids(tok: Tokenizer, response_tokens: np.ndarray) -> np.ndarray:
     return np.concatenate([response_tokens, [tok.end_id]]).astype(np.int32)
 
 
+def end_token(tok) -> str:
+    """The text of the token an answer ends with: <|end|> (ours) or the template's
+    (ChatML: <|im_end|>)."""
+    spec = _chatml(tok)
+    return END if spec is None else spec["end"]
+
+
 def turn_gap(tok) -> list[int]:
     """Ids between a finished answer's end token and the next turn (ChatML: "\\n")."""
     return [] if _chatml(tok) is None else _span(tok, "\n")

@@ -204,11 +204,12 @@ def _objects(f: Fields, key: str) -> list[Fields]:
 
 def folder_tokenizer(folder: Path, manifest: dict):
     """The folder's tokenizer, checked whole against the manifest's tokenizer.sha256: a
-    tokenizer swapped after preparation (even one of the same size) is refused."""
-    from euler.tokenizer import Tokenizer
+    tokenizer swapped after preparation (even one of the same size) is refused. Ours, or
+    an imported model's byte-level BPE with its chat template (prepare-sft --tokenizer RUN)."""
+    from euler.tokenizer import load_any
 
     path = Path(folder) / manifest["tokenizer"]["file"]
-    tok = Tokenizer.load(path)
+    tok = load_any(path)
     want = manifest["tokenizer"]["sha256"]
     if tok.sha256 != want:
         raise EulerError(

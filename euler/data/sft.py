@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 FIELDS = ("instruction", "input", "output")
 HELDOUT_FILE = "val-instructions.json"
 LONG_HELP = {
-    "cut": "cut the response at its last sentence end that fits, closed by <|end|>",
-    "truncate": "cut to the window's C + 1 tokens, with no <|end|>",
+    "cut": "cut the response at its last sentence end that fits, closed by the end token",
+    "truncate": "cut to the window's C + 1 tokens, with no end token",
     "drop": "drop the record",
 }
 
@@ -251,10 +251,11 @@ class SFTDataset:
 
     Row b of a batch is one window (one or several records) placed at position 0 and
     padded with <|endoftext|> to T+K tokens; mask[b, j] = 1 iff token j is a response
-    token or a response's closing <|end|>; segments[b, j] is the index inside the row of
-    the record that token j belongs to (-1 on padding). The target of head k at position
-    t is tokens[b, t+1+k] and counts iff mask[b, t+1+k] = 1 and segments[b, t] =
-    segments[b, t+1+k] (make_targets): no target crosses a record boundary.
+    token or a response's closing end token (<|end|>; ChatML: <|im_end|>); segments[b, j]
+    is the index inside the row of the record that token j belongs to (-1 on padding).
+    The target of head k at position t is tokens[b, t+1+k] and counts iff
+    mask[b, t+1+k] = 1 and segments[b, t] = segments[b, t+1+k] (make_targets): no target
+    crosses a record boundary.
     """
 
     def __init__(

@@ -83,6 +83,23 @@ def resolve(path: str | Path) -> Path:
     return path
 
 
+def read_tokenizer(path: str | Path):
+    """The tokenizer a checkpoint file (or a run folder's) carries, read from its header
+    alone, no tensor loaded: what `euler data prepare-sft --tokenizer RUN` takes from an
+    imported model, whose foreign tokenizer and chat template live only in its checkpoint."""
+    path = resolve(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        data = head + f.read(min(n, max(size - 8, 0)))
+    meta = _metadata(data, path, size)
+    if not isinstance(meta.get("tokenizer", ""), str):
+        raise EulerError(f"{path}: tokenizer: expected a string")
+    return Checkpoint(None, None, None, tokenizer_json=meta.get("tokenizer", ""),
+                      path=path).tokenizer()  # fmt: skip
+
+
 def _checksum(tensors: dict[str, np.ndarray]) -> str:
     """SHA-256 over (name, dtype, shape, bytes) of every tensor, in name order."""
     h = hashlib.sha256()
@@ -179,9 +196,11 @@ _FOREIGN = {  # what a file that is not safetensors most likely is, by its first
 }
 
 
-def _metadata(data: bytes, where: Path) -> dict[str, str]:
+def _metadata(data: bytes, where: Path, size: int | None = None) -> dict[str, str]:
     """The __metadata__ of a safetensors byte string (8-byte length, then a JSON header),
-    after checking that the tensors the header lists fit in the file."""
+    after checking that the tensors the header lists fit in the file (of `size` bytes:
+    len(data) unless data holds only the header)."""
+    size = len(data) if size is None else size
     n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else 0
     if len(data) < 10 or data[8:9] != b"{":
         what = next((w for magic, w in _FOREIGN.items() if data.startswith(magic)), None)
@@ -191,7 +210,7 @@ def _metadata(data: bytes, where: Path) -> dict[str, str]:
     if n > len(data) - 8:
         raise EulerError(
             f"{where}: truncated checkpoint (its header claims {n:,} bytes, "
-            f"the file has {len(data) - 8:,} after the length)"
+            f"the file has {size - 8:,} after the length)"
         )
     header = Fields(parse_json(data[8 : 8 + n], f"{where} header"), f"{where} header")
     ends = [
@@ -201,10 +220,10 @@ def _metadata(data: bytes, where: Path) -> dict[str, str]:
         and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
         and isinstance(info["data_offsets"][1], int)
     ]  # fmt: skip
-    if ends and 8 + n + max(ends) > len(data):
+    if ends and 8 + n + max(ends) > size:
         raise EulerError(
             f"{where}: truncated checkpoint (its tensors end at byte {8 + n + max(ends):,}, "
-            f"the file has {len(data):,})"
+            f"the file has {size:,})"
         )
     meta = header.get("__metadata__", None)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
