@@ -8,6 +8,7 @@
 #     bash bench/cpu_session.sh policy    # the profile at 2 and 16 under each OpenMP wait policy
 #     bash bench/cpu_session.sh products  # bench/labs/cpu_products.py at 2, 8 and 16 threads
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
+#     bash bench/cpu_session.sh final     # the figures the README cites, named by date
 #     bash bench/cpu_session.sh before    # with carry ".old" too: that tree's small at 16
 set -u
 OUT=${OUT:-/tmp/out}
@@ -67,6 +68,22 @@ for case in "$@"; do
         log "bits at 1..$n threads"
         EULER_TEST_THREADS=1,2,4,8,$n python3 -m pytest -q -p no:cacheprovider \
             tests/test_engine.py -k thread_count 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+        ;;
+    final)
+        d=$(date -u +%F)
+        log "small, B=16 x T=128, 1..$n cores, 20 steps"
+        python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n --steps 20 \
+            --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
+            --plot "$OUT/cpu-scaling-small-xeon$n-$d.png" 2>&1 | tee -a "$OUT/log.txt"
+        log "small, B=128 x T=128, $n cores"
+        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 \
+            --json "$OUT/cpu-scaling-small-b128-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        log "gpu preset, B=4 x T=512, $n cores"
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
+            --warmup 1 --json "$OUT/cpu-scaling-gpu-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        log "bits at 1..$n threads"
+        EULER_TEST_THREADS=1,2,4,8,$n python3 -m pytest -q -p no:cacheprovider \
+            tests/test_engine.py -k thread_count 2>&1 | tail -1 | tee -a "$OUT/log.txt"
         ;;
     quick)
         log "small at 2 and $n, B=128 and the gpu preset at $n (eager only)"

@@ -12,6 +12,7 @@ or ~/.cache/nanoeuler).
 from __future__ import annotations
 
 import ast
+import shutil
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
@@ -81,8 +82,8 @@ def default_corpus_dir(vocab_size: int = 512, log: Callable[[str], None] = print
         try:
             read_manifest(out, kind="pretrain")
             return out
-        except EulerError:
-            pass  # a corrupt cache is rebuilt below
+        except EulerError:  # a corrupt cache (ours alone: under the cache root) is rebuilt
+            shutil.rmtree(out)
     log(
         f"No training data given: using the embedded default corpus, the English "
         f"documentation inside CPython {version} itself (pydoc help topics and standard-library "
