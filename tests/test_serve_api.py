@@ -278,3 +278,25 @@ def test_clients_that_close_mid_body_leave_no_traceback(run):
         srv.stop()  # a graceful stop: every request's handler has run when it returns
     assert "Traceback" not in srv.output and "ClientDisconnect" not in srv.output, srv.output
     assert len(srv.output.splitlines()) <= 3, srv.output  # the banner, uvicorn's goodbye
+
+
+def test_completions_never_return_special_tokens_as_text(client, run):
+    """A random model's sampled text reaches special tokens; every one ends the answer
+    (finish_reason stop) and none is spelled in the text, in either endpoint."""
+    from euler.serve.protocol import ending_ids
+
+    tok = checkpoint.load(run).tokenizer()
+    assert set(ending_ids(tok)) == set(tok.special.values())
+    names = list(tok.special)
+    reasons = []
+    for seed in range(6):
+        text = client.completions.create(model=MODEL, prompt="The", max_tokens=400,
+                                         temperature=1.5, seed=seed)  # fmt: skip
+        chat = _chat(client, "Say sun.", max_tokens=400, seed=seed)
+        for got, why in (
+            (text.choices[0].text, text.choices[0].finish_reason),
+            (chat.choices[0].message.content, chat.choices[0].finish_reason),
+        ):
+            assert not [n for n in names if n in got], got  # fmt: skip
+            reasons.append(why)
+    assert "stop" in reasons  # a special token was reached, and ended the answer

@@ -321,8 +321,17 @@ def parse_chat(body: dict, tok, limits: Limits, context: int) -> Generation:
     settings = _settings(body, limits, context)
     ids = chat_ids(tok, turns)
     _prompt_limit(len(ids), limits, context, "messages")
-    return Generation("chat", tuple(int(t) for t in ids), stop_ids=(tok.end_id, tok.eot_id),
+    return Generation("chat", tuple(int(t) for t in ids), stop_ids=ending_ids(tok),
                       **settings)  # fmt: skip
+
+
+def ending_ids(tok) -> tuple[int, ...]:
+    """The tokens that end a generation, chat or text: the end of an answer, the end of a
+    document, and every other special token (a role, a foreign template's markers). None of
+    them is text a client should see: a model that reaches one has left its answer."""
+    special = getattr(tok, "special_ids", None)  # a foreign tokenizer: its special ones
+    ids = set(tok.special.values()) if special is None else set(special)
+    return tuple(sorted(ids | {tok.end_id, tok.eot_id}))
 
 
 def parse_completion(body: dict, tok, limits: Limits, context: int) -> Generation:
@@ -343,4 +352,4 @@ def parse_completion(body: dict, tok, limits: Limits, context: int) -> Generatio
         raise _type_error("prompt", "a string, an array of one string, or of token ids", prompt)
     settings = _settings(body, limits, context)
     _prompt_limit(len(ids), limits, context, "prompt")
-    return Generation("text", tuple(ids), stop_ids=(tok.eot_id,), **settings)
+    return Generation("text", tuple(ids), stop_ids=ending_ids(tok), **settings)
