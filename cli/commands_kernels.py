@@ -1,0 +1,104 @@
+"""Kernel commands: `euler kernels list`, `show` and `write`: the generated GPU sources as text.
+
+No GPU is needed: the generators are plain Python (euler/gpu/kernel_sources.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from euler.errors import EulerError
+
+kernels_app = typer.Typer(
+    help="Print the generated GPU kernels (the source the GPU compiles), no GPU needed.",
+    no_args_is_help=True,
+)
+
+LAYERS = ("attention",)  # the layers whose kernels are generated; the others are plain files
+
+
+def _modules(layer: str, precision: str, head_size: int) -> dict[str, str]:
+    """The generated modules of one layer, precision and head size, or a one-line refusal."""
+    from euler.gpu import kernel_sources
+
+    if layer not in LAYERS:
+        raise EulerError(
+            f"layer: one of {', '.join(LAYERS)} (the other layers' kernels are plain files "
+            f"in euler/gpu/), not {layer!r}"
+        )
+    if precision not in kernel_sources.PRECISIONS:
+        raise EulerError(
+            f"--precision: one of {', '.join(kernel_sources.PRECISIONS)}, not {precision!r}"
+        )
+    sizes = kernel_sources.head_sizes(precision)
+    if head_size not in sizes:
+        raise EulerError(
+            f"--head-size: one of {', '.join(map(str, sizes))} at {precision}, not {head_size}"
+        )
+    try:
+        return kernel_sources.attention_modules(precision, head_size)
+    except ValueError as e:  # the exact kernels under the CUDA simulator
+        raise EulerError(str(e)) from None
+
+
+@kernels_app.command("list")
+def list_() -> None:
+    """List every generated kernel: precision, head size, kernel, lines, file name."""
+    from euler.gpu import kernel_sources
+
+    print(f"{'layer':<10} {'precision':<9} {'E':>3} {'kernel':<9} {'lines':>6}  file")
+    for precision in kernel_sources.PRECISIONS:
+        for E in kernel_sources.head_sizes(precision):
+            for kernel, text in kernel_sources.attention_modules(precision, E).items():
+                name = kernel_sources.file_name(precision, E, kernel)
+                lines = text.count("\n")
+                print(f"{'attention':<10} {precision:<9} {E:>3} {kernel:<9} {lines:>6}  {name}")
+
+
+@kernels_app.command()
+def show(
+    layer: Annotated[str, typer.Argument(help="The layer: attention.")],
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="fp32 (the exact kernels, --exact-attention), tf32 (tensor cores, the "
+            "default) or bf16."
+        ),
+    ] = "tf32",
+    head_size: Annotated[int, typer.Option(help="Head size E.")] = 64,
+    kernel: Annotated[str, typer.Option(help="forward, backward or both.")] = "both",
+) -> None:
+    """Print the generated source of a layer's kernels, exactly as the GPU compiles it."""
+    modules = _modules(layer, precision, head_size)
+    if kernel not in ("forward", "backward", "both"):
+        raise EulerError(f"--kernel: forward, backward or both, not {kernel!r}")
+    names = ("forward", "backward") if kernel == "both" else (kernel,)
+    for i, name in enumerate(names):
+        if i:
+            print()
+        print(modules[name], end="")
+
+
+@kernels_app.command()
+def write(
+    folder: Annotated[Path, typer.Argument(help="Where to write them (docs/kernels).")],
+) -> None:
+    """Write every generated kernel to FOLDER, one file each (as docs/kernels/ holds them)."""
+    from euler.gpu import kernel_sources
+
+    folder.mkdir(parents=True, exist_ok=True)
+    modules = kernel_sources.all_attention_modules()
+    for name, text in modules.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    stale = sorted(p.name for p in folder.glob("attention_*.py") if p.name not in modules)
+    print(f"{len(modules)} files in {folder}")
+    if stale:
+        print("no longer generated (remove them): " + ", ".join(stale))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `kernels` command family to the app."""
+    app.add_typer(kernels_app, name="kernels")
