@@ -52,3 +52,50 @@ def test_prepare_sft_says_what_share_it_kept_and_why(tmp_path_factory, monkeypat
     assert line.startswith("kept 2 of 7 records (29%); dropped 3 whose response is longer")
     assert "2 whose prompt alone fills the 64-token context" in line
     assert "--long truncate keeps 5" in line and "--max-answer" in line and "--context" in line
+
+
+def _train_output(tmp_path_factory, terminal: bool, steps: int = 4):
+    """(printed text, summary, metrics) of a tiny run on a console of that kind."""
+    import io
+
+    from rich.console import Console
+
+    from euler.training.loop import train
+    from tests.train_helpers import build_data, read_metrics, tiny_config
+
+    data = build_data(tmp_path_factory)
+    out = tmp_path_factory.mktemp("progress") / "run"
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=terminal, width=160)
+    tc = tiny_config(out, data / "pre", steps=steps, log_every=1, eval_every=steps)
+    summary = train(tc, console=console)
+    return buf.getvalue(), summary, read_metrics(out)
+
+
+def test_no_loss_or_speed_before_the_first_step_and_the_compile_apart(tmp_path_factory):
+    from euler.training.terminal import COMPILING
+
+    text, summary, metrics = _train_output(tmp_path_factory, terminal=False)
+    lines = text.splitlines()
+    first = next(i for i, x in enumerate(lines) if x.startswith("step 1/"))
+    before = "\n".join(lines[:first])
+    assert COMPILING in before and "nan" not in before and "tok/s" not in before
+    assert "ETA" not in before
+    assert "first step" in lines[first] and "tok/s" not in lines[first]
+    assert all("tok/s" in x and "ETA" in x for x in lines if x.startswith(("step 2/", "step 4/")))
+    # tokens/s over the steps after the first, the first step's time apart
+    steps = [m for m in metrics if "tok_s" in m]
+    per_step = summary["train_tokens"] / len(steps)
+    later = sum(per_step / m["tok_s"] for m in steps[1:])
+    assert abs(summary["tokens_per_second"] / ((len(steps) - 1) * per_step / later) - 1) < 1e-9
+    assert abs(summary["first_step_seconds"] - per_step / steps[0]["tok_s"]) < 1e-9
+    (done,) = [x for x in lines if x.startswith("done:")]
+    assert f"{summary['tokens_per_second']:,.0f} tokens/s after the first step" in done
+    assert f"(which took {summary['first_step_seconds']:.1f} s, compiling included)" in done
+
+
+def test_the_progress_bar_says_it_compiles_and_never_shows_nan(tmp_path_factory):
+    from euler.training.terminal import COMPILING
+
+    text, _, _ = _train_output(tmp_path_factory, terminal=True)
+    assert COMPILING in text and "nan" not in text and "-:--:--" not in text

@@ -226,6 +226,8 @@ def _train(r: RunState, console, log: Callable) -> dict:
     r.display = Display(console, r.total, r.start, tc.log_every)
     graphs.log = r.display.print  # above the progress bar
     train_seconds, train_tokens, loss = 0.0, 0, float("nan")
+    first_seconds = None  # this process's first step: kernel compilation included
+    timed_seconds, timed_tokens = 0.0, 0  # the steps after it: what speed and ETA measure
     val = [float("nan")] * (1 + r.cfg.n_mtp)  # last evaluation: mean of heads, then per head
     interrupted = False
     try:
@@ -241,8 +243,14 @@ def _train(r: RunState, console, log: Callable) -> dict:
                 _write_pending(r)  # that loss and norm were of the pending checkpoint's params
                 train_seconds += dt
                 train_tokens += r.tokens_per_step
+                if first_seconds is None:
+                    first_seconds = dt
+                else:
+                    timed_seconds += dt
+                    timed_tokens += r.tokens_per_step
                 done = step + 1
-                _log_step(r, done, loss, lr, norm, dt, train_tokens / train_seconds)
+                tps = timed_tokens / timed_seconds if timed_seconds else None
+                _log_step(r, done, loss, lr, norm, dt, tps, first_seconds)
                 if done % tc.eval_every == 0 or done == r.total:
                     val = _evaluate_and_log(r, done)
                 if done == r.total:
@@ -259,7 +267,8 @@ def _train(r: RunState, console, log: Callable) -> dict:
         graphs.close()
         r.display.close()
         r.close_metrics()
-    return _summary(r, loss, val, train_tokens, train_seconds, interrupted, graph_nodes, log)
+    return _summary(r, loss, val, train_tokens, train_seconds, interrupted, graph_nodes, log,
+                    first_seconds, timed_tokens, timed_seconds)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -414,14 +423,15 @@ def _kept(r: RunState) -> str:
 
 
 def _log_step(
-    r: RunState, step: int, loss: float, lr: float, norm: float, dt: float, tps: float
-) -> None:
+    r: RunState, step: int, loss: float, lr: float, norm: float, dt: float, tps: float | None,
+    first_seconds: float | None,
+) -> None:  # fmt: skip
     """Record finished step `step` (1-based) in metrics.jsonl and show it; dt: its seconds,
-    tps: the run's tokens per second so far."""
+    tps: tokens per second over this process's steps after its first (None: none yet)."""
     r.record({"step": step, "loss": loss, "lr": lr, "grad_norm": norm,
               "tokens": step * r.tokens_per_step, "tok_s": r.tokens_per_step / dt})  # fmt: skip
-    eta = (r.total - step) * r.tokens_per_step / tps
-    r.display.step(step, r.total, loss, lr, tps, eta)
+    eta = (r.total - step) * r.tokens_per_step / tps if tps else None
+    r.display.step(step, r.total, loss, lr, tps, eta, first_seconds)
 
 
 def _evaluate_and_log(r: RunState, step: int) -> list[float]:
@@ -498,10 +508,14 @@ def _save_and_stop(r: RunState, step: int) -> None:
 
 def _summary(
     r: RunState, loss: float, val: list[float], tokens: int, seconds: float, interrupted: bool,
-    graph_nodes: int, log: Callable,
+    graph_nodes: int, log: Callable, first_seconds: float | None = None, timed_tokens: int = 0,
+    timed_seconds: float = 0.0,
 ) -> dict:  # fmt: skip
     """train()'s result (and, for a run that finished, its closing line); tokens and seconds:
-    this process's training tokens and time."""
+    this process's training tokens and time. tokens_per_second is measured over the steps
+    after this process's first (which compiles the kernels on a cold cache, reported apart
+    as first_step_seconds); a single step is its own measure."""
+    tps = timed_tokens / timed_seconds if timed_seconds else tokens / seconds if seconds else 0.0
     summary = {
         "run": str(r.folder),
         "steps": r.saved_step,
@@ -511,7 +525,8 @@ def _summary(
         "val_loss_heads": val[1:],
         "train_tokens": tokens,
         "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "tokens_per_second": tps,
+        "first_step_seconds": first_seconds,  # kernel compilation included
         "interrupted": interrupted,
         "graph_nodes": graph_nodes,  # kernels and copies in the captured CUDA graphs (0: none)
     }
@@ -519,9 +534,19 @@ def _summary(
         log(f"{r.folder} is at step {r.total} of {r.total} already: nothing to train "
             "(a larger --steps continues it)")  # fmt: skip
     elif not interrupted:
+        note = _speed_note(first_seconds, timed_seconds)
         log(
             f"done: step {r.saved_step}, train loss {loss:.4f}, val loss {val[0]:.4f} "
-            f"(head 0: {val[1]:.4f}), {summary['tokens_per_second']:,.0f} tokens/s; "
+            f"(head 0: {val[1]:.4f}), {tps:,.0f} tokens/s{note}; "
             f"checkpoint {r.folder / checkpoint.CHECKPOINT_NAME}"
         )
     return summary
+
+
+def _speed_note(first_seconds: float | None, timed_seconds: float) -> str:
+    """What the summary's tokens/s measured, and the first step's time apart from it."""
+    if first_seconds is None:
+        return ""
+    if not timed_seconds:
+        return f" (one step, compiling included: {first_seconds:.1f} s)"
+    return f" after the first step (which took {first_seconds:.1f} s, compiling included)"

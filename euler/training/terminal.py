@@ -4,38 +4,57 @@ from __future__ import annotations
 
 import signal
 
+COMPILING = "first step: compiling kernels (first run only; later runs load them from the cache)"
+
+
+def clock(seconds: float) -> str:
+    """h:mm:ss."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
 
 class Display:
-    """A rich progress bar on a terminal; plain log lines every log_every steps otherwise."""
+    """A rich progress bar on a terminal; plain log lines every log_every steps otherwise.
+
+    Honest about the first step of a process: until it has run, no loss, speed or ETA is
+    shown (there is none), only COMPILING (Numba compiles on a cold cache, which can take
+    longer than many steps); speed and ETA are measured over the steps after it."""
 
     def __init__(self, console, total: int, start: int, log_every: int):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
         self.console, self.log_every = console, log_every
         self.progress = None
         if console.is_terminal:
             self.progress = Progress(
+                SpinnerColumn(),
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
-                TextColumn("loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}"),
-                TextColumn("{task.fields[tps]:,.0f} tok/s"),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}", markup=False),
                 console=console,
             )
             self.task = self.progress.add_task("train", total=total, completed=start,
-                                               loss=float("nan"), lr=0.0, tps=0.0)  # fmt: skip
+                                               status=COMPILING)  # fmt: skip
             self.progress.start()
+        else:
+            console.print(COMPILING, markup=False, highlight=False)
 
-    def step(self, step: int, total: int, loss: float, lr: float, tps: float, eta: float) -> None:
-        """Show finished step `step` of `total`; tps in tokens/s, eta in seconds."""
+    def step(
+        self, step: int, total: int, loss: float, lr: float, tps: float | None,
+        eta: float | None, first_seconds: float | None = None,
+    ) -> None:  # fmt: skip
+        """Show finished step `step` of `total`; tps in tokens/s and eta in seconds over the
+        steps after this process's first (None until there are some; first_seconds: that
+        first step's time, kernel compilation included)."""
+        status = f"loss {loss:.4f}  lr {lr:.2e}  "
+        if tps is None:
+            status += f"first step {first_seconds or 0:.1f} s (compiling included)"
+        else:
+            status += f"{tps:,.0f} tok/s  ETA {clock(eta or 0)}"
         if self.progress is not None:
-            self.progress.update(self.task, completed=step, loss=loss, lr=lr, tps=tps)
-        elif step % self.log_every == 0 or step == total:
-            self.console.print(
-                f"step {step}/{total}  loss {loss:.4f}  lr {lr:.2e}  {tps:,.0f} tok/s  "
-                f"ETA {eta / 60:.1f} min"
-            )
+            self.progress.update(self.task, completed=step, status=status)
+        elif step % self.log_every == 0 or step == total or tps is None:
+            self.console.print(f"step {step}/{total}  {status}", markup=False, highlight=False)
 
     def print(self, text: str) -> None:
         """A line of plain text (no rich markup), above the progress bar."""
