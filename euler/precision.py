@@ -128,6 +128,16 @@ def precision_help(command: str) -> str:
     return f"{per_device}{emulated}. {meanings}. Default: {defaults}."
 
 
+def accepted_table() -> str:
+    """The Markdown table of ACCEPTED (the README holds it; a test keeps the two equal)."""
+    rows = ["| command | on cpu | on cuda |", "|---|---|---|"]
+    for command, by_device in ACCEPTED.items():
+        cells = [", ".join(f"**{p}**" if i == 0 else p for i, p in enumerate(by_device[d]))
+                 for d in DEVICES]  # fmt: skip
+        rows.append(f"| `euler {command}` | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
 def check_precision(precision: str, flag: str = "--precision") -> str:
     """precision itself, or an EulerError listing the choices."""
     if precision not in PRECISIONS:

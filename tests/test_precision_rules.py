@@ -109,3 +109,12 @@ def test_every_commands_help_is_the_tables():
     for command in ACCEPTED:
         (option,) = [p for p in group.commands[command].params if p.name == "precision"]
         assert precision_help(command) in option.help, command
+
+
+def test_the_readme_states_the_same_table():
+    from pathlib import Path
+
+    from euler.precision import accepted_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert accepted_table() in readme
