@@ -3,8 +3,8 @@
 A CUDA event recorded before a launch fires as soon as the device reaches it, so events
 around one call time the host's launch too: a numba.cuda launch costs 40-90 us of Python
 (arguments, checks, the dispatcher), as much as a small kernel. On the H200 the tensor-core
-attention forward at T=64 (one wave of one-tile blocks) timed 0.096 ms that way
-(results/attention-tc-lengths-2026-11-29T2231-h200.json), and at T=512 0.30 ms against
+attention forward at T=64 (one wave of one-tile blocks) timed 0.096 ms that way, and at
+T=512 0.30 ms against
 0.23 ms inside a captured step (bench_gpu.py's device-only profile).
 
 `timed` holds the stream with a spinning kernel (`hold_stream`, from

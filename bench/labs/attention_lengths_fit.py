@@ -1,7 +1,7 @@
 """Where the tensor-core attention's time goes: a least-squares fit over sequence lengths.
 
     python bench/labs/attention_lengths_fit.py \
-        bench/results/attention-tc-lengths-launchfree-2026-11-30-h200.json
+        FILE
 
 reads the tensor-core "time" records of `python bench/attention_tc_gpu.py --T
 128,256,512,1024,2048 --out FILE` and fits

@@ -14,7 +14,7 @@ the element kernel's bit for bit: the lab checks it before timing.
 
 Timed launch-free (bench/gpu_timing.timed) at the `gpu` preset's products, D x M: qkv
 768 x 1280, attention output 768 x 768, gate and up 768 x 4096, down 2048 x 768. On an H200
-(results/decode-linear-tiles-2026-12-03-h200.json) the variants of 2 and 4 features beat
+(2026-12-03) the variants of 2 and 4 features beat
 one feature at batch 32 on every shape (the step's products 2.05 ms with 4 x 4 x 4 against
 3.18 with 1 x 8 x 4), and at batch 8 on two shapes of four.
 """

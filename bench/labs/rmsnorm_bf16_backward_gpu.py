@@ -17,7 +17,7 @@ the package's 264 x 8 only: other block shapes cut the rows otherwise).
 Each backward is timed with its dw partial sum (sum_partials_kernel) at B = 32, T = 512,
 D = 768, dx aliasing dres as the model calls it, launch-free (bench/gpu_timing.timed);
 shapes are blocks x warps a block (the package: 264 x 8, two blocks a multiprocessor).
-On the H200 (2026-12-03, rmsnorm-bf16-rows-2026-12-03-h200.json): backward 0.0484 ms
+On the H200 (2026-12-03): backward 0.0484 ms
 (3.12 TB/s) against 0.0676 (2.23), forward 0.0230 (3.28 TB/s) against 0.0257 (2.94).
 """
 

@@ -268,7 +268,7 @@ def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
     On the H200 at T=512 this took 0.040 ms (3.8 TB/s) where a 1-d grid, with six 64-bit
     divisions a thread, took 0.059 (bench/labs/prep_variants.py; 4 rows a thread: no faster).
     A warp a row with 4-byte accesses took 0.126; zeroing dQ in a kernel of its own, 0.101
-    with the reads (results/attention-tc-backward-parts-*)."""
+    with the reads (bench/labs/attention_backward_parts.py)."""
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
     tid = cuda.threadIdx.x

@@ -6,7 +6,7 @@ in one dynamic shared-memory array, and a product step reads it 16 bytes at a ti
 (vector.load4_shared, LDS.128): 3 loads for 32 FMAs. The kernels these replaced read
 4 + 8 scalars for the same 32 FMAs and were bound by shared-memory bandwidth: on the H200
 (B=32, H=12, G=4, E=64, T=512, launch-free) forward 0.615 -> 0.459 ms, backward 1.897 ->
-1.117 (results/attention-exact-lab-2026-11-30-h200.json).
+1.117 (results/attention-exact-variants-h200-2026-11-30.json).
 
 A product C[m][n] += sum_k A[m][k] B[k][n] reads each operand one of two ways:
 - "mk", the tile stored [m][k] (rows `ld` floats apart): a thread reads 4 consecutive k of
@@ -57,8 +57,8 @@ class TileOptions:
 
     kstep: k steps written out per loop iteration of a product, a multiple of 4 dividing E.
         ptxas hoists their loads, so at 8 the forward takes 248 registers (2 blocks a
-        multiprocessor), at 4 167 (3). 8 won on the H200, forward 0.459 against 0.467 ms,
-        backward 1.117 against 1.156 at T=512 (results/attention-exact-lab-2026-11-30-h200.json).
+        multiprocessor), at 4 167 (3); 8 runs faster on the H200 (bench/labs/attention_lab_gpu.py,
+        docs/measurements.md).
     """
 
     kstep: int = 8

@@ -106,45 +106,29 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 @dataclass(frozen=True)
 class GpuOptions:
     """How GpuBackend schedules its matrix products and RMSNorm (frozen: one backend, one
-    choice).
+    choice). Each field's default is the faster schedule; the other value stays so that a
+    benchmark can time the two in one run (bench/bench_gpu.py --knobs; the figures are in
+    docs/measurements.md).
 
-    transpose_weight_grads: weight gradients a^T b (a (K, M), b (K, N), K tokens) with the
-        narrower operand first copied token-contiguous (transpose.py). The copy costs
-        K min(M, N) and saves a third of the product's K M N on an H200 (gemm_lab_gpu.py: at
-        4096 x 768, 0.349 ms against 0.544; at 768 x 768, 0.105 against 0.172).
-    transpose_min_width: copy only where max(M, N) is at least this. In the training step
-        (bench/bench_gpu.py --steps-only, H200), copying where the other side is 2048 or
-        more wide took 66.2 ms a step against 68.6 without
-        (results/gpu-steps-knobs-2026-11-29T2139-h200.json); since the copy moves 16-byte
-        pieces (0.028 ms at 16384 x 768, 3.6 TB/s, from 0.046: results/transpose-s12-*),
-        copying for every weight gradient (0) is faster still: 57.7 and 58.0 ms a step
-        against 58.3 and 58.4 (results/gpu-steps-s12-*). bf16 operands are never copied:
-        cuBLASLt's bf16 weight gradients at the gpu preset ran at 508-790 TFLOP/s as
-        called, and within 0.003 ms of that from a transposed operand
-        (bench/gemm_bf16_gpu.py, results/gemm-bf16-2026-12-02-h200.json).
-    fused_residual: matmul_residual (the output projections attn.wo and mlp.w_down and
+    transpose_weight_grads: a weight gradient a^T b (a (K, M), b (K, N), K tokens) first
+        copies its narrower operand token-contiguous (transpose.py): both operands then run
+        along K as Hopper's TF32 kernels want, where cuBLAS's "NT" product reads neither
+        contiguously. bf16 operands are never copied (cuBLASLt's bf16 products run as fast
+        as called).
+    transpose_min_width: copy only where max(M, N) is at least this (0: every weight
+        gradient, the fastest since the copy moves 16-byte pieces).
+    fused_residual: matmul_residual (the output projections attn.wo and mlp.w_down with
         their residual adds) as one cuBLASLt call writing out = res + a b^T with
-        C = res != D = out (cublaslt.py), where legacy cuBLAS needs the product in a
-        temporary and our residual kernel after it. On an H200 (bench/labs/cublaslt_lab_gpu.py,
-        out (16384, 768)): K = 768, 0.126 ms against 0.103 ms GEMM + ~0.039 ms add;
-        K = 2048, 0.2005 against 0.1756 + 0.039; each 16 times a step (about 0.5 ms a step
-        in all; the add's time is the device-only profile's). In the training step: 68.1 ms
-        against 68.6 without (results/gpu-steps-knobs-2026-11-29T2139-h200.json). A
-        stand-in blas (the simulator's) always takes the unfused path.
+        C = res != D = out (cublaslt.py), which saves the residual kernel's second read of
+        the product. A stand-in blas (the simulator's) always takes the unfused path.
     held_rmsnorm_rows: bf16 RMSNorm rows of at most 768 columns held in registers between
-        their passes (rmsnorm_rows.py; the same bits): on an H200 at (16384, 768) the
-        backward takes 0.048 ms against 0.068 re-reading each row, the forward 0.023
-        against 0.026 (bench/labs/rmsnorm_bf16_backward_gpu.py), and the bf16 step
-        31.25-31.64 ms against 31.94-32.43 re-reading them (three rounds in turn,
-        bench/bench_gpu.py --steps-only, results/steps-bf16-norm-2026-12-03-h200.json);
-        False re-reads them.
+        their passes (rmsnorm_rows.py; the same bits), so each row is read from memory
+        once; False re-reads them.
     gemm_candidates: the cuBLASLt products (every bf16 one, and the fused residuals) time
         up to this many of the heuristic's algorithms on a product's first call and keep
-        the fastest (cublaslt.py; 1: the heuristic's first, untimed). On an H200 the gpu
-        preset's bf16 products took 15.66 ms a step with each one's fastest of 8 against
-        17.38 with the first; the residual products gained most, wo + residual 0.0431 ms
-        against 0.0729 (bench/labs/cublaslt_bf16_algos_gpu.py,
-        results/cublaslt-bf16-algos-2026-12-03-h200.json).
+        the fastest (cublaslt.py; 1: the heuristic's first, untimed), since the heuristic's
+        first is often not the fastest: on an H200 the gpu preset's bf16 step took
+        30.45-30.58 ms with each product's fastest of 8 against 31.49-32.00 with the first.
     """
 
     transpose_weight_grads: bool = True

@@ -54,8 +54,8 @@ from euler.precision import BF16, is_bf16
 WARPS = 8  # rows in flight per block
 # backward blocks: 2 per H200 multiprocessor, 16 rows in flight on each, whose dy and x rows
 # (96 KB) the second pass then finds in L1: 0.085 ms a call at (16384, 768) against 0.098
-# with 4 a multiprocessor, 0.091 with 6, 0.099 with 8 (bench/labs/rmsnorm_gpu.py,
-# results/rmsnorm-s12-*)
+# with 4 a multiprocessor, 0.091 with 6, 0.099 with 8
+# (bench/labs/rmsnorm_gpu.py)
 PARTIAL_BLOCKS = 264
 SUM_WARPS = 8  # warps adding the partials of one 32-column strip
 

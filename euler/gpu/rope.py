@@ -5,7 +5,7 @@ Where E/2 % 4 == 0 and the buffers are 16-byte aligned (the presets), each threa
 at the gpu preset's shape (B=32, T=512, 16 of its 20 heads rotated, 134 MB moved) a call
 took 0.062 ms in 256-thread blocks of one row whose threads loop over heads (half of them
 idle), 0.040 with a block's threads on one row's heads, 0.037 (3.7 TB/s) on two rows' with
-no loops (bench/labs/rope_gpu.py, results/rope-s11-*).
+no loops (bench/labs/rope_gpu.py).
 
 bf16 (--precision bf16): the forward rotates bf16 qkv in place; the backward reads the
 float32 dqkv (attention's backward adds dQ into it by float atomics) and writes the rotated

@@ -32,7 +32,7 @@ from euler.precision import BF16, is_bf16
 # threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, and rows
 # of F = 2048 in 4 steps of 64 threads ran fastest on the H200 at (16384, 2048): forward
 # 0.060 ms at 64 threads, 0.063 at 128, 0.079 at 256 (one step a row); the backward 0.086,
-# 0.089, 0.104 (bench/labs/bf16_memory_kernels_gpu.py, bench/results/bf16-memory-kernels-*)
+# 0.089, 0.104 (bench/labs/bf16_memory_kernels_gpu.py)
 BF16_THREADS = 64
 
 
