@@ -4,8 +4,9 @@ The tiny tied Llama of test_import_pretrained.py (made by transformers inside th
 byte-level BPE trained by `tokenizers`, SmolLM2's ChatML template) is imported, then:
 `euler data prepare-sft --tokenizer RUN` renders Alpaca records with the checkpoint's own
 tokenizer and ChatML template, `euler sft --from RUN` takes a few steps (loss on response
-tokens and their <|im_end|> only), and `euler eval --instructions` answers the held-out
-records with that template, stopping on <|im_end|>.
+tokens and their <|im_end|> only; at the data's context when the model's is longer), and
+`euler eval --instructions` answers the held-out records with that template, stopping on
+<|im_end|>.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
     src, _, fast = folder
     run = tmp_path / "run"
     run.mkdir()
-    import_hf(src, run / ckpt.CHECKPOINT_NAME)
+    import_hf(src, run / ckpt.CHECKPOINT_NAME, context=1024)  # a working context beyond the data's
     tok = ckpt.read_tokenizer(run)  # from the header alone
     assert tok.sha256 == ckpt.load(run).tokenizer_sha256 and end_token(tok) == "<|im_end|>"
     start, end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
@@ -99,6 +100,8 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
     losses = [r["loss"] for r in rows if "loss" in r] + [r["val_loss"] for r in rows
                                                           if "val_loss" in r]  # fmt: skip
     assert len(losses) >= 5 and all(math.isfinite(v) for v in losses)
+    # the steps run at the data's 256 tokens, not the model's 1,024 (that is, padding)
+    assert [r["tokens"] for r in rows if "tokens" in r] == [512, 1024, 1536]  # B=2 x T=256
     tuned = ckpt.load(out)
     assert tuned.step == 3 and tuned.tokenizer_sha256 == tok.sha256
     assert tuned.cfg.tie_embeddings

@@ -37,6 +37,11 @@ class Batches:
         if not folder.is_dir():
             raise EulerError(f"data folder not found: {folder}")
         manifest = read_manifest(folder, kind=tc.kind)
+        if tc.kind == "sft" and manifest["context"] < self.T:
+            # SFT windows hold C + 1 tokens: a longer T (an imported model's context of
+            # 2,048 against data prepared for 256) would only compute padding
+            self.T = int(manifest["context"])
+            cfg.check_sequence(self.T)
         self.tokenizer = folder_tokenizer(folder, manifest)  # checked against the manifest
         self.folder = folder
         self.identity = data_identity(folder, manifest)  # what a resume checks
