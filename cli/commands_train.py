@@ -291,7 +291,9 @@ def register(app: typer.Typer) -> None:
             prompt = _check_text(prompt, "--prompt")
         ck = ckpt.load(checkpoint)
         tok = ck.tokenizer()
-        decoder = _decoder_factory(ck, device, precision, pick_threads(threads) if threads else 1)
+        decoder = _decoder_factory(
+            ck, device, precision, pick_threads(threads) if threads is not None else 1
+        )
         session = ChatSession(decoder(), tok)
         rng = np.random.default_rng(seed)
         if prompt is not None:

@@ -82,6 +82,9 @@ def _register_families() -> None:
     from euler.cli import commands_serve
 
     commands_serve.register(app)
+    from euler.cli import commands_sample
+
+    commands_sample.register(app)
     from euler.cli import commands_kernels
 
     commands_kernels.register(app)
