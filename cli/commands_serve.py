@@ -59,6 +59,13 @@ def register(app: typer.Typer) -> None:
         debug: Annotated[
             bool, typer.Option(help="Print a server fault's traceback (else one line).")
         ] = False,
+        quiet: Annotated[
+            bool,
+            typer.Option(
+                help="No access log (else one line a request: method, path, status, "
+                "completion tokens, milliseconds)."
+            ),
+        ] = False,
         threads: DecodeThreads = None,
     ) -> None:
         """Serve a checkpoint over HTTP: an OpenAI-compatible API (/v1/chat/completions,
@@ -85,7 +92,7 @@ def register(app: typer.Typer) -> None:
         name = model_name or run.resolve().name or "euler"
         cfg = ServeConfig(
             name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug,
-            pick_threads(threads) if threads else 1,
+            pick_threads(threads) if threads else 1, access_log=not quiet,
         )  # fmt: skip
         if not is_loopback(host) and api_key is None:
             print(f"warning: --host {host} is reachable from other machines and no --api-key "

@@ -281,22 +281,60 @@ def test_clients_that_close_mid_body_leave_no_traceback(run):
 
 
 def test_completions_never_return_special_tokens_as_text(client, run):
-    """A random model's sampled text reaches special tokens; every one ends the answer
-    (finish_reason stop) and none is spelled in the text, in either endpoint."""
-    from euler.serve.protocol import ending_ids
+    """A random model's text reaches special tokens: the end of an answer or of a document
+    ends it (finish_reason stop); any other (a role) is counted but never shown, in either
+    endpoint, streamed or whole."""
+    from euler.serve.protocol import ending_ids, special_ids
 
     tok = checkpoint.load(run).tokenizer()
-    assert set(ending_ids(tok)) == set(tok.special.values())
+    assert set(ending_ids(tok)) == {tok.end_id, tok.eot_id}
+    assert special_ids(tok) == set(tok.special.values())
     names = list(tok.special)
     reasons = []
     for seed in range(6):
-        text = client.completions.create(model=MODEL, prompt="The", max_tokens=400,
-                                         temperature=1.5, seed=seed)  # fmt: skip
+        kw = dict(model=MODEL, prompt="The", max_tokens=400, temperature=1.5, seed=seed)
+        text = client.completions.create(**kw)
+        chunks = client.completions.create(**kw, stream=True)
+        streamed = "".join(c.choices[0].text for c in chunks)
+        assert streamed == text.choices[0].text
         chat = _chat(client, "Say sun.", max_tokens=400, seed=seed)
         for got, why in (
             (text.choices[0].text, text.choices[0].finish_reason),
             (chat.choices[0].message.content, chat.choices[0].finish_reason),
         ):
-            assert not [n for n in names if n in got], got  # fmt: skip
+            assert not [n for n in names if n in got], got
             reasons.append(why)
-    assert "stop" in reasons  # a special token was reached, and ended the answer
+    assert "stop" in reasons  # an end token was reached, and ended the answer
+    # greedy from "The" emits <|user|> at once: counted, not shown, and the text goes on
+    greedy = client.completions.create(model=MODEL, prompt="The", max_tokens=40, temperature=0)
+    assert greedy.usage.completion_tokens == 40 and "<|" not in greedy.choices[0].text
+
+
+def test_one_access_log_line_a_request_and_none_with_quiet(run):
+    """Method, path, status, completion tokens (where the model ran) and milliseconds, for
+    a whole and a streamed answer, an error and /health; --quiet logs none of them."""
+    import re
+
+    for flags, logged in (((), True), (("--quiet",), False)):
+        srv = Server(run, "--slots", "2", *flags)
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            whole = client.completions.create(model="run", prompt="The", max_tokens=5,
+                                              temperature=0)  # fmt: skip
+            list(client.completions.create(model="run", prompt="The", max_tokens=5,
+                                           temperature=0, stream=True))  # fmt: skip
+            srv.request("GET", "/health", None, None)
+            srv.request("POST", "/v1/completions", {"prompt": 3}, None)
+        finally:
+            srv.stop()
+        lines = [x for x in srv.output.splitlines() if re.match(r"(GET|POST) /", x)]
+        if not logged:
+            assert lines == [], srv.output
+            continue
+        n = whole.usage.completion_tokens
+        assert [re.sub(r" \d+ ms$", " ms", x) for x in lines] == [
+            f"POST /v1/completions 200 {n} tokens ms",
+            f"POST /v1/completions 200 {n} tokens ms",
+            "GET /health 200 ms",
+            "POST /v1/completions 400 ms",
+        ], srv.output

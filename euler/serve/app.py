@@ -89,6 +89,38 @@ class OneLineErrors:
                 await _error(err)(scope, receive, send)
 
 
+class AccessLog:
+    """ASGI middleware: one console line per request once it has been answered (a stream
+    when it ends): method, path, status, completion tokens where the model ran, and
+    milliseconds. A client that left during its body gets no line (nobody asked)."""
+
+    def __init__(self, app, say):
+        self.app, self.say = app, say
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), []
+
+        async def tracked(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        finally:
+            state = scope.get("state", {})
+            if not state.get("client_gone"):
+                tokens = state.get("completion_tokens")
+                self.say(
+                    f"{scope.get('method')} {scope.get('path')} "
+                    f"{status[0] if status else '-'}"
+                    + (f" {tokens} tokens" if tokens is not None else "")
+                    + f" {(time.perf_counter() - t0) * 1e3:.0f} ms"
+                )
+
+
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
@@ -108,6 +140,7 @@ async def _json_body(request: Request, limits: Limits) -> dict:
             if len(data) > cap:
                 raise too_big
     except ClientDisconnect:  # nobody to answer, nothing to log
+        request.state.client_gone = True
         raise ApiError(400, "The client closed the connection during the request body.",
                        None, "client_disconnected") from None  # fmt: skip
     depth = json_depth(bytes(data))
@@ -126,8 +159,9 @@ async def _json_body(request: Request, limits: Limits) -> dict:
     return body
 
 
-def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
-    """The FastAPI app serving scheduler's model (a context of `context` tokens) by cfg."""
+def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int, say=None) -> FastAPI:
+    """The FastAPI app serving scheduler's model (a context of `context` tokens) by cfg;
+    say(line) gets the access log (one line a request) unless cfg.access_log is off."""
     app = FastAPI(title="euler serve", docs_url=None, redoc_url=None, openapi_url=None)
     page = resources.files("euler.serve").joinpath("page.html").read_text(encoding="utf-8")
     tok = scheduler.tok
@@ -151,6 +185,8 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
         return _error(ApiError(e.status_code, message, None, code))
 
     app.add_middleware(OneLineErrors, debug=cfg.debug)  # every other exception: a 500
+    if cfg.access_log and say is not None:  # outside OneLineErrors: it logs the 500 too
+        app.add_middleware(AccessLog, say=say)
 
     def authorize(request: Request) -> None:
         if cfg.api_key is None:
@@ -211,7 +247,8 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
                            "server_error") from None  # fmt: skip
         shape = _Shape(gen, cfg.model_name)
         if gen.stream:
-            return StreamingResponse(_stream(queue, shape, lambda: scheduler.cancel(job)),
+            return StreamingResponse(_stream(queue, shape, lambda: scheduler.cancel(job),
+                                             request.state),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
         gone = object()  # what the watcher queues when the client has left
@@ -231,6 +268,7 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int) -> FastAPI:
                 if isinstance(item, Delta):
                     text.append(item.text)
                 elif isinstance(item, Done):
+                    request.state.completion_tokens = item.completion_tokens
                     return JSONResponse(shape.whole("".join(text), item))
                 else:
                     raise ApiError(500, f"The model failed: {item.message}.", None,
@@ -296,9 +334,10 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _stream(queue: asyncio.Queue, shape: _Shape, cancel) -> AsyncIterator[str]:
+async def _stream(queue: asyncio.Queue, shape: _Shape, cancel, state) -> AsyncIterator[str]:
     """The server-sent events of one request; cancel() runs however the stream ends
-    (Starlette cancels it when the client disconnects)."""
+    (Starlette cancels it when the client disconnects); state: the request's, where the
+    completion's token count is left for the access log."""
     try:
         if shape.chat:
             yield _sse(shape.chunk(None, None, role=True))
@@ -312,6 +351,7 @@ async def _stream(queue: asyncio.Queue, shape: _Shape, cancel) -> AsyncIterator[
                     events.append(shape.text_event(item.text))
                     continue
                 if isinstance(item, Done):
+                    state.completion_tokens = item.completion_tokens
                     events.append(_sse(shape.chunk(None if shape.chat else "", item.finish_reason)))
                     if shape.gen.include_usage:
                         events.append(_sse(shape.usage_chunk(item)))

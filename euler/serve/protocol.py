@@ -64,6 +64,7 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
     debug: bool = False  # a server fault's traceback on the console (else one line)
     threads: int = 1  # CPU threads the decoder's kernels run on
+    access_log: bool = True  # one console line per request (--quiet: none)
 
 
 class ApiError(Exception):
@@ -326,12 +327,16 @@ def parse_chat(body: dict, tok, limits: Limits, context: int) -> Generation:
 
 
 def ending_ids(tok) -> tuple[int, ...]:
-    """The tokens that end a generation, chat or text: the end of an answer, the end of a
-    document, and every other special token (a role, a foreign template's markers). None of
-    them is text a client should see: a model that reaches one has left its answer."""
+    """The tokens that end a generation, chat or text (llama.cpp's end-of-generation
+    tokens): the end of an answer and the end of a document. Every other special token (a
+    role, a foreign template's marker) is generated but never shown (special_ids)."""
+    return tuple(sorted({tok.end_id, tok.eot_id}))
+
+
+def special_ids(tok) -> frozenset[int]:
+    """Every special token: none is ever text a client sees."""
     special = getattr(tok, "special_ids", None)  # a foreign tokenizer: its special ones
-    ids = set(tok.special.values()) if special is None else set(special)
-    return tuple(sorted(ids | {tok.end_id, tok.eot_id}))
+    return frozenset(tok.special.values() if special is None else special)
 
 
 def parse_completion(body: dict, tok, limits: Limits, context: int) -> Generation:

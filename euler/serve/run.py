@@ -84,7 +84,7 @@ def _serve_on(sock: socket.socket, checkpoint: Path, device: str, cfg: ServeConf
     # compile (or load) every kernel a request runs now, not on the first request
     generate_batch(dec, [GenRequest(tuple(tok.encode("warm up").tolist()) or (tok.eot_id,), 2)])
     scheduler = Scheduler(dec, tok, cfg.max_queue, cfg.prefill_chunk)
-    app = create_app(cfg, scheduler, ck.cfg.context)
+    app = create_app(cfg, scheduler, ck.cfg.context, say)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
     where = sock.getsockname()
     url_host = f"[{where[0]}]" if sock.family == socket.AF_INET6 else where[0]

@@ -20,7 +20,7 @@ from euler.errors import EulerError
 from euler.inference.batch import BatchDecoder
 from euler.inference.engine import BatchGenerator, Event, GenRequest
 from euler.inference.generate import TextStream
-from euler.serve.protocol import Generation
+from euler.serve.protocol import Generation, special_ids
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,10 @@ FINISH = {"end": "stop", "max": "length", "context": "length"}
 class Job:
     """One request's state on the scheduler thread."""
 
-    def __init__(self, gen: Generation, tok, sink: Callable[[object], None]):
+    def __init__(self, gen: Generation, tok, sink: Callable[[object], None],
+                 hidden: frozenset[int] = frozenset()):  # fmt: skip
         self.gen, self.sink = gen, sink
+        self.hidden = hidden  # special tokens: counted, never shown as text
         self.seq: int | None = None  # its BatchGenerator sequence, once it has a slot
         self.tokens = 0
         self.over = False
@@ -67,6 +69,8 @@ class Job:
     def push(self, token: int) -> bool:
         """Take a generated token; True if a stop string ended the request."""
         self.tokens += 1
+        if token in self.hidden:
+            return False
         return self._send(self._held + self._text.push(token), final=False)
 
     def finish(self, why: str) -> None:
@@ -117,6 +121,7 @@ class Scheduler:
 
     def __init__(self, dec: BatchDecoder, tok, max_queue: int = 64, prefill_chunk: int = 0):
         self.tok, self.max_queue = tok, max_queue
+        self._hidden = special_ids(tok)
         self.gen = BatchGenerator(dec, prefill_chunk)
         self._cv = threading.Condition()
         self._queue: deque[Job] = deque()
@@ -129,7 +134,7 @@ class Scheduler:
 
     def submit(self, gen: Generation, sink: Callable[[object], None]) -> Job:
         """Queue gen; sink is called from the scheduler thread. Busy if the queue is full."""
-        job = Job(gen, self.tok, sink)
+        job = Job(gen, self.tok, sink, self._hidden)
         with self._cv:
             # a cancelled job's slot is free before the next step; free_slots may grow
             # under us as a step ends sequences (a late count only refuses a request that
