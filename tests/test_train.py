@@ -293,7 +293,7 @@ def test_batch_too_big_for_the_device_is_refused_before_step_1(tmp_path, data_ro
 
     monkeypatch.setattr(euler.training.loop, "make_backend", lambda *args: SmallDevice())
     tc = tiny_config(tmp_path / "r", data_root / "pre", batch_size=64, steps=1)
-    cfg = euler.training.loop.get_preset("tiny")  # with the vocabulary of the data's tokenizer
+    cfg = tc.model_config()  # with the vocabulary of the data's tokenizer:
     cfg = dataclasses.replace(cfg, vocab_size=Batches(tc, cfg).tokenizer.vocab_size)
     room["one"] = arena_bytes(cfg, np.float32, 1, 24)
     need = arena_bytes(cfg, np.float32, 64, 24) + euler.training.loop.MEMORY_SLACK

@@ -211,7 +211,9 @@ def test_every_train_config_setting_is_a_flag_with_its_default(monkeypatch, caps
             assert got == default, (kind, f.name, option.default, default)
     # the exceptions, deliberately: set by the command or fixed; one command only
     assert not_flags == {"kind", "beta1", "beta2", "version"}
-    assert one_command == {"preset": ("pretrain",), "init_from": ("sft",), "seq_len": ("pretrain",)}
+    pretrain_only = ("preset", "seq_len", "n_layer", "d_model", "n_head", "n_kv_head", "context",
+                     "tie_embeddings")  # sft takes its architecture from --from  # fmt: skip
+    assert one_command == {"init_from": ("sft",), **dict.fromkeys(pretrain_only, ("pretrain",))}
 
     # the defaults a user gets are TrainConfig's (and, for sft, these)
     assert _parsed(monkeypatch, capsys, "train") == TrainConfig()
@@ -231,6 +233,9 @@ def _other_value(f, value):
         return "tiny"
     if f.name == "precision":  # not bf16: --exact-attention is given too
         return "fp32"
+    sizes = {"d_model": 48, "n_head": 6, "n_kv_head": 3}  # a possible architecture together
+    if f.name in sizes:
+        return sizes[f.name]
     if f.type in ("str", "str | None"):
         return "some/folder"
     return value / 2 if isinstance(value, float) else value + 3
@@ -312,3 +317,46 @@ def test_default_threads_are_the_cores_this_process_may_use(monkeypatch):
     assert threads.pick_threads(None) == 1
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(10**4)))
     assert threads.pick_threads(None) == numba.config.NUMBA_NUM_THREADS
+
+
+def test_model_size_flags_build_the_architecture_and_resume_it(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "1",
+            "--n-layer", "1", "--d-model", "24", "--n-head", "3", "--n-kv-head", "1",
+            "--context", "16", "--tie-embeddings"]  # fmt: skip
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    cfg = checkpoint.load(run).cfg
+    assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.context) == (1, 24, 3, 1, 16)
+    assert cfg.tie_embeddings and cfg.ffn_hidden == 8 * 24 // 3
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run), "--steps", "2")
+    assert code == 0, err
+    assert checkpoint.load(run).cfg == cfg
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (("--d-model", "25", "--n-head", "4"), "--d-model (25) must be divisible by n_head"),
+        (("--n-head", "8", "--n-kv-head", "3"), "--n-head (8) must be divisible by n_kv_head"),
+        (("--n-layer", "-1"), "--n-layer must be an integer in [0,"),
+        (("--context", str(1 << 21)), "--context must be an integer in [0,"),
+    ],
+)
+def test_impossible_model_sizes_are_one_line(tmp_path, monkeypatch, capsys, flags, named):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--out",
+                           str(tmp_path / "r"), *flags)  # fmt: skip
+    _one_line_error(code, err, named)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_json_from_before_the_size_flags_reads_as_the_preset():
+    from euler.training.config import MODEL_SIZES, TrainConfig
+
+    old = TrainConfig(preset="tiny").to_dict()
+    for name in (*MODEL_SIZES, "tie_embeddings"):
+        del old[name]
+    tc = TrainConfig.from_dict(old)
+    assert tc.model_config() == get_preset("tiny")

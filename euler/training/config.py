@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from euler.errors import EulerError
-from euler.model.config import get_preset
+from euler.model.config import ModelConfig, get_preset
 from euler.precision import precision_help, resolve_precision
 from euler.schema import Fields, check_number, dataclass_values
 
@@ -67,6 +67,16 @@ class TrainConfig:
         "runs/pretrain", "Run folder (checkpoint, metrics).", "--out", "-o",
         sft_default="runs/sft", path=True,
     )  # fmt: skip
+    # the architecture: the preset's, with each size given here (non-zero) in its place
+    n_layer: int = setting(0, "L: layers (0: the preset's).", kinds=("pretrain",))
+    d_model: int = setting(0, "D: model width (0: the preset's).", kinds=("pretrain",))
+    n_head: int = setting(0, "H: query heads (0: the preset's).", kinds=("pretrain",))
+    n_kv_head: int = setting(0, "G: key/value heads (0: the preset's).", kinds=("pretrain",))
+    context: int = setting(0, "Longest sequence the model takes (0: the preset's).",
+                           kinds=("pretrain",))  # fmt: skip
+    tie_embeddings: bool = setting(
+        False, "Head 0 reads the embedding matrix (GPT-2's tied embeddings).", kinds=("pretrain",)
+    )
     kind: str = no_flag("pretrain")  # "pretrain" (token shards) or "sft": set by the command
     device: str = setting("cpu", "cpu, or cuda (needs the gpu extra and a GPU).")
     # None: euler.precision.ACCEPTED's default (run.json holds the resolved one)
@@ -120,12 +130,12 @@ class TrainConfig:
                 "--exact-attention: bf16 attention runs on tensor cores; it applies to "
                 "--precision tf32"
             )
-        if self.kind == "pretrain":
-            get_preset(self.preset)  # sft takes its architecture from --from instead
-        if self.kind == "sft" and not self.data:
-            raise EulerError("sft needs --data: a folder prepared by `euler data prepare-sft`")
         for name, (lo, hi) in INT_RANGES.items():
             check_int(getattr(self, name), flag_name(name), lo, hi)
+        if self.kind == "pretrain":
+            self.model_config()  # sft takes its architecture from --from instead
+        if self.kind == "sft" and not self.data:
+            raise EulerError("sft needs --data: a folder prepared by `euler data prepare-sft`")
         if self.steps == 0 and self.tokens == 0:
             raise EulerError("give --steps or --tokens")
         check_number(self.lr, "--lr", lo=0.0, lo_open=True)
@@ -142,6 +152,22 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def model_config(self) -> ModelConfig:
+        """The architecture a pretraining run builds: the preset's, with each size setting
+        given (non-zero) in its place; an impossible one is refused naming its flag."""
+        sizes: dict[str, Any] = {n: getattr(self, n) for n in MODEL_SIZES if getattr(self, n)}
+        if self.tie_embeddings:
+            sizes["tie_embeddings"] = True
+        if "d_model" in sizes:
+            sizes["ffn_hidden"] = 0  # the SwiGLU default of the new width
+        try:
+            return dataclasses.replace(get_preset(self.preset), **sizes)
+        except EulerError as e:  # "config field d_model ..." -> "--d-model ..."
+            message = str(e)
+            for name in MODEL_SIZES:
+                message = message.replace(f"config field {name}", flag_name(name))
+            raise EulerError(f"{message} (--preset {self.preset} with the sizes given)") from None
+
     @classmethod
     def from_fields(cls, f: Fields) -> TrainConfig:
         """Read from a JSON object (run.json's `train`): every field present and of its type,
@@ -154,6 +180,10 @@ class TrainConfig:
             old["precision"] = "tf32" if tf32 and on_gpu else "fp32"
             old["version"] = TRAIN_CONFIG_VERSION
             f = Fields(old, f.where, f.prefix)
+        missing = {n: 0 for n in MODEL_SIZES if not f.has(n)}  # run.json before the size flags
+        if missing:
+            f = Fields({**f.data, **missing, "tie_embeddings": f.get("tie_embeddings", False)},
+                       f.where, f.prefix)  # fmt: skip
         values = dataclass_values(cls, f)
         try:
             return cls(**values)
@@ -173,7 +203,13 @@ class TrainConfig:
 
 
 # the integer settings' ranges; the upper bounds only keep absurd values from reaching NumPy
+MODEL_SIZES = ("n_layer", "d_model", "n_head", "n_kv_head", "context")
 INT_RANGES = {
+    "n_layer": (0, 1024),
+    "d_model": (0, 1 << 16),
+    "n_head": (0, 1024),
+    "n_kv_head": (0, 1024),
+    "context": (0, 1 << 20),
     "batch_size": (1, 1 << 16),
     "seq_len": (0, 1 << 20),
     "grad_accum": (1, 1 << 16),

@@ -56,7 +56,7 @@ import numpy as np
 
 from euler.backend import Backend, make_backend
 from euler.errors import EulerError
-from euler.model.config import ModelConfig, get_preset
+from euler.model.config import ModelConfig
 from euler.model.transformer import Model, arena_bytes
 from euler.precision import check_bf16_sequence
 from euler.training import checkpoint, distributed, run_folder, step_graph
@@ -321,7 +321,7 @@ def _model_config(
             raise EulerError("sft needs --from CHECKPOINT (a pretraining run or its checkpoint)")
         init = checkpoint.load(tc.init_from)
         return init.cfg, init
-    return get_preset(tc.preset), None
+    return tc.model_config(), None
 
 
 def _fit_to_tokenizer(
