@@ -270,9 +270,10 @@ def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -
     cmd = [mpiexec_path(), "-n", str(nproc), sys.executable, "-m", "euler.cli", *argv]
     with tempfile.TemporaryDirectory(prefix="euler-ranks-") as errors:
         env[ERROR_DIR_ENV] = errors
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            banner = _forward(proc.stdout, sys.stdout)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGINT, old)
@@ -280,4 +281,50 @@ def relaunch(nproc: int, argv: list[str], threads_per_rank: int | None = None) -
         messages = dict.fromkeys(f.read_text() for f in sorted(Path(errors).glob("rank*.txt")))
         for message in messages:
             sys.stderr.write(message)
-    return code
+    if code and not messages:  # a rank died without a word: killed, or crashed in C
+        sys.stderr.write(f"error: {_died(banner, nproc, _run_folder(argv))}\n")
+        return 2
+    return 2 if code and all(m.startswith("error: ") for m in messages) else code
+
+
+# MPICH's report of a rank that died: a block of "=" lines, then three lines of advice
+MPICH_BANNER = ("=====", "=   ", "YOUR APPLICATION TERMINATED", "This typically refers to",
+                "Please see the FAQ page")  # fmt: skip
+
+
+def _forward(lines, out) -> list[str]:
+    """Pass mpiexec's output (the ranks' own) on line by line, keeping back MPICH's banner
+    about a rank that died (returned): its 10 lines become relaunch's one."""
+    banner = []
+    for line in lines:
+        if line.startswith(MPICH_BANNER) or (banner and not line.strip()):
+            banner.append(line.rstrip("\n"))
+            continue
+        out.write(line)
+        out.flush()
+    return banner
+
+
+def _run_folder(argv: list[str]) -> str:
+    """The run folder a command line names (--out, -o, --resume), else RUN."""
+    for i, a in enumerate(argv[:-1]):
+        if a in ("--out", "-o", "--resume"):
+            return argv[i + 1]
+    for a in argv:
+        if a.startswith(("--out=", "--resume=")):
+            return a.split("=", 1)[1]
+    return "RUN"
+
+
+def _died(banner: list[str], nproc: int, run: str = "RUN") -> str:
+    """One line on a rank that died without a message, from MPICH's banner."""
+    import re
+
+    text = "\n".join(banner)
+    pid = re.search(r"PID (\d+)", text)
+    how = re.search(r"EXIT STRING: (.+)", text) or re.search(r"EXIT CODE: (\d+)", text)
+    who = f"a rank (PID {pid.group(1)})" if pid else "a rank"
+    what = f": {how.group(1).strip()}" if how else ""
+    return (f"{who} of the {nproc} stopped without a message{what}; the others were stopped "
+            f"too. Checkpoints are written whole or not at all: --resume {run} continues "
+            "from the last one")  # fmt: skip
