@@ -331,7 +331,7 @@ def claim_file(
 def _owned(owner: Kind, path: Path) -> bool:
     """Whether `path` is one of the files a folder of kind `owner` is made of."""
     if owner is RUN:
-        from euler.training.run_folder import RUN_FILES
+        from euler.training.run_folder import is_run_file
 
-        return path.name in RUN_FILES
+        return is_run_file(path.name)
     return True  # a data folder and an export are all theirs

@@ -360,3 +360,33 @@ def test_a_run_json_from_before_the_size_flags_reads_as_the_preset():
         del old[name]
     tc = TrainConfig.from_dict(old)
     assert tc.model_config() == get_preset("tiny")
+
+
+def test_keep_every_and_keep_best_keep_checkpoints_beside_the_latest(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    from euler.training.run_folder import kept_name
+
+    run = tmp_path / "run"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--eval-every",
+            "1", "--ckpt-every", "1", "--keep-every", "2", "--keep-best"]  # fmt: skip
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--steps", "4")
+    assert code == 0, err
+    kept = {p.name for p in run.glob("checkpoint-*.safetensors")}
+    assert kept == {kept_name(2), kept_name(4), kept_name(None)}
+    assert checkpoint.load(run / kept_name(2)).step == 2
+    assert (
+        checkpoint.load(run / kept_name(4)).params.tobytes()
+        == checkpoint.load(run).params.tobytes()
+    )
+    vals = {r["step"]: r["val_loss"] for r in read_metrics(run) if "val_loss" in r}
+    best = checkpoint.load(run / kept_name(None))
+    assert best.state["val_loss"] == min(vals.values())
+    assert best.step == min(vals, key=vals.get)
+    # a resumed run keeps going under the same rules; --overwrite clears every kept file
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run), "--steps", "6")
+    assert code == 0, err
+    assert kept_name(6) in {p.name for p in run.glob("checkpoint-*.safetensors")}
+    code, _, err = run_cli(monkeypatch, capsys, *args[:-3], "--steps", "1", "--overwrite")
+    assert code == 0, err
+    assert not list(run.glob("checkpoint-*.safetensors"))

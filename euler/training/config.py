@@ -110,6 +110,14 @@ class TrainConfig:
     sample_tokens: int = setting(40, "Tokens of the sample shown at evaluations.")
     # a checkpoint is also written at the end and on Ctrl-C
     ckpt_every: int = setting(100, "Steps between checkpoints.", sft_default=50)
+    keep_every: int = setting(
+        0, "Also keep every N-th step's checkpoint, as checkpoint-stepNNNNNNN.safetensors "
+        "(0: only the latest).",
+    )  # fmt: skip
+    keep_best: bool = setting(
+        False, "Also keep the checkpoint of the lowest validation loss, as "
+        "checkpoint-best.safetensors.",
+    )  # fmt: skip
     log_every: int = setting(10, "Steps between log lines (non-terminal output).")
     seed: int = setting(0, "Seed of the weights, batches and samples.")
     version: int = no_flag(TRAIN_CONFIG_VERSION)
@@ -180,10 +188,9 @@ class TrainConfig:
             old["precision"] = "tf32" if tf32 and on_gpu else "fp32"
             old["version"] = TRAIN_CONFIG_VERSION
             f = Fields(old, f.where, f.prefix)
-        missing = {n: 0 for n in MODEL_SIZES if not f.has(n)}  # run.json before the size flags
-        if missing:
-            f = Fields({**f.data, **missing, "tie_embeddings": f.get("tie_embeddings", False)},
-                       f.where, f.prefix)  # fmt: skip
+        missing = {n: v for n, v in ADDED_FIELDS.items() if not f.has(n)}
+        if missing:  # a run.json from before these fields: their defaults
+            f = Fields({**f.data, **missing}, f.where, f.prefix)
         values = dataclass_values(cls, f)
         try:
             return cls(**values)
@@ -204,6 +211,9 @@ class TrainConfig:
 
 # the integer settings' ranges; the upper bounds only keep absurd values from reaching NumPy
 MODEL_SIZES = ("n_layer", "d_model", "n_head", "n_kv_head", "context")
+# fields added to version 2 after it first shipped, with the value an older run.json means
+ADDED_FIELDS = {**dict.fromkeys(MODEL_SIZES, 0), "tie_embeddings": False, "keep_every": 0,
+                "keep_best": False}  # fmt: skip
 INT_RANGES = {
     "n_layer": (0, 1024),
     "d_model": (0, 1 << 16),
@@ -220,6 +230,7 @@ INT_RANGES = {
     "eval_batches": (1, 1 << 16),
     "sample_tokens": (0, 1 << 16),
     "ckpt_every": (1, 10**12),
+    "keep_every": (0, 10**12),
     "log_every": (1, 10**12),
     "seed": (0, 2**63 - 1),
 }

@@ -44,6 +44,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 import typing
 from collections.abc import Callable
@@ -163,6 +164,7 @@ class RunState:
     start: int = 0  # the step this process starts from
     saved_step: int | None = None  # the step of the checkpoint on disk
     pending: _Snapshot | None = None  # a checkpoint waiting for the next step's loss
+    best_val: float | None = None  # --keep-best: the kept checkpoint's validation loss
     metrics: IO[str] | None = None  # metrics.jsonl on rank 0, os.devnull on the others
     display: Display | None = None
 
@@ -444,6 +446,8 @@ def _evaluate_and_log(r: RunState, step: int) -> list[float]:
         params = r.model.be.to_host(r.model.params)
         sample = text_sample(params, r.cfg, r.data, tc.sample_tokens, seed=tc.seed + step)
     r.record({"step": step, "val_loss": val, "val_loss_heads": heads, "sample": sample})
+    if tc.keep_best:
+        _keep_best(r, step, val)
     r.display.print(f"step {step}: val loss {val:.4f} (head 0: {heads[0]:.4f}) | {sample!r}")
     return [val, *heads]
 
@@ -474,11 +478,43 @@ def _host_copy(be: Backend, x) -> np.ndarray:
 
 
 def _write(r: RunState, snap: _Snapshot) -> None:
-    """Write a snapshot whose parameters' loss was finite as the run's checkpoint."""
+    """Write a snapshot whose parameters' loss was finite as the run's checkpoint (and, at
+    a --keep-every step, keep that file under its step's name too)."""
     if r.comm.rank == 0:
-        checkpoint.save(r.folder / checkpoint.CHECKPOINT_NAME, r.cfg, snap.params,
-                        snap.moments, snap.state, r.tc.to_dict(), r.tokenizer_json)  # fmt: skip
+        latest = r.folder / checkpoint.CHECKPOINT_NAME
+        checkpoint.save(latest, r.cfg, snap.params, snap.moments, snap.state, r.tc.to_dict(),
+                        r.tokenizer_json)  # fmt: skip
+        if r.tc.keep_every and snap.step % r.tc.keep_every == 0:
+            # a second name for the same file: the next save replaces `latest` by a rename,
+            # so this name keeps these bytes without a copy
+            kept = r.folder / run_folder.kept_name(snap.step)
+            tmp = kept.with_name(f".{kept.name}.link.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(latest, tmp)
+            except OSError:  # a file system without hard links: a copy
+                shutil.copyfile(latest, tmp)
+            os.replace(tmp, kept)
     r.saved_step = snap.step
+
+
+def _keep_best(r: RunState, step: int, val: float) -> None:
+    """--keep-best: after an evaluation whose loss beats the kept one's, checkpoint the
+    parameters after step `step` as checkpoint-best.safetensors (its state holds val_loss)."""
+    path = r.folder / run_folder.kept_name(None)
+    if r.best_val is None:  # a resumed run: the kept file's loss, if this run wrote it
+        r.best_val = math.inf
+        if path.is_file():
+            kept = checkpoint.load(path)
+            if kept.state.get("run_id") == r.run_id:
+                r.best_val = float(kept.state.get("val_loss", math.inf))
+    if not math.isfinite(val) or val >= r.best_val:
+        return
+    r.best_val = val
+    snap = _snapshot(r, step)
+    if r.comm.rank == 0:
+        checkpoint.save(path, r.cfg, snap.params, snap.moments, {**snap.state, "val_loss": val},
+                        r.tc.to_dict(), r.tokenizer_json)  # fmt: skip
 
 
 def _write_pending(r: RunState) -> None:

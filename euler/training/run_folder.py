@@ -16,6 +16,7 @@ removes the temporary files a killed writer left.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import secrets
@@ -36,6 +37,24 @@ METRICS_FILE = "metrics.jsonl"
 TOKENIZER_FILE = "tokenizer.json"
 LOCK_FILE = ".lock"
 RUN_FILES = (RUN_FILE, checkpoint.CHECKPOINT_NAME, METRICS_FILE, TOKENIZER_FILE)
+KEPT_PATTERN = "checkpoint-*.safetensors"  # --keep-every and --keep-best copies
+
+
+def kept_name(step: int | None) -> str:
+    """A kept checkpoint's file name: of step `step` (--keep-every), or the best (None)."""
+    return (
+        "checkpoint-best.safetensors" if step is None else f"checkpoint-step{step:07d}.safetensors"
+    )
+
+
+def is_run_file(name: str) -> bool:
+    """Whether a file of this name in a run folder is the run's own."""
+    return name in RUN_FILES or fnmatch.fnmatchcase(name, KEPT_PATTERN)
+
+
+def run_file_names(run: Path) -> list[str]:
+    """The run's files: RUN_FILES, then the kept checkpoints the folder holds."""
+    return [*RUN_FILES, *sorted(p.name for p in run.glob(KEPT_PATTERN))]
 
 
 @dataclass(frozen=True)
@@ -120,7 +139,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def remove_temp_files(run: Path) -> None:
     """Remove the temporary files a killed save left in the run folder (`.NAME.*.tmp`)."""
-    for name in RUN_FILES:
+    for name in (*RUN_FILES, KEPT_PATTERN):
         for tmp in run.glob(f".{name}.*.tmp"):
             tmp.unlink(missing_ok=True)
 
@@ -150,7 +169,7 @@ def claim_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] 
     """Make a locked folder a fresh run's: check_run_dir, then clear the run it replaces
     and the temporary files a killed run left."""
     if check_run_dir(run, overwrite, reads):
-        for name in RUN_FILES:
+        for name in run_file_names(run):
             (run / name).unlink(missing_ok=True)
     remove_temp_files(run)
     _claimed.add(os.path.realpath(run))
@@ -169,7 +188,7 @@ def undo_start(run: Path) -> None:
     _claimed.discard(key)
     if (run / checkpoint.CHECKPOINT_NAME).exists():
         return
-    for name in RUN_FILES:
+    for name in run_file_names(run):
         (run / name).unlink(missing_ok=True)
     remove_temp_files(run)
 
