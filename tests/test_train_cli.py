@@ -390,3 +390,43 @@ def test_keep_every_and_keep_best_keep_checkpoints_beside_the_latest(
     code, _, err = run_cli(monkeypatch, capsys, *args[:-3], "--steps", "1", "--overwrite")
     assert code == 0, err
     assert not list(run.glob("checkpoint-*.safetensors"))
+
+
+def _events(folder):
+    """Every (tag, step, value or text) in the TensorBoard event files of `folder`, read back
+    from their records (length, crc, event proto, crc)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    got = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            (n,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + n])
+            at += 12 + n + 4
+            for v in event.summary.value:
+                text = v.tensor.string_val[0].decode() if v.tensor.string_val else None
+                got.append((v.tag, event.step, text if text is not None else v.simple_value))
+    return got
+
+
+def test_tensorboard_events_hold_the_metrics(data_root, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboardX")
+    run, tb = tmp_path / "run", tmp_path / "tb"
+    args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run),
+            "--tensorboard", str(tb), "--steps", "2", "--log-every", "1"]  # fmt: skip
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    events = _events(tb)
+    lines = read_metrics(run)
+    losses = {r["step"]: r["loss"] for r in lines if "loss" in r}
+    assert {s: v for t, s, v in events if t == "loss"} == pytest.approx(losses)
+    vals = {r["step"]: r["val_loss_heads"][0] for r in lines if "val_loss_heads" in r}
+    assert {s: v for t, s, v in events if t == "val_loss_heads/0"} == pytest.approx(vals)
+    for bad, named in ((run, "is the run folder"), (data_root / "pre", "holds")):
+        code, _, err = run_cli(monkeypatch, capsys, *args, "--tensorboard", str(bad),
+                               "--overwrite")  # fmt: skip
+        _one_line_error(code, err, f"--tensorboard {bad}", named)

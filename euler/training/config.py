@@ -119,6 +119,10 @@ class TrainConfig:
         "checkpoint-best.safetensors.",
     )  # fmt: skip
     log_every: int = setting(10, "Steps between log lines (non-terminal output).")
+    tensorboard: str | None = setting(
+        None, "Also write TensorBoard event files into this folder (pip install -e "
+        "'.[tensorboard]').", path=True,
+    )  # fmt: skip
     seed: int = setting(0, "Seed of the weights, batches and samples.")
     version: int = no_flag(TRAIN_CONFIG_VERSION)
 
@@ -213,7 +217,7 @@ class TrainConfig:
 MODEL_SIZES = ("n_layer", "d_model", "n_head", "n_kv_head", "context")
 # fields added to version 2 after it first shipped, with the value an older run.json means
 ADDED_FIELDS = {**dict.fromkeys(MODEL_SIZES, 0), "tie_embeddings": False, "keep_every": 0,
-                "keep_best": False}  # fmt: skip
+                "keep_best": False, "tensorboard": None}  # fmt: skip
 INT_RANGES = {
     "n_layer": (0, 1024),
     "d_model": (0, 1 << 16),

@@ -63,6 +63,7 @@ from euler.precision import check_bf16_sequence
 from euler.training import checkpoint, distributed, run_folder, step_graph
 from euler.training.batches import Batches
 from euler.training.config import TrainConfig, lr_at
+from euler.training.events import EventLog, check_event_dir
 from euler.training.optim import AdamW, AdamWConfig
 from euler.training.resume import resume_run, start_fresh
 from euler.training.run_folder import METRICS_FILE
@@ -166,6 +167,7 @@ class RunState:
     pending: _Snapshot | None = None  # a checkpoint waiting for the next step's loss
     best_val: float | None = None  # --keep-best: the kept checkpoint's validation loss
     metrics: IO[str] | None = None  # metrics.jsonl on rank 0, os.devnull on the others
+    events: EventLog | None = None  # --tensorboard's event file, on rank 0
     display: Display | None = None
 
     def record(self, obj: dict) -> None:
@@ -180,11 +182,16 @@ class RunState:
             raise EulerError(
                 f"could not append to {path}: {e.strerror or e}; {_kept(self)}"
             ) from None
+        if self.events is not None:
+            self.events.record(obj)
 
     def close_metrics(self) -> None:
-        """Close metrics.jsonl; a flush that fails again (a full disk) was already reported."""
+        """Close metrics.jsonl (and the event file); a flush that fails again (a full disk)
+        was already reported."""
         with contextlib.suppress(OSError):
             self.metrics.close()
+            if self.events is not None:
+                self.events.close()
 
 
 def _json_number(value):
@@ -282,6 +289,11 @@ def _set_up(
     """Build the run: model config, backend, data, model and AdamW; then its folder (a fresh
     run claims it, a resumed run loads its checkpoint) and every rank's starting state."""
     folder = Path(tc.out_dir)
+    if tc.tensorboard:  # before any work
+        if Path(tc.tensorboard).resolve() == folder.resolve():
+            raise EulerError(f"--tensorboard {tc.tensorboard}: is the run folder; give "
+                             "event files a folder of their own (a subfolder, say)")  # fmt: skip
+        check_event_dir(tc.tensorboard)
     cfg, init = _model_config(tc, folder, resume)
     # first: a missing GPU fails before any data work
     backend = make_backend(tc.device, tc.precision, tc.exact_attention)
@@ -308,6 +320,11 @@ def _set_up(
         r.metrics = metrics.open("a", encoding="utf-8")
     except OSError as e:
         raise EulerError(f"could not open {metrics}: {e.strerror or e}") from None
+    if tc.tensorboard and comm.rank == 0:
+        try:
+            r.events = EventLog(tc.tensorboard)
+        except OSError as e:
+            raise EulerError(f"--tensorboard {tc.tensorboard}: {e.strerror or e}") from None
     return r
 
 
