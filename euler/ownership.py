@@ -217,16 +217,16 @@ def _input_clash(out: Path, reads: Iterable[tuple[str, Path]]) -> tuple[str, Pat
     return None
 
 
-def check_writable(out: Path, flag: str = "--out") -> None:
+def check_writable(out: Path, flag: str = "--out", above: bool = True) -> None:
     """EulerError naming the flag and the user's path where this process may not write
-    `out`: out itself when it is an existing folder, and the nearest existing folder
-    above it (where a missing one, a lock or a staged copy would be made). Checked by the
-    process's own rights (os.access): root passes, another user meets the mode bits."""
+    `out`: out itself when it is an existing folder, and (with above) the nearest existing
+    folder above it (where a missing one, a lock or a staged copy would be made). Checked
+    by the process's own rights (os.access): root passes, another user meets the mode bits."""
     out = Path(out)
-    above = out.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    places = [above] + ([out] if out.is_dir() else [])
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    places = ([parent] if above else []) + ([out] if out.is_dir() else [])
     for place in places:
         if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
             where = "it" if place == out else f"folder {place}"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.bad_input import snapshot
-from tests.train_helpers import build_data
+from tests.train_helpers import build_data, tiny_config
 
 NOBODY = 65534  # nobody / nogroup on Debian
 
@@ -117,6 +117,11 @@ CASES = [
          "--max-tokens", "2"), ("--checkpoint", "{secret}", "readable")),
     Case("export-out-read-only", ("export", "--checkpoint", "{ckpt}", "--out", "{ro}/hf"),
          ("--out {ro}/hf", "Permission")),
+    Case("resume-run-read-only", ("train", "--resume", "{run}", "--steps", "3"),
+         ("--resume {run}", "Permission")),
+    Case("sft-out-read-only", ("sft", "--from", "{ckpt}", "--data", "{sft}", "--out",
+         "{ro}/sft", "--steps", "1", "--batch-size", "2", "--eval-every", "1",
+         "--eval-batches", "1", "--sample-tokens", "2"), ("--out {ro}/sft", "Permission")),
 ]  # fmt: skip
 
 
@@ -131,10 +136,12 @@ def scratch(tmp_path_factory):
     from euler.model.config import get_preset
     from euler.model.params import ParamLayout, init_params
     from euler.training import checkpoint
+    from euler.training.loop import train
 
     data = build_data(tmp_path_factory)
     root = Path(tempfile.mkdtemp(prefix="euler-perm-", dir="/tmp"))
     shutil.copytree(data / "pre", root / "in" / "pre")
+    shutil.copytree(data / "sft", root / "in" / "sft")
     shutil.copy(data / "alpaca.json", root / "in" / "alpaca.json")
     book = "*** START OF THE PROJECT GUTENBERG EBOOK T ***\n" + ". ".join(
         f"The {w} sat on the mat and the {w} ran" for w in ("cat", "dog", "fox") * 40
@@ -147,6 +154,7 @@ def scratch(tmp_path_factory):
     params = init_params(ParamLayout(cfg), 0)
     checkpoint.save(root / "in" / "ck.safetensors", cfg, params, None, {"step": 0},
                     {"kind": "pretrain"}, tok.to_json())  # fmt: skip
+    train(tiny_config(root / "in" / "run", root / "in" / "pre", steps=2, sample_tokens=0))
     for p in [root, *root.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
     yield root
@@ -161,12 +169,14 @@ def _places(root: Path, case_id: str, denied: bool) -> dict[str, str]:
     (base / "w").mkdir(parents=True)
     (base / "ro").mkdir()
     shutil.copytree(root / "in" / "pre", base / "shut")
+    shutil.copytree(root / "in" / "run", base / "run")
     secret = base / "secret.txt"
     secret.write_bytes((root / "in" / "books" / "b0.txt").read_bytes())
     for p in [base.parent, base, *base.rglob("*")]:
         os.chmod(p, 0o777 if p.is_dir() else 0o666)
     if denied:
         os.chmod(base / "ro", 0o555)
+        os.chmod(base / "run", 0o755 if os.geteuid() == 0 else 0o555)
         os.chmod(base / "shut", 0o700)
         os.chmod(secret, 0o600)
         if os.geteuid() != 0:  # the user owns them: the modes alone refuse
@@ -176,7 +186,8 @@ def _places(root: Path, case_id: str, denied: bool) -> dict[str, str]:
         "w": str(base / "w"), "ro": str(base / "ro"), "shut": str(base / "shut"),
         "secret": str(secret), "pre": str(root / "in" / "pre"),
         "book": str(root / "in" / "books"), "alpaca": str(root / "in" / "alpaca.json"),
-        "ckpt": str(root / "in" / "ck.safetensors"),
+        "ckpt": str(root / "in" / "ck.safetensors"), "run": str(base / "run"),
+        "sft": str(root / "in" / "sft"),
     }  # fmt: skip
 
 

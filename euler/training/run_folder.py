@@ -85,7 +85,11 @@ def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
     if not owner:
         yield
         return
+    from euler.ownership import check_writable
+
     run = Path(run)
+    # the user's folder named, never the lock file inside it
+    check_writable(run, "--out" if create else "--resume", above=create)
     made = False
     if create:
         try:
