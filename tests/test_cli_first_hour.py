@@ -66,7 +66,7 @@ def _train_output(tmp_path_factory, terminal: bool, steps: int = 4):
     data = build_data(tmp_path_factory)
     out = tmp_path_factory.mktemp("progress") / "run"
     buf = io.StringIO()
-    console = Console(file=buf, force_terminal=terminal, width=160)
+    console = Console(file=buf, force_terminal=terminal, width=160, soft_wrap=True)  # as train()
     tc = tiny_config(out, data / "pre", steps=steps, log_every=1, eval_every=steps)
     summary = train(tc, console=console)
     return buf.getvalue(), summary, read_metrics(out)
@@ -99,3 +99,15 @@ def test_the_progress_bar_says_it_compiles_and_never_shows_nan(tmp_path_factory)
 
     text, _, _ = _train_output(tmp_path_factory, terminal=True)
     assert COMPILING in text and "nan" not in text and "-:--:--" not in text
+
+
+def test_the_headline_validation_loss_is_next_token(tmp_path_factory):
+    """Validation lines and the summary lead with head 0's loss (what other projects
+    report), the heads' mean beside it, labelled."""
+    text, summary, metrics = _train_output(tmp_path_factory, terminal=False)
+    heads = [m["val_loss_heads"] for m in metrics if "val_loss_heads" in m]
+    assert summary["val_loss_next_token"] == summary["val_loss_heads"][0] == heads[-1][0]
+    (last,) = [x for x in text.splitlines() if x.startswith("step 4: val loss")]
+    assert last.startswith(f"step 4: val loss {heads[-1][0]:.4f} (next token; mean of the 4 ")
+    (done,) = [x for x in text.splitlines() if x.startswith("done:")]
+    assert f"val loss {summary['val_loss_next_token']:.4f} (next token; " in done

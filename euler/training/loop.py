@@ -465,7 +465,10 @@ def _evaluate_and_log(r: RunState, step: int) -> list[float]:
     r.record({"step": step, "val_loss": val, "val_loss_heads": heads, "sample": sample})
     if tc.keep_best:
         _keep_best(r, step, val)
-    r.display.print(f"step {step}: val loss {val:.4f} (head 0: {heads[0]:.4f}) | {sample!r}")
+    # the headline is next-token loss (head 0), the number other projects report; the
+    # objective (the mean over the MTP heads) beside it, labelled
+    r.display.print(f"step {step}: val loss {heads[0]:.4f} (next token; mean of the "
+                    f"{len(heads)} heads {val:.4f}) | {sample!r}")  # fmt: skip
     return [val, *heads]
 
 
@@ -576,6 +579,7 @@ def _summary(
         "train_loss": loss,
         "val_loss": val[0],
         "val_loss_heads": val[1:],
+        "val_loss_next_token": val[1],  # head 0: the headline
         "train_tokens": tokens,
         "train_seconds": seconds,
         "tokens_per_second": tps,
@@ -589,8 +593,9 @@ def _summary(
     elif not interrupted:
         note = _speed_note(first_seconds, timed_seconds)
         log(
-            f"done: step {r.saved_step}, train loss {loss:.4f}, val loss {val[0]:.4f} "
-            f"(head 0: {val[1]:.4f}), {tps:,.0f} tokens/s{note}; "
+            f"done: step {r.saved_step}, train loss {loss:.4f} (mean of the heads), val loss "
+            f"{val[1]:.4f} (next token; mean of the heads {val[0]:.4f}), {tps:,.0f} "
+            f"tokens/s{note}; "
             f"checkpoint {r.folder / checkpoint.CHECKPOINT_NAME}"
         )
     return summary
