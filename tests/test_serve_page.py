@@ -97,6 +97,10 @@ def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
         "messages": [{"role": "user", "content": "Say dog twice."}], "temperature": 0,
         "max_tokens": 12}, KEY)[1]["choices"][0]["message"]["content"]  # fmt: skip
     assert d.execute_script(answer) == [want] and want
+    # the footer says the model finished, and why: "stopped" is kept for the Stop button
+    (meta,) = [m.text for m in d.find_elements("css selector", ".meta")]
+    assert meta.startswith(("finished (stop) \u00b7 ", "finished (length: ")), meta
+    assert "prompt + " in meta and "stopped" not in meta, meta
 
     # a long answer streams in piece by piece until Stop ends it
     _set(d, "max_tokens", "8000")
