@@ -91,6 +91,15 @@ def smoothed(losses: list[float], decay: float = 0.95) -> list[float]:
     return out
 
 
+def title(curves) -> str:
+    """The plot's title: the runs' names and each one's tokens per step (one figure when
+    they share it; an SFT run overlaid on its pretraining steps with fewer tokens)."""
+    sizes = {c.tokens_per_step for c in curves}
+    if len(sizes) == 1:
+        return f"{' vs '.join(c.name for c in curves)}: {sizes.pop():,.0f} tokens per step"
+    return " vs ".join(f"{c.name} ({c.tokens_per_step:,.0f} tokens/step)" for c in curves)
+
+
 def plot_runs(runs: list[Path], out: Path) -> Path:
     """Training loss (per step and smoothed) and validation loss against the step, as a PNG.
 
@@ -122,10 +131,9 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
             if len(curves) == 1 and None not in v0:
                 ax.plot(vs, v0, "s--", color="tab:green", ms=3,
                         label="validation, head 0 (next token)")  # fmt: skip
-    names = " vs ".join(c.name for c in curves)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean over the MTP heads, nats)")
-    ax.set_title(f"{names}: {curves[0].tokens_per_step:,.0f} tokens per step")
+    ax.set_ylabel("loss (nats): the MTP heads' mean; head 0 where labelled")
+    ax.set_title(title(curves))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -111,3 +111,13 @@ def test_the_headline_validation_loss_is_next_token(tmp_path_factory):
     assert last.startswith(f"step 4: val loss {heads[-1][0]:.4f} (next token; mean of the 4 ")
     (done,) = [x for x in text.splitlines() if x.startswith("done:")]
     assert f"val loss {summary['val_loss_next_token']:.4f} (next token; " in done
+
+
+def test_an_overlaid_plot_names_each_runs_tokens_per_step():
+    from euler.cli.plot import Curves, title
+
+    pre = Curves("pre", [1], [5.0], [], 2048.0)
+    sft = Curves("sft", [1], [3.0], [], 1032.0)
+    assert title([pre]) == "pre: 2,048 tokens per step"
+    assert title([pre, Curves("pre2", [1], [5.0], [], 2048.0)]).endswith(": 2,048 tokens per step")
+    assert title([pre, sft]) == "pre (2,048 tokens/step) vs sft (1,032 tokens/step)"
