@@ -242,21 +242,20 @@ def prepare_sft_command(
     _print_sft_summary(m)
 
 
-def _print_sft_summary(m: dict) -> None:
-    """Records kept whole, cut, truncated and dropped per split; windows and the loss share;
-    then one line on the share kept, why the rest was dropped, and the flag that keeps more."""
-    from rich.console import Console
+def sft_table(m: dict):
+    """The per-split table of an SFT manifest, 80 columns wide: short headers (trunc.:
+    truncated; rec/win: records a window; loss: the loss share), no column rules."""
+    from rich import box
     from rich.table import Table
-
-    from euler.data.sft import kept_line
 
     context, policy = m["context"], m["policy"]
     answer = f"answers of at most {policy['max_answer']} tokens; " if policy["max_answer"] else ""
     layout = "packed" if policy["pack"] else "one per window"
     table = Table(title=f"{m['records']} records, context {context}; {answer}long records: "
-                  f"{m['too_long_rule']}; {layout}")  # fmt: skip
-    cols = ("split", "records", "whole", "cut", "truncated", "dropped", "windows",
-            "records/window", "tokens", "loss share")  # fmt: skip
+                  f"{m['too_long_rule']}; {layout}", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 0))  # fmt: skip
+    cols = ("split", "records", "whole", "cut", "trunc.", "dropped", "windows", "rec/win",
+            "tokens", "loss")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     for split, s in m["splits"].items():
@@ -265,14 +264,23 @@ def _print_sft_summary(m: dict) -> None:
             f"{s['windows']:,}", f"{s['records_per_window']:.2f}", f"{s['tokens']:,}",
             f"{s['loss_fraction_of_windows']:.3f}",
         )  # fmt: skip
+    return table
+
+
+def _print_sft_summary(m: dict) -> None:
+    """Records kept whole, cut, truncated and dropped per split; windows and the loss share;
+    then one line on the share kept, why the rest was dropped, and the flag that keeps more."""
+    from rich.console import Console
+
+    from euler.data.sft import kept_line
+
     console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 140)  # piped output: keep the table unwrapped
-    console.print(table)
+    console.print(sft_table(m))
     print(kept_line(m), flush=True)  # one line whatever the width: the share kept, and why
     console.print(
-        f"held-out records as given: {m['heldout']['file']} (for euler eval --instructions); loss "
-        f"share: response tokens over all {context + 1}-token window positions"
+        f"trunc.: truncated; rec/win: records a window; loss: the share of the "
+        f"{m['context'] + 1}-token window positions that are response tokens. Held-out "
+        f"records as given: {m['heldout']['file']} (for euler eval --instructions)"
     )
 
 

@@ -121,3 +121,22 @@ def test_an_overlaid_plot_names_each_runs_tokens_per_step():
     assert title([pre]) == "pre: 2,048 tokens per step"
     assert title([pre, Curves("pre2", [1], [5.0], [], 2048.0)]).endswith(": 2,048 tokens per step")
     assert title([pre, sft]) == "pre (2,048 tokens/step) vs sft (1,032 tokens/step)"
+
+
+def test_the_prepare_sft_table_fits_80_columns(tmp_path_factory):
+    """Every header and figure whole at 80 columns (no cell cut to an ellipsis)."""
+    import io
+
+    from euler.cli.commands_data import sft_table
+    from rich.console import Console
+
+    split = {"records": 52_002, "whole": 12_345, "cut": 23_456, "truncated": 0,
+             "dropped": 16_201, "windows": 20_000, "records_per_window": 1.78,
+             "tokens": 12_560_000, "loss_fraction_of_windows": 0.379}  # fmt: skip
+    m = {"context": 128, "records": 54_738, "too_long_rule": "cut", "splits":
+         {"train": split, "val": split}, "policy": {"max_answer": 40, "pack": True}}  # fmt: skip
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(sft_table(m))
+    text = buf.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
+    assert "12,560,000" in text and "records" in text and "rec/win" in text
