@@ -48,9 +48,9 @@ def device_zeros(shape, dtype, stream=0, threads: int = THREADS):
             raise
         free, total = cuda.current_context().get_memory_info()
         raise EulerError(
-            f"device memory: {nbytes / 2**20:.0f} MiB more needed for a buffer of shape "
-            f"{tuple(shape)}, {free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB; "
-            "use a smaller --batch or --seq-len"
+            f"device memory: a buffer of shape {tuple(shape)} needs {nbytes / 2**20:.0f} MiB, "
+            f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB are free (other processes "
+            "hold the rest: nvidia-smi lists them); a smaller batch, sequence or model needs less"
         ) from None
     if out.size:
         fill(out, 0, stream, threads)
