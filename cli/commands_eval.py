@@ -117,8 +117,10 @@ def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> d
         title=f"held-out text, {ck.path} (windows of {res['context']} + 1, stride "
         f"{res['context']}, head 0)"
     )
-    for col in ("source", "documents", "tokens", "MB", "nats/token", "tokens/byte", "bits/byte"):
-        table.add_column(col, justify="right" if col != "source" else "left")
+    # a source's name is folded onto more lines at 80 columns, never cut to an ellipsis
+    table.add_column("source", overflow="fold")
+    for col in ("documents", "tokens", "MB", "nats/token", "tokens/byte", "bits/byte"):
+        table.add_column(col, justify="right", no_wrap=True)
     for row in [*res["sources"], res["overall"]]:
         table.add_row(
             row["source"],
@@ -153,17 +155,23 @@ def _eval_instructions(
         title=f"greedy answers to {s['records']} instructions of {path}, "
         f"at most {max_tokens} tokens"
     )
-    cols = {
-        f"end with {end_token(tok)} within {max_tokens}": f"{s['ended_share']:.1%}",
-        "mean tokens": f"{s['mean_tokens']:.1f}",
-        f"loops (a word {s['loop_n']}-gram {s['loop_times']}x)": f"{s['loop_share']:.1%}",
-        f"(references, first {max_tokens} tokens)": f"{s['reference_loop_share']:.1%}",
-        "ROUGE-L F1": f"{s['rouge_l']:.4f}",
-        f"F1, references' first {max_tokens} tokens": f"{s['rouge_l_budget']:.4f}",
-    }
-    for col in cols:
-        table.add_column(col, justify="right")
-    table.add_row(*cols.values())
+    # one metric a row (a row of six columns broke at 80), each named in full
+    rows = {
+        f"answers that end with {end_token(tok)} within {max_tokens} tokens":
+            f"{s['ended_share']:.1%}",
+        "mean tokens of an answer": f"{s['mean_tokens']:.1f}",
+        f"answers that loop (a word {s['loop_n']}-gram {s['loop_times']}x)":
+            f"{s['loop_share']:.1%}",
+        f"references that loop in their first {max_tokens} tokens":
+            f"{s['reference_loop_share']:.1%}",
+        "ROUGE-L F1 against the whole references": f"{s['rouge_l']:.4f}",
+        f"ROUGE-L F1 against the references' first {max_tokens} tokens":
+            f"{s['rouge_l_budget']:.4f}",
+    }  # fmt: skip
+    table.add_column("metric", overflow="fold")
+    table.add_column("value", justify="right", no_wrap=True)
+    for name, value in rows.items():
+        table.add_row(name, value)
     console.print(table)
     for a in answers[:SHOWN]:
         console.print(f"[bold]> {a['instruction']}[/bold]", markup=True, highlight=False)

@@ -140,3 +140,38 @@ def test_the_prepare_sft_table_fits_80_columns(tmp_path_factory):
     text = buf.getvalue()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
     assert "12,560,000" in text and "records" in text and "rec/win" in text
+
+
+def test_eval_tables_fit_80_columns(tmp_path_factory):
+    """A long source name is folded, never cut; the instruction metrics are one a row."""
+    import dataclasses
+    import io
+    import json
+    import shutil
+
+    from euler.cli.commands_eval import _eval_instructions, _eval_text
+    from euler.tokenizer import Tokenizer
+    from rich.console import Console
+
+    from euler.model.config import get_preset
+    from euler.model.params import ParamLayout, init_params
+    from euler.training import checkpoint
+    from tests.train_helpers import build_data
+
+    data = build_data(tmp_path_factory)
+    deep = tmp_path_factory.mktemp("a-folder-with-a-rather-long-name") / "and-deeper" / "pre"
+    shutil.copytree(data / "pre", deep)
+    tok = Tokenizer.load(deep / "tokenizer.json")
+    cfg = dataclasses.replace(get_preset("tiny"), vocab_size=tok.vocab_size)
+    path = deep.parent / "ck.safetensors"
+    checkpoint.save(path, cfg, init_params(ParamLayout(cfg), 0), None, {"step": 0}, {},
+                    tok.to_json())  # fmt: skip
+    ck = checkpoint.load(path)
+    buf = io.StringIO()
+    console = Console(file=buf, width=80)
+    _eval_text(ck, [deep], "cpu", "fp32", console)
+    records = json.loads((data / "alpaca.json").read_text())[:2]
+    _eval_instructions(ck, records, data / "alpaca.json", 4, "cpu", "fp32", console)
+    text = buf.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
+    assert "references that loop in their first 4 tokens" in text
