@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-Threads = Annotated[
-    int | None,
-    typer.Option(
-        help="CPU threads to compute on (default: the cores this process may use).",
-        show_default=False,
-    ),
-]
-DecodeThreads = Annotated[
-    int | None,
-    typer.Option(
-        "--threads",
-        help="CPU threads to decode on (default 1: a token's kernels take microseconds, "
-        "less than waking other cores costs).",
-        show_default=False,
-    ),
-]
+
+def threads_option(default: str) -> Any:
+    """`--threads N`: the CPU threads a command computes on; `default` says what it takes
+    without the flag, and why."""
+    return Annotated[
+        int | None,
+        typer.Option(
+            "--threads", help=f"CPU threads to compute on (default {default}).", show_default=False
+        ),
+    ]
+
+
+Threads = threads_option("the cores this process may use")
+DecodeThreads = threads_option(
+    "1: a token's kernels take microseconds, less than waking other cores costs"
+)

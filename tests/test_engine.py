@@ -291,7 +291,8 @@ def test_failing_gradcheck_exits_non_zero(monkeypatch):
     from euler.model.gradcheck import Row
 
     monkeypatch.setattr(
-        "euler.model.gradcheck.gradcheck_rows", lambda seed, samples: [Row("x", "y", 1, 1.0, 1.0)]
+        "euler.model.gradcheck.gradcheck_rows",
+        lambda seed, samples, threads: [Row("x", "y", 1, 1.0, 1.0)],
     )
     monkeypatch.setattr(sys, "argv", ["euler", "gradcheck"])
     with pytest.raises(SystemExit) as exit_info:

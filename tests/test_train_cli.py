@@ -301,7 +301,8 @@ def test_threads_flag_sets_the_threads_and_refuses_a_count_beyond_the_pool(
     pool = numba.config.NUMBA_NUM_THREADS
     for command in (args, ["eval", str(run), "--text", str(data_root / "pre")],
                     ["chat", "--checkpoint", str(run), "--prompt", "hi"],
-                    ["bench", "--preset", "tiny"]):  # fmt: skip
+                    ["bench", "--preset", "tiny"], ["gradcheck"],
+                    ["sample", "--checkpoint", str(run)]):  # fmt: skip
         for bad in ("0", str(pool + 1)):
             code, _, err = run_cli(monkeypatch, capsys, *command, "--threads", bad)
             _one_line_error(code, err, "--threads must be in [1,", f"got {bad}")

@@ -275,20 +275,21 @@ def _f32_vs_f64(cfg: ModelConfig, rng: np.random.Generator) -> Row:
     return Row("float32 vs float64", "loss", 1, abs(l32 - l64), rel, 1e-5)
 
 
-def gradcheck_rows(seed: int = 0, samples: int = 12) -> list[Row]:
+def gradcheck_rows(seed: int = 0, samples: int = 12, threads: int = 1) -> list[Row]:
     """All checks: layers and whole model for `tiny` and the odd-shaped config, and the
     whole model of `tiny` with tied embeddings.
 
-    Runs on one thread: at these sizes a parallel region costs more than its work.
+    Runs on `threads` threads, one by default: at these sizes a parallel region costs more
+    than its work.
     """
     import numba
 
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
     try:
         return _all_rows(seed, samples)
     finally:
-        numba.set_num_threads(threads)
+        numba.set_num_threads(before)
 
 
 def _all_rows(seed: int, samples: int) -> list[Row]:
@@ -310,12 +311,13 @@ def _all_rows(seed: int, samples: int) -> list[Row]:
     return rows
 
 
-def run_gradcheck(seed: int = 0, samples: int = 12) -> bool:
-    """Print the report table; True when every row is within its threshold."""
+def run_gradcheck(seed: int = 0, samples: int = 12, threads: int = 1) -> bool:
+    """Print the report table (checks run on `threads` threads); True when every row is
+    within its threshold."""
     from rich.console import Console
     from rich.table import Table
 
-    rows = gradcheck_rows(seed, samples)
+    rows = gradcheck_rows(seed, samples, threads)
     table = Table(title=f"gradient check (float64, 4th-order central differences, h = {H_STEP:g})")
     for col in ("config", "layer", "tensor", "checked", "max abs err", "max rel err", "limit"):
         left = col in ("config", "layer", "tensor")
