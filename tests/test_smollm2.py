@@ -64,3 +64,38 @@ def test_chat_names_paris(imported) -> None:
     res = generate(dec, prompt, 20, SamplingConfig(0.0, 0, 1.0), np.random.default_rng(0),
                    (tok.end_id,))  # fmt: skip
     assert "Paris" in tok.decode(res.tokens)
+
+
+def test_serve_answers_the_readme_openai_one_liner_with_paris(imported, tmp_path) -> None:
+    """`euler serve --checkpoint RUN` with the imported model in a run folder named smol
+    (the model's name), asked through the README's openai one-liner with temperature=0.
+    At the server's default temperature 1 the 135M model often wanders: its first token
+    after this prompt is "The" with p = 0.15, "L" 0.14, "La" 0.10 (ours and transformers'
+    logits alike), and seeds 0-5 named Paris once."""
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("openai")
+    from euler.training.checkpoint import CHECKPOINT_NAME
+    from tests.serve_helpers import Server
+
+    run = tmp_path / "smol"
+    run.mkdir()
+    try:
+        os.link(imported.path, run / CHECKPOINT_NAME)
+    except OSError:
+        shutil.copy(imported.path, run / CHECKPOINT_NAME)
+    server = Server(run)
+    try:
+        code = (
+            "from openai import OpenAI; print(OpenAI(base_url='" + server.url + "/v1', "
+            "api_key='-').chat.completions.create(model='smol', temperature=0, messages=[{'role': "
+            "'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stderr + server.output
+    assert out.stdout.strip() == "The capital of France is Paris.", out.stdout
