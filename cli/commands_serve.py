@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         name = model_name or run.resolve().name or "euler"
         cfg = ServeConfig(
             name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug,
-            pick_threads(threads) if threads else 1, access_log=not quiet,
+            pick_threads(threads) if threads is not None else 1, access_log=not quiet,
         )  # fmt: skip
         if not is_loopback(host) and api_key is None:
             print(f"warning: --host {host} is reachable from other machines and no --api-key "
