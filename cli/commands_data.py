@@ -207,7 +207,8 @@ def prepare_sft_command(
         str,
         typer.Option(
             help="A record longer than the context: cut (its response at the last sentence "
-            "end that fits, closed by <|end|>), truncate (at the context, no <|end|>) or drop."
+            "end that fits, closed by the end token: <|end|>, ChatML's <|im_end|>), truncate "
+            "(at the context, no end token) or drop."
         ),
     ] = "cut",
     pack: Annotated[
@@ -216,7 +217,8 @@ def prepare_sft_command(
     max_answer: Annotated[
         int,
         typer.Option(
-            help="Longest response in tokens, <|end|> included, a longer one treated as --long "
+            help="Longest response in tokens, its end token included, a longer one treated as "
+            "--long "
             "says: at 40, greedy answers of the `small` model end within 64 tokens "
             "(docs/sft-policy.md); 0: what the context leaves."
         ),
