@@ -71,6 +71,7 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
                      "--val-fraction", 0.25) == 0  # fmt: skip
     for name in ("sft-train.tokens.bin", "sft-val.tokens.bin", "tokenizer.json"):
         assert (sft / name).read_bytes() == (tmp_path / "sft2" / name).read_bytes()
+    assert euler_cli("data", "verify", sft) == 0  # the foreign tokenizer re-read and checked
     data = SFTDataset(sft, "train", vocab_size=tok.vocab_size)
     ids, mask = np.asarray(data.tokens), np.asarray(data.mask)
     assert (ids == start).any() and (ids == end).any()

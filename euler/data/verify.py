@@ -23,13 +23,13 @@ def verify_folder(folder: Path) -> dict:
     """Check a prepared folder in full; EulerError at the first fault. Returns the kind,
     the number of files and bytes read, and the seconds taken."""
     from euler.data.sft import SFTDataset
-    from euler.tokenizer import Tokenizer
+    from euler.tokenizer import load_any
 
     t0 = time.perf_counter()
     folder = Path(folder)
     m = read_manifest(folder)
     tok_path = folder / m["tokenizer"]["file"]
-    tok = Tokenizer.load(tok_path)
+    tok = load_any(tok_path)  # ours, or an imported model's (prepare-sft --tokenizer RUN)
     if sha256_file(tok_path) != m["tokenizer"]["sha256"] or tok.sha256 != m["tokenizer"]["sha256"]:
         raise EulerError(f"{tok_path}: SHA-256 differs from the manifest's tokenizer.sha256")
     V = m["tokenizer"]["vocab_size"]
