@@ -20,8 +20,27 @@ tokenizer_app = typer.Typer(
 MAX_VOCAB_LISTED = 1 << 20  # --top: more rows than any vocabulary has is a typo
 
 TokenizerOpt = Annotated[
-    Path, typer.Option("--tokenizer", "-t", help="Tokenizer JSON written by `train`.")
+    Path,
+    typer.Option(
+        "--tokenizer",
+        "-t",
+        help="Tokenizer JSON written by `train` or by `data prepare-sft`, or a run folder or "
+        "checkpoint (an imported model's own tokenizer).",
+    ),
 ]
+
+
+def _load(path: Path):
+    """Our tokenizer or a foreign byte-level BPE, from a tokenizer JSON, or the one a
+    checkpoint (a .safetensors file, or a run folder's) carries."""
+    from euler.tokenizer import load_any
+
+    from euler.training.checkpoint import CHECKPOINT_NAME, read_tokenizer
+
+    path = Path(path)
+    if path.suffix == ".safetensors" or (path.is_dir() and (path / CHECKPOINT_NAME).is_file()):
+        return read_tokenizer(path)
+    return load_any(path)
 
 
 def _read(path: Path) -> str:
@@ -79,11 +98,10 @@ def encode(
     threads: Annotated[int | None, typer.Option(help="Threads (default: every core).")] = None,
 ) -> None:
     """Print the token ids of a file, space-separated."""
-    from euler.tokenizer import Tokenizer
 
     if threads is not None:
         check_int(threads, "--threads", 1, MAX_THREADS)
-    tok = Tokenizer.load(tokenizer)
+    tok = _load(tokenizer)
     ids = tok.encode_batch([_read(input)], allow_special=allow_special, threads=threads)[0]
     typer.echo(" ".join(map(str, ids.tolist())))
 
@@ -96,9 +114,8 @@ def decode(
     ] = None,
 ) -> None:
     """Print the text of token ids."""
-    from euler.tokenizer import Tokenizer
 
-    tok = Tokenizer.load(tokenizer)
+    tok = _load(tokenizer)
     words = ids if ids else sys.stdin.read().split()
     values = []
     for i, w in enumerate(words):
@@ -119,12 +136,11 @@ def stats(
 ) -> None:
     """Bytes per token on each file, and the most frequent tokens over all of them."""
     import numpy as np
-    from euler.tokenizer import Tokenizer
     from rich.console import Console
     from rich.table import Table
 
     check_int(top, "--top", 0, MAX_VOCAB_LISTED)
-    tok = Tokenizer.load(tokenizer)
+    tok = _load(tokenizer)
     counts = np.zeros(tok.vocab_size, np.int64)
     table = Table(title=f"tokenizer {tokenizer} (vocab {tok.vocab_size})")
     for col in ("file", "bytes", "tokens", "bytes/token"):

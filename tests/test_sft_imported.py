@@ -115,3 +115,22 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
     assert res["end_token"] == "<|im_end|>" and res["records"] == len(heldout) > 0
     for a in res["answers"]:
         assert "<|im_end|>" not in a["answer"] and a["tokens"] <= 8
+
+
+def test_tokenizer_commands_take_an_imported_run(folder, tmp_path, capsys, euler_cli) -> None:  # noqa: F811
+    """`euler tokenizer encode/decode/stats -t RUN` use the checkpoint's foreign tokenizer
+    (the run folder or its checkpoint), ids equal `tokenizers`'."""
+    src, _, fast = folder
+    run = tmp_path / "run"
+    run.mkdir()
+    import_hf(src, run / ckpt.CHECKPOINT_NAME)
+    text = "What is the capital of France? 1999 naïve café\n"
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    want = fast(text, add_special_tokens=False)["input_ids"]
+    for where in (run, run / ckpt.CHECKPOINT_NAME):
+        capsys.readouterr()
+        assert euler_cli("tokenizer", "encode", "-t", where, tmp_path / "t.txt") == 0
+        assert list(map(int, capsys.readouterr().out.split())) == want
+    assert euler_cli("tokenizer", "decode", "-t", run, *want) == 0
+    assert capsys.readouterr().out == text
+    assert euler_cli("tokenizer", "stats", "-t", run, tmp_path / "t.txt") == 0
