@@ -13,6 +13,7 @@ redraws the plot of an earlier run (matplotlib: pip install -e '.[plot]').
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -32,6 +33,7 @@ def _child(job: dict) -> dict:
     from euler.bench.peer import time_peer_in_own_process
     from euler.bench.steps import synthetic_batch, time_engine
     from euler.cpu.backend import CpuBackend
+    from euler.cpu.blas import ProductPlan
     from euler.model.config import get_preset
 
     cfg = get_preset(job["preset"])
@@ -39,8 +41,10 @@ def _child(job: dict) -> dict:
     tokens, targets = synthetic_batch(cfg, B, T)
     threads = numba.get_num_threads()
     row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
-    ours = time_engine(cfg, CpuBackend(), "cpu", tokens, targets, steps, warmup)
-    row["ours"] = ours
+    for blocks in job["blocks"]:  # the default plan first, then each A/B variant
+        plan = dataclasses.replace(ProductPlan(), blocks=blocks) if blocks else None
+        stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
+        row["ours" if not blocks else f"ours_blocks_{blocks}"] = stats
     peers = [("torch_eager", False)] + ([("torch_compiled", True)] if job["compile"] else [])
     for name, compiled in peers if job["peer"] else []:
         row[name] = time_peer_in_own_process(
@@ -140,6 +144,9 @@ def main(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write the plot here.")] = None,
     plot_only: Annotated[Path | None, typer.Option(help="Only redraw this report's plot.")] = None,
+    ab_blocks: Annotated[
+        str, typer.Option(help="Also time ours with ProductPlan(blocks=N), for each N given.")
+    ] = "",
 ) -> None:
     """Time ours and PyTorch at each thread count, pinned to that many cores."""
     if plot_only is not None:
@@ -153,9 +160,12 @@ def main(
     rows = []
     for n in counts:
         job = {"preset": preset, "batch": batch, "seq": seq, "steps": steps, "warmup": warmup,
-               "peer": peer, "compile": n in compiled}  # fmt: skip
+               "peer": peer, "compile": n in compiled,
+               "blocks": [0, *(int(b) for b in ab_blocks.split(",") if b)]}  # fmt: skip
         rows.append(_run_pinned(n, cores, job))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+        for key in (k for k in rows[-1] if k.startswith("ours_blocks_")):
+            print(f"  {key}: {rows[-1][key]['tokens_per_s']:,.0f} tokens/s", flush=True)
     report = {
         "report": "cpu scaling",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -34,7 +34,7 @@ from euler.cpu import (
 )
 from euler.cpu.attention_dense import DENSE_MAX_T
 from euler.cpu.bf16 import narrow_into, widen
-from euler.cpu.blas import Products
+from euler.cpu.blas import ProductPlan, Products
 from euler.errors import EulerError
 from euler.layer_math import clip_scale
 from euler.precision import is_bf16
@@ -83,14 +83,14 @@ class CpuBackend:
     can_capture = False  # no CUDA graphs: every step runs as it is
     kv_cache = True  # decode_linear and decode_attention exist
 
-    def __init__(self, attention_tile: int | None = None):
+    def __init__(self, attention_tile: int | None = None, plan: ProductPlan | None = None):
         # Sequences up to DENSE_MAX_T run dense (whole score blocks through BLAS), longer ones
         # FlashAttention in tiles of attention.TILE keys. A given tile asks for FlashAttention
         # at every length: the gradient check uses small tiles so that its short sequences
         # cross several tile boundaries.
         self.attention_tile = attention.TILE if attention_tile is None else attention_tile
         self.dense_max_t = DENSE_MAX_T if attention_tile is None else 0
-        self._matmul = Products()
+        self._matmul = Products(plan)  # how products are cut into blocks (euler/cpu/blas.py)
         self._scalars: dict[str, np.ndarray] = {}
         self._scratch: dict[tuple, np.ndarray] = {}
 
