@@ -86,17 +86,41 @@ def show(
 def write(
     folder: Annotated[Path, typer.Argument(help="Where to write them (docs/kernels).")],
 ) -> None:
-    """Write every generated kernel to FOLDER, one file each (as docs/kernels/ holds them)."""
-    from euler.gpu import kernel_sources
+    """Write every generated kernel to FOLDER, one file each (as docs/kernels/ holds them).
 
-    folder.mkdir(parents=True, exist_ok=True)
+    A file already there is replaced only if it is a generated kernel itself (its first
+    line says so); any other is refused before anything is written. Each file is written
+    to a temporary name and renamed."""
+    from euler.gpu import kernel_sources
+    from euler.training.checkpoint import write_atomic
+
+    if folder.exists() and not folder.is_dir():
+        raise EulerError(f"FOLDER {folder}: is a file, not a folder")
     modules = kernel_sources.all_attention_modules()
+    marker = next(iter(modules.values())).splitlines()[0]
+    for name in modules:
+        path = folder / name
+        if path.exists() and (not path.is_file() or _first_line(path) != marker):
+            raise EulerError(
+                f"FOLDER {folder}: {name} exists and is not a generated kernel; "
+                "kernels write never replaces it: choose another folder"
+            )
+    folder.mkdir(parents=True, exist_ok=True)
     for name, text in modules.items():
-        (folder / name).write_text(text, encoding="utf-8")
+        write_atomic(folder / name, text.encode("utf-8"), what=name)
     stale = sorted(p.name for p in folder.glob("attention_*.py") if p.name not in modules)
     print(f"{len(modules)} files in {folder}")
     if stale:
         print("no longer generated (remove them): " + ", ".join(stale))
+
+
+def _first_line(path: Path) -> str:
+    """A file's first line, or '' if it cannot be read as text."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def register(app: typer.Typer) -> None:

@@ -61,3 +61,32 @@ def test_show_refuses_what_is_not_generated():
     assert run.stderr == "error: --head-size: one of 16, 32, 64 at bf16, not 8\n"
     run = _euler("kernels", "show", "rmsnorm")
     assert run.returncode == 2 and run.stderr.startswith("error: layer: one of attention")
+
+
+def test_write_replaces_only_generated_kernels(tmp_path, monkeypatch, capsys):
+    """`kernels write` refreshes its own files and refuses, before writing anything, a
+    folder where one of its names is someone else's file."""
+    import sys
+
+    from euler.cli.main import main
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["euler", "kernels", "write", *args])
+        try:
+            main()
+        except SystemExit as e:
+            return e.code, capsys.readouterr()
+        return 0, capsys.readouterr()
+
+    out = tmp_path / "k"
+    code, _ = run(str(out))
+    assert code == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names and run(str(out))[0] == 0  # its own files: refreshed
+    mine = out / names[0]
+    mine.write_text("my notes\n")
+    (out / names[1]).unlink()
+    code, captured = run(str(out))
+    assert code == 2 and captured.err.startswith("error: ") and names[0] in captured.err
+    assert mine.read_text() == "my notes\n"
+    assert not (out / names[1]).exists()  # refused before anything was written
