@@ -358,7 +358,7 @@ def _fit_to_tokenizer(
         raise EulerError(
             f"{data.folder} was tokenized by tokenizer {data.tokenizer.sha256[:12]}, but "
             f"{init.path} uses tokenizer {init.tokenizer_sha256[:12]}; prepare the SFT data "
-            "with --tokenizer <the pretraining run folder>/tokenizer.json"
+            f"with `euler data prepare-sft --tokenizer {init.path}`"
         )
     return cfg
 
