@@ -195,6 +195,7 @@ class Products:
     def __init__(self, plan: ProductPlan | None = None):
         self.plan = plan or ProductPlan()
         self._partials: dict[tuple, np.ndarray] = {}
+        self._cuts: dict[tuple, tuple[int, int, int]] = {}  # a step repeats its shapes
 
     def _prepare(self, out, a, b, trans_a, trans_b, accumulate) -> tuple:
         """The arguments of one product for _products, after checking what BLAS trusts."""
@@ -211,7 +212,10 @@ class Products:
             raise ValueError("matmul: out's rows must be contiguous")
         a = a if a.strides[1] == a.itemsize or not a.size else np.ascontiguousarray(a)
         b = b if b.strides[1] == b.itemsize or not b.size else np.ascontiguousarray(b)
-        mb, nb, pieces = self.plan.cut(M, N, K, trans_a) if M * N else (0, 1, 1)
+        shape = (M, N, K, trans_a)
+        if shape not in self._cuts:
+            self._cuts[shape] = self.plan.cut(*shape) if M * N else (0, 1, 1)
+        mb, nb, pieces = self._cuts[shape]
         key = (pieces - 1, M, N, out.dtype.str)
         partial = self._partials.get(key)
         if partial is None:
