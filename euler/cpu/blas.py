@@ -216,10 +216,12 @@ class Products:
         if shape not in self._cuts:
             self._cuts[shape] = self.plan.cut(*shape) if M * N else (0, 1, 1)
         mb, nb, pieces = self._cuts[shape]
-        key = (pieces - 1, M, N, out.dtype.str)
+        # pieces 1 reads no partials: a one-element stand-in of the dtype the kernel expects
+        key = (pieces - 1, M, N, out.dtype.str) if pieces > 1 else (0, out.dtype.str)
         partial = self._partials.get(key)
         if partial is None:
-            partial = self._partials[key] = np.empty((max(pieces - 1, 1), M, N), out.dtype)
+            dims = (pieces - 1, M, N) if pieces > 1 else (1, 1, 1)
+            partial = self._partials[key] = np.empty(dims, out.dtype)
         beta = 1.0 if accumulate else 0.0
         return out, a, b, trans_a, trans_b, beta, mb, nb, pieces, partial
 
