@@ -1,20 +1,59 @@
-"""Causal grouped-query FlashAttention on the GPU, exact fp32.
+"""Causal grouped-query FlashAttention-2 on the GPU, exact fp32: the readable kernels.
 
-Forward: a block takes BQ query rows of one (batch, head), one thread per row; keys and
-values stream through shared memory in tiles of BK; each thread keeps its query and output
-accumulator in registers and runs the online softmax (one max and one rescale per tile),
-then saves the row's logsumexp. Backward, in two kernels that own every slot they write
-(no atomics): dQ by query rows (also saving D_i = rowsum(dO * O)), then dK, dV by key rows
-of one kv head, visiting the query rows of every query head in its group tile by tile.
-Probabilities are recomputed from the logsumexp; no T x T matrix is ever stored.
+This file is the GPU twin of euler/cpu/attention.py: the same math (layer_math's
+`online_softmax_rescale`, `exp_`, `softmax_grad`) called in the same order, scheduled for
+a GPU block instead of a CPU thread. It runs for `--exact-attention` and `--precision fp32`
+(GpuBackend with tf32=False or tc_attention=False) and for any head size the tensor-core
+kernels (attention_tc/) do not take. Any head size E whose tiles fit 48 KB of shared
+memory (E up to about 250 at the smallest tiles) runs; E is a compile-time constant, so
+the kernels are built per (E, tile sizes).
+
+Schedule. A block owns ROWS consecutive rows, one a thread: query rows in the forward and
+in dQ, key rows in dK, dV. The other operand streams through shared memory in tiles of
+KEYS rows, each copied once by the whole block (consecutive threads read consecutive
+elements: coalesced) and then read by every thread at the same address (a broadcast, no
+bank conflict). A thread's own row is staged the same way through `stage`, padded to
+E + 1 floats a row so that 32 threads reading their own rows hit 32 banks, and the results
+leave through it too. The backward needs no atomics: dQ by query rows (which also saves
+D = rowsum(dO O)), then dK, dV by key rows, visiting the query rows of every query head of
+its kv head. No T x T matrix is ever stored: the backward recomputes P from the logsumexp.
 
 qkv (B, T, (H + 2G) E) holds q heads, then k heads, then v heads; query head h reads kv
-head h // (H / G). Kernels are built per (E, tile sizes): E must be a compile-time
-constant for the per-thread register arrays.
+head h // (H / G).
 
-These one-row-per-thread kernels serve any even head size; for E a multiple of 8 up to
-64 the launchers use the register-tiled kernels of attention_tiles.py instead (same
-results to rounding, several times faster), unless a tile size is forced (tests do).
+CPU twin, step by step (euler/cpu/attention.py on the left; r: a row of the CPU's eight,
+tid: the GPU thread's row, jj: a key of the tile):
+
+| CPU `attention_forward`                  | GPU `forward_kernel`                         |
+|------------------------------------------|----------------------------------------------|
+| `qb[r, e] = qkv[b, i, qo + e] * scale`   | `q[e] = stage[tid, e] * scale`               |
+| `for j0 in range(0, last + 1, tile)`     | `for j0 in range(0, min(i0 + R, Tn), K)`     |
+| K, V copied to scratch once per head     | K, V tiles to shared: `load_tile(ks / vs)`   |
+| `_scores8`: S = Q K^T                    | `s[jj] = dot`, `mt = max(mt, dot)`           |
+| `valid = min(n, ... - j0 + 1)` (causal)  | `valid = min(K, i + 1 - j0)`                 |
+| `m_new = max(m[r], mt)`                  | `m_new = max(m, mt)`                         |
+| `online_softmax_rescale(m[r], m_new, T)` | `online_softmax_rescale(m, m_new, T)`        |
+| `acc[r, e] *= alpha`                     | `acc[e] *= alpha`                            |
+| `p = exp_(s[r, j] - m_new)`, `total += p`| `p = exp_(s[jj] - m_new)`, `total += p`      |
+| `l[r] = l[r] * alpha + total`            | `l = l * alpha + total`                      |
+| `_accumulate8`: O += P V                 | `acc[e] += p * vs[jj, e]`                    |
+| `out = acc * inv`, `lse = m + log(l)`    | the same, out through `stage`                |
+
+| CPU `attention_backward`                 | GPU                                          |
+|------------------------------------------|----------------------------------------------|
+| `d += dob[r, e] * out[b, i, qo + e]`     | dq kernel: `di += do[e] * stage[tid, e]`     |
+| `_scores8` twice: S, dP = dO V^T         | both kernels: `sdot`, `dp`                   |
+| `p = exp_(s[r, j] * scale - li[r])`      | both: `p = exp_(sdot * scale - li)`          |
+| `softmax_grad(p, dp[r, j], di[r]) * scale` | both: `softmax_grad(p, dp, di) * scale`    |
+| `_accumulate8(dq, dp, kt, ...)`: dQ += dS K | dq kernel: `dq[e] += ds * ks[jj, e]`      |
+| `_rank8_update(dk, dp, qb, ...)`          | dkv kernel: `dk[e] += ds * qs[ii, e]`       |
+| `_rank8_update(dv, s, dob, ...)`          | dkv kernel: `dv[e] += p * dos[ii, e]`       |
+
+The faster exact kernels this file replaced (generated, register-tiled: 64 x 64 score
+tiles in registers, 16-byte shared loads) are bench/labs/attention_exact_tiles.py; the
+tensor-core kernels that run by default are attention_tc/ (docs/gpu.md maps them to this
+file). The end of this file holds two helpers the tensor-core launchers share:
+`launch_dynamic` and `backward_prep`.
 """
 
 from __future__ import annotations
@@ -25,64 +64,89 @@ import numba
 from numba import cuda, float32
 
 from euler.backend import check_shapes
-from euler.gpu import attention_tiles
 from euler.gpu.async_copy import check_aligned
 from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
 from euler.gpu.vector import load4_3d, store4_3d
-from euler.layer_math import online_softmax_rescale
+from euler.layer_math import exp_, online_softmax_rescale, softmax_grad
 
+ROWS = 64  # rows a block owns, one a thread
+SHARED_BYTES = 48 * 1024  # static shared memory a block gets without opting in
 _KERNELS: dict = {}
 _SHARED_RAISED: set = set()  # (kernel, signature) whose dynamic shared limit is raised
 
 
-def tile_for(E: int) -> int:
-    """Rows per tile: 64 while two (tile, E) float32 tiles fit in 48 KB of shared memory."""
-    t = 64
-    while t > 8 and 2 * t * E * 4 > 40 * 1024:
-        t //= 2
-    return t
+def shared_bytes(E: int, rows: int, keys: int) -> int:
+    """Shared memory of the largest kernel (dK, dV): the padded (rows, E + 1) stage, two
+    (keys, E) tiles and two (keys,) rows of statistics, float32."""
+    return 4 * (rows * (E + 1) + 2 * keys * E + 2 * keys)
 
 
-def _build(E: int, BQ: int, BK: int):
-    """The three kernels for head size E, BQ query rows and BK key rows per tile."""
+def tiles(E: int) -> tuple[int, int]:
+    """(rows, keys) for head size E: ROWS rows a block and the longest tile of streamed rows
+    (a power of two, at most rows) that fits SHARED_BYTES; fewer rows where none does."""
+    for rows in (ROWS, 32, 16, 8):
+        for keys in (64, 32, 16, 8):
+            if keys <= rows and shared_bytes(E, rows, keys) <= SHARED_BYTES:
+                return rows, keys
+    raise ValueError(f"attention: head size E={E} leaves no tiles that fit in shared memory")
+
+
+def _build(E: int, R: int, K: int):
+    """The three kernels for head size E, R rows a block (one a thread), tiles of K rows."""
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile(tile, src, b, row0, col, Tn, n):
+        """tile[r, e] = src[b, row0 + r, col + e] for r < n, e < E (0 past the sequence),
+        the block's threads taking consecutive elements: coalesced reads."""
+        for idx in range(cuda.threadIdx.x, n * E, cuda.blockDim.x):
+            r = idx // E
+            e = idx - r * E
+            tile[r, e] = src[b, row0 + r, col + e] if row0 + r < Tn else float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def store_tile(dst, tile, b, row0, col, Tn):
+        """dst[b, row0 + r, col + e] = tile[r, e] for the block's R rows inside the sequence."""
+        for idx in range(cuda.threadIdx.x, R * E, cuda.blockDim.x):
+            r = idx // E
+            e = idx - r * E
+            if row0 + r < Tn:
+                dst[b, row0 + r, col + e] = tile[r, e]
 
     @cuda.jit
     def forward_kernel(out, lse, qkv, H, G, scale):
-        """out (B, T, H E), lse (B, H, T) from qkv; grid (T / BQ, B H), BQ threads."""
-        B, Tn, _ = qkv.shape
+        """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E);
+        grid (T / R, B H), R threads, query row i0 + tid each."""
+        Tn = qkv.shape[1]
         T = qkv.dtype.type
-        ks = cuda.shared.array((BK, E), float32)
-        vs = cuda.shared.array((BK, E), float32)
+        stage = cuda.shared.array((R, E + 1), float32)
+        ks = cuda.shared.array((K, E), float32)
+        vs = cuda.shared.array((K, E), float32)
         q = cuda.local.array(E, float32)
         acc = cuda.local.array(E, float32)
-        s = cuda.local.array(BK, float32)
-        rep = H // G
-        b = cuda.blockIdx.y // H
-        h = cuda.blockIdx.y % H
+        s = cuda.local.array(K, float32)
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
         qo = h * E
-        ko = H * E + (h // rep) * E
+        ko = H * E + (h // (H // G)) * E
         vo = ko + G * E
         tid = cuda.threadIdx.x
-        i0 = cuda.blockIdx.x * BQ
+        i0 = cuda.blockIdx.x * R
         i = i0 + tid
-        if i < Tn:
-            for e in range(E):
-                q[e] = qkv[b, i, qo + e] * scale
-                acc[e] = T(0.0)
+        load_tile(stage, qkv, b, i0, qo, Tn, R)
+        cuda.syncthreads()
+        for e in range(E):
+            q[e] = stage[tid, e] * scale
+            acc[e] = T(0.0)
         m = T(-math.inf)
         l = T(0.0)
-        for j0 in range(0, min(i0 + BQ, Tn), BK):
-            for idx in range(tid, BK * E, BQ):
-                jj = idx // E
-                e = idx - jj * E
-                if j0 + jj < Tn:
-                    ks[jj, e] = qkv[b, j0 + jj, ko + e]
-                    vs[jj, e] = qkv[b, j0 + jj, vo + e]
+        for j0 in range(0, min(i0 + R, Tn), K):
+            cuda.syncthreads()  # every thread is done with the previous K, V tiles
+            load_tile(ks, qkv, b, j0, ko, Tn, K)
+            load_tile(vs, qkv, b, j0, vo, Tn, K)
             cuda.syncthreads()
-            if i < Tn and j0 <= i:
-                n = min(BK, i + 1 - j0)
+            valid = min(K, i + 1 - j0) if i < Tn else 0  # causal: keys j <= i
+            if valid > 0:
                 mt = T(-math.inf)
-                for jj in range(n):
+                for jj in range(valid):  # S = Q K^T, this row's part of the tile
                     dot = T(0.0)
                     for e in range(E):
                         dot += q[e] * ks[jj, e]
@@ -90,144 +154,205 @@ def _build(E: int, BQ: int, BK: int):
                     mt = max(mt, dot)
                 m_new = max(m, mt)
                 alpha = online_softmax_rescale(m, m_new, T)
-                l *= alpha
                 for e in range(E):
                     acc[e] *= alpha
-                for jj in range(n):
-                    p = math.exp(s[jj] - m_new)
-                    l += p
+                total = T(0.0)
+                for jj in range(valid):
+                    p = exp_(s[jj] - m_new)
+                    s[jj] = p
+                    total += p
+                l = l * alpha + total
+                m = m_new
+                for jj in range(valid):  # O += P V
+                    p = s[jj]
                     for e in range(E):
                         acc[e] += p * vs[jj, e]
-                m = m_new
-            cuda.syncthreads()
+        cuda.syncthreads()  # stage is free: out leaves through it
         if i < Tn:
             inv = T(1.0) / l
             for e in range(E):
-                out[b, i, qo + e] = acc[e] * inv
+                stage[tid, e] = acc[e] * inv
             lse[b, h, i] = m + math.log(l)
+        cuda.syncthreads()
+        store_tile(out, stage, b, i0, qo, Tn)
 
     @cuda.jit
     def backward_dq_kernel(dqkv, dsum, dout, qkv, out, lse, H, G, scale):
-        """dQ part of dqkv and dsum (B, H, T) = rowsum(dO * O); grid (T / BQ, B H), BQ threads."""
-        B, Tn, _ = qkv.shape
+        """dQ's columns of dqkv, assigned, and dsum (B, H, T) = D = rowsum(dO O);
+        grid (T / R, B H), R threads, query row i0 + tid each."""
+        Tn = qkv.shape[1]
         T = qkv.dtype.type
-        ks = cuda.shared.array((BK, E), float32)
-        vs = cuda.shared.array((BK, E), float32)
+        stage = cuda.shared.array((R, E + 1), float32)
+        ks = cuda.shared.array((K, E), float32)
+        vs = cuda.shared.array((K, E), float32)
         q = cuda.local.array(E, float32)
         do = cuda.local.array(E, float32)
         dq = cuda.local.array(E, float32)
-        rep = H // G
-        b = cuda.blockIdx.y // H
-        h = cuda.blockIdx.y % H
+        b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
         qo = h * E
-        ko = H * E + (h // rep) * E
+        ko = H * E + (h // (H // G)) * E
         vo = ko + G * E
         tid = cuda.threadIdx.x
-        i0 = cuda.blockIdx.x * BQ
+        i0 = cuda.blockIdx.x * R
         i = i0 + tid
+        load_tile(stage, qkv, b, i0, qo, Tn, R)
+        cuda.syncthreads()
+        for e in range(E):
+            q[e] = stage[tid, e]
+        cuda.syncthreads()
+        load_tile(stage, dout, b, i0, qo, Tn, R)
+        cuda.syncthreads()
+        for e in range(E):
+            do[e] = stage[tid, e]
+            dq[e] = T(0.0)
+        cuda.syncthreads()
+        load_tile(stage, out, b, i0, qo, Tn, R)
+        cuda.syncthreads()
         di = T(0.0)
+        for e in range(E):
+            di += do[e] * stage[tid, e]
         li = T(0.0)
         if i < Tn:
-            for e in range(E):
-                q[e] = qkv[b, i, qo + e]
-                do[e] = dout[b, i, qo + e]
-                di += do[e] * out[b, i, qo + e]
-                dq[e] = T(0.0)
             li = lse[b, h, i]
             dsum[b, h, i] = di
-        for j0 in range(0, min(i0 + BQ, Tn), BK):
-            for idx in range(tid, BK * E, BQ):
-                jj = idx // E
-                e = idx - jj * E
-                if j0 + jj < Tn:
-                    ks[jj, e] = qkv[b, j0 + jj, ko + e]
-                    vs[jj, e] = qkv[b, j0 + jj, vo + e]
+        for j0 in range(0, min(i0 + R, Tn), K):
+            cuda.syncthreads()  # every thread is done with stage, or the previous tiles
+            load_tile(ks, qkv, b, j0, ko, Tn, K)
+            load_tile(vs, qkv, b, j0, vo, Tn, K)
             cuda.syncthreads()
-            if i < Tn and j0 <= i:
-                for jj in range(min(BK, i + 1 - j0)):
-                    sdot = T(0.0)
-                    dp = T(0.0)
-                    for e in range(E):
-                        sdot += q[e] * ks[jj, e]
-                        dp += do[e] * vs[jj, e]
-                    p = math.exp(sdot * scale - li)
-                    ds = p * (dp - di) * scale
-                    for e in range(E):
-                        dq[e] += ds * ks[jj, e]
-            cuda.syncthreads()
-        if i < Tn:
-            for e in range(E):
-                dqkv[b, i, qo + e] = dq[e]
+            valid = min(K, i + 1 - j0) if i < Tn else 0  # causal: keys j <= i
+            for jj in range(valid):
+                sdot = T(0.0)
+                dp = T(0.0)
+                for e in range(E):  # S = Q K^T and dP = dO V^T, this row's part
+                    sdot += q[e] * ks[jj, e]
+                    dp += do[e] * vs[jj, e]
+                p = exp_(sdot * scale - li)
+                ds = softmax_grad(p, dp, di) * scale
+                for e in range(E):  # dQ += dS K
+                    dq[e] += ds * ks[jj, e]
+        cuda.syncthreads()
+        for e in range(E):
+            stage[tid, e] = dq[e]
+        cuda.syncthreads()
+        store_tile(dqkv, stage, b, i0, qo, Tn)
 
     @cuda.jit
     def backward_dkv_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):
-        """dK, dV parts of dqkv; grid (T / BK, B G), BK threads, one key row each."""
-        B, Tn, _ = qkv.shape
+        """dK's and dV's columns of dqkv, assigned, from dsum (the dQ kernel's D);
+        grid (T / R, B G), R threads, key row j0 + tid each, over every head of its group."""
+        Tn = qkv.shape[1]
         T = qkv.dtype.type
-        qs = cuda.shared.array((BQ, E), float32)
-        dos = cuda.shared.array((BQ, E), float32)
-        ls = cuda.shared.array(BQ, float32)
-        ds_ = cuda.shared.array(BQ, float32)
+        stage = cuda.shared.array((R, E + 1), float32)
+        qs = cuda.shared.array((K, E), float32)
+        dos = cuda.shared.array((K, E), float32)
+        ls = cuda.shared.array(K, float32)
+        ds_ = cuda.shared.array(K, float32)
         k = cuda.local.array(E, float32)
         v = cuda.local.array(E, float32)
         dk = cuda.local.array(E, float32)
         dv = cuda.local.array(E, float32)
         rep = H // G
-        b = cuda.blockIdx.y // G
-        g = cuda.blockIdx.y % G
+        b, g = cuda.blockIdx.y // G, cuda.blockIdx.y % G
         ko = H * E + g * E
         vo = ko + G * E
         tid = cuda.threadIdx.x
-        j0 = cuda.blockIdx.x * BK
+        j0 = cuda.blockIdx.x * R
         j = j0 + tid
-        if j < Tn:
-            for e in range(E):
-                k[e] = qkv[b, j, ko + e]
-                v[e] = qkv[b, j, vo + e]
-                dk[e] = T(0.0)
-                dv[e] = T(0.0)
+        load_tile(stage, qkv, b, j0, ko, Tn, R)
+        cuda.syncthreads()
+        for e in range(E):
+            k[e] = stage[tid, e]
+        cuda.syncthreads()
+        load_tile(stage, qkv, b, j0, vo, Tn, R)
+        cuda.syncthreads()
+        for e in range(E):
+            v[e] = stage[tid, e]
+            dk[e] = T(0.0)
+            dv[e] = T(0.0)
         for hh in range(rep):
             h = g * rep + hh
             qo = h * E
-            for i0 in range(j0, Tn, BQ):
-                for idx in range(tid, BQ * E, BK):
-                    ii = idx // E
-                    e = idx - ii * E
-                    if i0 + ii < Tn:
-                        qs[ii, e] = qkv[b, i0 + ii, qo + e]
-                        dos[ii, e] = dout[b, i0 + ii, qo + e]
-                for ii in range(tid, BQ, BK):
+            for i0 in range(j0, Tn, K):  # causal: only queries i >= j0 see these keys
+                cuda.syncthreads()  # every thread is done with the previous tiles
+                load_tile(qs, qkv, b, i0, qo, Tn, K)
+                load_tile(dos, dout, b, i0, qo, Tn, K)
+                for ii in range(tid, K, R):
                     if i0 + ii < Tn:
                         ls[ii] = lse[b, h, i0 + ii]
                         ds_[ii] = dsum[b, h, i0 + ii]
                 cuda.syncthreads()
                 if j < Tn:
-                    for ii in range(max(0, j - i0), min(BQ, Tn - i0)):
+                    for ii in range(max(0, j - i0), min(K, Tn - i0)):  # queries i >= j
                         sdot = T(0.0)
                         dp = T(0.0)
-                        for e in range(E):
+                        for e in range(E):  # S = Q K^T and dP = dO V^T, this key's part
                             sdot += qs[ii, e] * k[e]
                             dp += dos[ii, e] * v[e]
-                        p = math.exp(sdot * scale - ls[ii])
-                        dsc = p * (dp - ds_[ii]) * scale
-                        for e in range(E):
-                            dk[e] += dsc * qs[ii, e]
+                        p = exp_(sdot * scale - ls[ii])
+                        ds = softmax_grad(p, dp, ds_[ii]) * scale
+                        for e in range(E):  # dK += dS^T Q, dV += P^T dO
+                            dk[e] += ds * qs[ii, e]
                             dv[e] += p * dos[ii, e]
-                cuda.syncthreads()
-        if j < Tn:
+        for col, grad in ((ko, dk), (vo, dv)):
+            cuda.syncthreads()
             for e in range(E):
-                dqkv[b, j, ko + e] = dk[e]
-                dqkv[b, j, vo + e] = dv[e]
+                stage[tid, e] = grad[e]
+            cuda.syncthreads()
+            store_tile(dqkv, stage, b, j0, col, Tn)
 
     return forward_kernel, backward_dq_kernel, backward_dkv_kernel
 
 
-def kernels(E: int, BQ: int, BK: int):
+def kernels(E: int, rows: int, keys: int):
     """The (forward, dq, dkv) kernels for these sizes, built once."""
-    key = (E, BQ, BK)
+    key = (E, rows, keys)
     if key not in _KERNELS:
-        _KERNELS[key] = _build(E, BQ, BK)
+        _KERNELS[key] = _build(E, rows, keys)
     return _KERNELS[key]
+
+
+def _check(qkv, H, G, E, tile) -> tuple[int, int, int, int]:
+    """(B, T, rows, keys) after checking qkv's shape, the heads and the tile size."""
+    B, Tn, C = qkv.shape
+    check_shapes("attention", qkv=(qkv, (B, Tn, (H + 2 * G) * E)))
+    if G < 1 or H % G or E < 1:
+        raise ValueError(f"attention: H={H} query heads need G={G} dividing them, E={E} >= 1")
+    if not tile:
+        return B, Tn, *tiles(E)
+    if shared_bytes(E, tile, tile) > SHARED_BYTES:
+        raise ValueError(f"attention: tile {tile} at head size E={E} overflows shared memory")
+    return B, Tn, tile, tile
+
+
+def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
+    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E).
+
+    tile (0: tiles(E)) sets both the rows a block owns and the streamed tile (tests)."""
+    B, Tn, rows, keys = _check(qkv, H, G, E, tile)
+    check_shapes("attention_forward", out=(out, (B, Tn, H * E)), lse=(lse, (B, H, Tn)))
+    scale = qkv.dtype.type(1.0 / math.sqrt(E))
+    forward = kernels(E, rows, keys)[0]
+    forward[((Tn + rows - 1) // rows, B * H), rows, stream](out, lse, qkv, H, G, scale)
+
+
+def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile: int = 0) -> None:
+    """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
+
+    dsum (B, H, T) is scratch for D_i = rowsum(dO * O). With P = exp(S - lse) recomputed:
+    dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = dS K / sqrt(E), dK = dS^T Q / sqrt(E).
+    """
+    B, Tn, rows, keys = _check(qkv, H, G, E, tile)
+    shapes = (B, Tn, H * E), (B, H, Tn)
+    check_shapes("attention_backward", dqkv=(dqkv, qkv.shape), out=(out, shapes[0]),
+                 dout=(dout, shapes[0]), lse=(lse, shapes[1]), dsum=(dsum, shapes[1]))  # fmt: skip
+    scale = qkv.dtype.type(1.0 / math.sqrt(E))
+    _, dq, dkv = kernels(E, rows, keys)
+    blocks = (Tn + rows - 1) // rows
+    dq[(blocks, B * H), rows, stream](dqkv, dsum, dout, qkv, out, lse, H, G, scale)
+    dkv[(blocks, B * G), rows, stream](dqkv, dsum, dout, qkv, lse, H, G, scale)
+
+    # ------------------------------------------------ shared with the tensor-core launchers
 
 
 def _raise_shared_limit(kernel, args, nbytes: int) -> None:
@@ -305,55 +430,3 @@ def backward_prep(dqkv, dsum, dout, out, H: int, E: int, stream=0) -> None:
     B, Tn, _ = out.shape
     grid, threads, shift, per = prep_launch(B, Tn, H, E)
     backward_prep_kernel[grid, threads, stream](dqkv, dsum, dout, out, shift, per)
-
-
-def _check(qkv, H, G, E) -> tuple[int, int]:
-    B, Tn, C = qkv.shape
-    check_shapes("attention", qkv=(qkv, (B, Tn, (H + 2 * G) * E)))
-    if G < 1 or H % G or E % 2:
-        raise ValueError(f"attention: H={H} query heads need G={G} dividing them, even E={E}")
-    return B, Tn
-
-
-def attention_forward(out, lse, qkv, H, G, E, stream=0, tile: int = 0) -> None:
-    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E)."""
-    B, Tn = _check(qkv, H, G, E)
-    check_shapes("attention_forward", out=(out, (B, Tn, H * E)), lse=(lse, (B, H, Tn)))
-    scale = qkv.dtype.type(1.0 / math.sqrt(E))
-    if not tile and attention_tiles.supports(E):
-        check_aligned(qkv)
-        fwd = attention_tiles.kernels(E)[0]
-        nbytes = attention_tiles.shared_bytes(E)["forward"]
-        grid = (B * H, (Tn + 63) // 64)
-        args = (out, lse, qkv, H, G, scale)
-        launch_dynamic(fwd, grid, attention_tiles.THREADS, stream, nbytes, *args)
-        return
-    t = tile or tile_for(E)
-    fwd, _, _ = kernels(E, t, t)
-    fwd[((Tn + t - 1) // t, B * H), t, stream](out, lse, qkv, H, G, scale)
-
-
-def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile: int = 0) -> None:
-    """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
-
-    dsum (B, H, T) is scratch for D_i = rowsum(dO * O). With P = exp(S - lse) recomputed:
-    dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = dS K / sqrt(E), dK = dS^T Q / sqrt(E).
-    """
-    B, Tn = _check(qkv, H, G, E)
-    rows, stats = (B, Tn, H * E), (B, H, Tn)
-    check_shapes("attention_backward", dqkv=(dqkv, qkv.shape), out=(out, rows),
-                 dout=(dout, rows), lse=(lse, stats), dsum=(dsum, stats))  # fmt: skip
-    scale = qkv.dtype.type(1.0 / math.sqrt(E))
-    if not tile and attention_tiles.supports(E):
-        check_aligned(qkv, dout)
-        dkv, nbytes = attention_tiles.kernels(E)[1], attention_tiles.shared_bytes(E)["dkv"]
-        backward_prep(dqkv, dsum, dout, out, H, E, stream)
-        args = (dqkv, dsum, dout, qkv, lse, H, G, scale)
-        grid = (B * G, (Tn + 63) // 64)
-        launch_dynamic(dkv, grid, attention_tiles.THREADS, stream, nbytes, *args)
-        return
-    t = tile or tile_for(E)
-    _, dq, dkv = kernels(E, t, t)
-    grid_t = (Tn + t - 1) // t
-    dq[(grid_t, B * H), t, stream](dqkv, dsum, dout, qkv, out, lse, H, G, scale)
-    dkv[(grid_t, B * G), t, stream](dqkv, dsum, dout, qkv, lse, H, G, scale)
