@@ -24,7 +24,7 @@ free_memory and peak_memory (None where the device does not report them).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, SupportsFloat, runtime_checkable
+from typing import Any, NamedTuple, Protocol, SupportsFloat, runtime_checkable
 
 import numpy as np
 
@@ -32,8 +32,18 @@ from euler.errors import EulerError
 from euler.precision import check_precision
 
 Array = Any  # np.ndarray on the CPU, a numba DeviceNDArray on the GPU
-# a deferred product: (out, a, b, trans_a, trans_b, accumulate), as matmul takes them
-Product = tuple[Array, Array, Array, bool, bool, bool]
+
+
+class Product(NamedTuple):
+    """One product of a matmul_pair, named as matmul takes its arguments:
+    out = (or += with accumulate) op(a) @ op(b), op an optional transpose."""
+
+    out: Array
+    a: Array
+    b: Array
+    trans_a: bool = False
+    trans_b: bool = False
+    accumulate: bool = False
 
 
 def check_shapes(where: str, **checks: tuple[Any, Sequence[int]]) -> None:
@@ -174,10 +184,11 @@ class Backend(Protocol):
         """(graph of the work fn() enqueues, fn's result); EulerError without can_capture."""
 
     # ------------------------------------------------------------ decoding with a KV cache
-    # Decoding (euler/inference/batch.py) feeds n rows, each a token of one of S sequences,
-    # with embedding_forward, rmsnorm_forward, rope_forward (tables gathered at the rows'
-    # positions), swiglu_forward and residual_forward, and these. Each row is computed
-    # alone: its result does not depend on which or how many rows share the call.
+    # Decoding runs the model's forward (Model.layers) with a KV cache over n rows, each a
+    # token of one of S sequences: the layer methods above (rope_forward with tables
+    # gathered at the rows' positions, residual_forward after each product), these two in
+    # place of the products and attention. Each row is computed alone: its result does not
+    # depend on which or how many rows share the call.
     def decode_linear(self, out: Array, x: Array, w: Array) -> None:
         """out (n, M) = x (n, D) @ w (M, D)^T, each row alone. EulerError without kv_cache."""
 

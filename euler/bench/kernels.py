@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from euler.backend import Product
 from euler.bench.peer import LR
 from euler.bench.timing import best_ms
 from euler.model.config import ModelConfig
@@ -124,7 +125,7 @@ def layer_cases(
 def _linear_backward(be, dx, dw, dy, x, w) -> None:
     """dx (N, D) = dy (N, M) w (M, D) and dw (M, D) = dy^T x (N, D): a linear layer's two
     backward products, as Model.backward's matmul_pair issues them, then waited for."""
-    be.matmul_pair((dx, dy, w, False, False, False), (dw, dy, x, True, False, False))
+    be.matmul_pair(Product(dx, dy, w), Product(dw, dy, x, trans_a=True))
     be.wait_deferred()
 
 

@@ -35,7 +35,7 @@ class RecomputeDecoder:
     ):
         self.cfg = cfg
         params = np.asarray(params, np.float32)
-        self.model = Model(cfg, backend, flat_params=params, precision=precision)
+        self.model = Model(cfg, backend, flat_params=params, precision=precision, train=False)
         heads = head_weights(cfg, ParamLayout(cfg).views(params))  # K of (V, D)
         self.heads = [round_bf16(h) for h in heads] if precision == "bf16" else heads
         self.tokens = np.zeros((1, cfg.context), np.int32)
@@ -52,9 +52,9 @@ class RecomputeDecoder:
         self.tokens[0, pos0 : pos0 + n] = tokens
         self.tokens[0, pos0 + n :] = 0
         self.model.forward(self.tokens)
-        xf = host_values(self.model.be.to_host(self.model.acts.xf))
+        xf = host_values(self.model.be.to_host(self.model.acts.xf))  # (context, D): B = 1
         self.length = pos0 + n
-        return np.ascontiguousarray(xf[0, pos0 : pos0 + n])
+        return np.ascontiguousarray(xf[pos0 : pos0 + n])
 
     def logits(self, xf: np.ndarray, k: int = 0) -> np.ndarray:
         """Head k's logits (n, V) for hidden rows xf (n, D), on the host."""

@@ -9,6 +9,11 @@ The heads' backward is fused into the forward: as soon as head k's logits are tu
 dlogits by the fused cross-entropy, its weight gradient and its share of dxf are computed,
 so only one head's logits ever exist.
 
+Decoding runs the same forward (Model.layers) with a KV cache: its rows are tokens of
+several sequences, each at its own position, and where the two differ the layer calls pick
+the decoding kernels (decode_linear: each row's product alone, so a row's bits do not depend
+on the rows beside it; decode_attention: the row attends to its sequence's cached keys).
+
 Under --precision bf16 the buffers euler.precision.BF16_TENSORS names are bf16 (the
 products' inputs and most of their outputs) and the products read bf16 copies of the
 weights (params_lp), which AdamW refreshes; everything else stays float32.
@@ -16,8 +21,12 @@ weights (params_lp), which AdamW refreshes; everything else stays float32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import numpy as np
 
+from euler.backend import Array, Backend, Product, make_backend
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, head_weights, init_params
@@ -74,50 +83,75 @@ def head_scales(targets: np.ndarray) -> np.ndarray:
 
 class Activations:
     """Every buffer one forward/backward at (B, T) needs, allocated once by the backend;
-    each in dtype, or bf16 where precision bf16 stores it (euler.precision.BF16_TENSORS)."""
+    each in dtype, or bf16 where precision bf16 stores it (euler.precision.BF16_TENSORS).
 
-    def __init__(self, cfg: ModelConfig, backend, dtype, B: int, T: int, precision="fp32"):
+    Row tensors are (N, C) with N = B T rows; attention's lse is (B, H, T) and its backward
+    scratch (dqkv, datt) (B, T, C). cached: the arena of a decoding forward, which keeps
+    nothing for a backward: one buffer of each name serves every layer (x and xmid two, as
+    each layer reads one while it writes the other), and no heads or backward buffers.
+    """
+
+    def __init__(
+        self, cfg: ModelConfig, backend, dtype, B: int, T: int, precision="fp32",
+        cached: bool = False,
+    ):  # fmt: skip
         D, F, V, K = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size, cfg.n_mtp
         H, QKV = cfg.n_head, cfg.qkv_dim
-        L = cfg.n_layer
+        L, N = cfg.n_layer, B * T
 
         def z(name, *shape, n=None):
             dt = storage_dtype(precision, name, dtype)
             if n is None:
                 return backend.zeros(shape, dt)
+            if cached:
+                return [backend.zeros(shape, dt)] * n
             return [backend.zeros(shape, dt) for _ in range(n)]
 
         self.B, self.T = B, T
-        self.x = z("x", B, T, D, n=L + 1)  # residual stream at each layer input
-        self.xn1 = z("xn1", B, T, D, n=L)  # attention norm output
-        self.rstd1 = z("rstd1", B, T, n=L)
-        self.qkv = z("qkv", B, T, QKV, n=L)  # q, k after RoPE
-        self.att = z("att", B, T, cfg.q_dim, n=L)
-        self.lse = z("lse", B, H, T, n=L)
-        self.xmid = z("xmid", B, T, D, n=L)  # after the attention residual
-        self.xn2 = z("xn2", B, T, D, n=L)
-        self.rstd2 = z("rstd2", B, T, n=L)
-        self.gu = z("gu", B, T, 2 * F, n=L)  # gate | up
-        self.h = z("h", B, T, F, n=L)  # silu(gate) * up
-        self.xf = z("xf", B, T, D)
-        self.rstdf = z("rstdf", B, T)
-        self.logits = z("logits", B * T, V)  # one head at a time
-        self.losses = z("losses", K, B * T)
+        self.x = z("x", N, D, n=L + 1)  # residual stream at each layer input
+        self.xn1 = z("xn1", N, D, n=L)  # attention norm output
+        self.rstd1 = z("rstd1", N, n=L)
+        self.qkv = z("qkv", N, QKV, n=L)  # q, k after RoPE
+        self.att = z("att", N, cfg.q_dim, n=L)
+        self.lse = None if cached else z("lse", B, H, T, n=L)  # decode_attention keeps none
+        self.xmid = z("xmid", N, D, n=L)  # after the attention residual
+        self.xn2 = z("xn2", N, D, n=L)
+        self.rstd2 = z("rstd2", N, n=L)
+        self.gu = z("gu", N, 2 * F, n=L)  # gate | up
+        self.h = z("h", N, F, n=L)  # silu(gate) * up
+        self.xf = z("xf", N, D)
+        self.rstdf = z("rstdf", N)
         # inputs staged into fixed buffers, so a step uploads without allocating
-        self.tokens = backend.zeros((B * T,), np.int32)
-        self.targets = backend.zeros((K, B * T), np.int32)
+        self.tokens = backend.zeros((N,), np.int32)
+        if cached:
+            return
+        self.logits = z("logits", N, V)  # one head at a time
+        self.losses = z("losses", K, N)
+        self.targets = backend.zeros((K, N), np.int32)
         # backward scratch
-        self.dx = z("dx", B, T, D)
-        self.dxn = z("dxn", B, T, D)
-        self.dxf = z("dxf", B, T, D)
-        self.zero_bt_d = z("zero_bt_d", B, T, D)
+        self.dx = z("dx", N, D)
+        self.dxn = z("dxn", N, D)
+        self.dxf = z("dxf", N, D)
+        self.zero_bt_d = z("zero_bt_d", N, D)
         self.dqkv = z("dqkv", B, T, QKV)
         # bf16: RoPE's backward writes the products' bf16 copy of dqkv (attention's dQ
         # adds up in float32); float32 rotates dqkv in place
         self.dqkv_lp = z("dqkv_lp", B, T, QKV) if precision == "bf16" else self.dqkv
         self.datt = z("datt", B, T, cfg.q_dim)
-        self.dgu = z("dgu", B, T, 2 * F)
-        self.dh = z("dh", B, T, F)
+        self.dgu = z("dgu", N, 2 * F)
+        self.dh = z("dh", N, F)
+
+
+class KVCache(NamedTuple):
+    """A decoding forward's cache and where its rows go in it: the rows of one call are
+    tokens of any of S sequences (cache slots), each at its own position."""
+
+    k: Sequence[Array]  # per layer (S, G, C, E): keys after RoPE
+    v: Sequence[Array]  # per layer (S, G, C, E): values
+    slots: Array  # (N,) int32: each row's sequence
+    positions: Array  # (N,) int32: each row's position in it
+    cos: Array  # (N, E/2): RoPE's table rows at those positions
+    sin: Array
 
 
 class _ByteCounter:
@@ -142,27 +176,32 @@ def _2d(a):
     return a.reshape(a.shape[0] * a.shape[1], a.shape[2])
 
 
+def _3d(a, B: int, T: int):
+    """(B T, C) -> (B, T, C) view."""
+    return a.reshape(B, T, a.shape[1])
+
+
 class Model:
     """Parameters, gradients and the forward/backward schedule of one model on one backend.
 
     precision "bf16" keeps float32 master weights (params) and gives the products bf16
     copies (params_lp, refreshed by AdamW and by sync_lowp); "fp32" and "tf32" are the
-    same model (TF32 is the GPU backend's choice of product).
+    same model (TF32 is the GPU backend's choice of product). train=False: a decoding
+    model, without the gradient buffer.
     """
 
     def __init__(
         self,
         cfg: ModelConfig,
-        backend=None,
+        backend: Backend | None = None,
         dtype=np.float32,
         seed: int = 0,
         flat_params: np.ndarray | None = None,
         precision: str = "fp32",
+        train: bool = True,
     ):
         if backend is None:
-            from euler.cpu.backend import CpuBackend
-
-            backend = CpuBackend()
+            backend = make_backend("cpu")
         self.cfg = cfg
         self.be = backend
         self.dtype = np.dtype(dtype)
@@ -176,9 +215,9 @@ class Model:
         if precision == "bf16" and self.dtype != np.float32:
             raise EulerError(f"precision bf16 keeps float32 master weights, not {self.dtype}")
         self.params = backend.to_device(np.ascontiguousarray(host, dtype=self.dtype))
-        self.grads = backend.zeros((self.layout.size,), self.dtype)
+        self.grads = backend.zeros((self.layout.size,), self.dtype) if train else None
         self.p = self.layout.views(self.params)
-        self.g = self.layout.views(self.grads)
+        self.g = self.layout.views(self.grads) if train else None
         self.params_lp = None  # bf16: the weights the products read
         self.w = self.p  # the products' weight views: p, or params_lp's under bf16
         if precision == "bf16":
@@ -186,7 +225,7 @@ class Model:
             self.w = self.layout.views(self.params_lp)
         # the K head matrices (V, D); head 0 is tok_emb's view itself when tied
         self.heads_w = head_weights(cfg, self.w)
-        self.heads_g = head_weights(cfg, self.g)
+        self.heads_g = head_weights(cfg, self.g) if train else None
         cos, sin = rope_tables(cfg, self.dtype)
         self.cos, self.sin = backend.to_device(cos), backend.to_device(sin)
         self.acts: Activations | None = None
@@ -272,43 +311,68 @@ class Model:
 
         On the GPU the loss is a DeviceScalar: float() waits for it.
         """
-        cfg, be, a, p, wt = self.cfg, self.be, self.acts, self.p, self.w
-        H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
-        self._tokens = a.tokens
-        be.embedding_forward(_2d(a.x[0]), self._tokens, p["tok_emb"])
-        for layer in range(cfg.n_layer):
-            w = f"layers.{layer}."
-            # attention block: (B, T, D) -> qkv (B, T, (H + 2G) E) -> att (B, T, H E)
-            be.rmsnorm_forward(
-                _2d(a.xn1[layer]), a.rstd1[layer].reshape(-1), _2d(a.x[layer]),
-                p[w + "attn_norm"], cfg.norm_eps,
-            )  # fmt: skip
-            be.matmul(_2d(a.qkv[layer]), _2d(a.xn1[layer]), wt[w + "attn.wqkv"], trans_b=True)
-            be.rope_forward(a.qkv[layer], self.cos, self.sin, H, G, E)
-            be.attention_forward(a.att[layer], a.lse[layer], a.qkv[layer], H, G, E)
-            # xmid = x + att Wo^T (one cuBLASLt call where the GPU fuses it)
-            be.matmul_residual(_2d(a.xmid[layer]), _2d(a.x[layer]), _2d(a.att[layer]),
-                               wt[w + "attn.wo"])  # fmt: skip
-            # MLP block: (B, T, D) -> gate|up (B, T, 2F) -> h (B, T, F) -> (B, T, D)
-            be.rmsnorm_forward(
-                _2d(a.xn2[layer]), a.rstd2[layer].reshape(-1), _2d(a.xmid[layer]),
-                p[w + "mlp_norm"], cfg.norm_eps,
-            )  # fmt: skip
-            be.matmul(_2d(a.gu[layer]), _2d(a.xn2[layer]), wt[w + "mlp.w_gateup"], trans_b=True)
-            be.swiglu_forward(_2d(a.h[layer]), _2d(a.gu[layer]))
-            be.matmul_residual(_2d(a.x[layer + 1]), _2d(a.xmid[layer]), _2d(a.h[layer]),
-                               wt[w + "mlp.w_down"])  # fmt: skip
-        be.rmsnorm_forward(
-            _2d(a.xf), a.rstdf.reshape(-1), _2d(a.x[cfg.n_layer]), p["final_norm"], cfg.norm_eps
-        )
+        self._tokens = self.acts.tokens
+        self.layers(self.acts)
         if self._scales is None:
             return None
         return self._heads(need_grad, accumulate)
 
+    def layers(self, a: Activations, cache: KVCache | None = None) -> None:
+        """The forward of a's staged tokens through every layer and the final norm, into
+        a.xf (N, D): device work only (a CUDA graph can capture it).
+
+        Without a cache, a's rows are B sequences of T tokens at positions 0..T-1 (training,
+        evaluation); with one, B = 1 and row r is a token of sequence cache.slots[r] at
+        cache.positions[r], whose key and value the attention caches (decoding: a prompt's
+        prefill and one-token steps alike).
+        """
+        cfg, be, p, wt = self.cfg, self.be, self.p, self.w
+        H, G, E, eps = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.norm_eps
+        B, T = a.B, a.T
+        cos, sin = (self.cos, self.sin) if cache is None else (cache.cos, cache.sin)
+        be.embedding_forward(a.x[0], a.tokens, p["tok_emb"])
+        for layer in range(cfg.n_layer):
+            w = f"layers.{layer}."
+            qkv, att = a.qkv[layer], a.att[layer]  # (N, (H + 2G) E), (N, H E)
+            # attention block: x + att(rmsnorm(x)) Wo^T
+            be.rmsnorm_forward(a.xn1[layer], a.rstd1[layer], a.x[layer], p[w + "attn_norm"], eps)
+            self._linear(qkv, a.xn1[layer], wt[w + "attn.wqkv"], cache)
+            be.rope_forward(_3d(qkv, B, T), cos, sin, H, G, E)
+            if cache is None:
+                be.attention_forward(_3d(att, B, T), a.lse[layer], _3d(qkv, B, T), H, G, E)
+            else:
+                be.decode_attention(att, qkv, cache.k[layer], cache.v[layer], cache.slots,
+                                    cache.positions, H, G, E)  # fmt: skip
+            self._linear(a.xmid[layer], att, wt[w + "attn.wo"], cache, res=a.x[layer])
+            # MLP block: xmid + swiglu(rmsnorm(xmid) Wgu^T) Wdown^T
+            be.rmsnorm_forward(a.xn2[layer], a.rstd2[layer], a.xmid[layer], p[w + "mlp_norm"], eps)
+            self._linear(a.gu[layer], a.xn2[layer], wt[w + "mlp.w_gateup"], cache)
+            be.swiglu_forward(a.h[layer], a.gu[layer])
+            self._linear(a.x[layer + 1], a.h[layer], wt[w + "mlp.w_down"], cache,
+                         res=a.xmid[layer])  # fmt: skip
+        be.rmsnorm_forward(a.xf, a.rstdf, a.x[cfg.n_layer], p["final_norm"], eps)
+
+    def _linear(self, out, x, w, cache: KVCache | None, res=None) -> None:
+        """out (N, M) = x (N, D) @ w (M, D)^T, plus res (N, M) where given (out may not
+        overlap res). Without a cache, the backend's fastest product for the batch (with
+        res, one fused call where the GPU has one); with a cache, decode_linear: each row's
+        product alone, so a row's bits do not depend on the rows beside it and batched and
+        speculative decoding give the tokens of decoding alone."""
+        be = self.be
+        if cache is None:
+            if res is None:
+                be.matmul(out, x, w, trans_b=True)
+            else:
+                be.matmul_residual(out, res, x, w)
+            return
+        be.decode_linear(out, x, w)
+        if res is not None:
+            be.residual_forward(out, res, out)
+
     def _heads(self, need_grad: bool, accumulate: bool):
         """Loss over the K heads; with need_grad, also dW_heads and dxf (fused backward)."""
         be, a = self.be, self.acts
-        xf = _2d(a.xf)
+        xf = a.xf
         for k in range(self.cfg.n_mtp):
             tk = a.targets[k]
             w = self.heads_w[k]  # (V, D)
@@ -318,8 +382,8 @@ class Model:
                 continue
             be.cross_entropy_forward_backward(a.losses[k], a.logits, tk, self._scales, k)
             be.matmul_pair(
-                (_2d(a.dxf), a.logits, w, False, False, k > 0),
-                (self.heads_g[k], a.logits, xf, True, False, accumulate),
+                Product(a.dxf, a.logits, w, accumulate=k > 0),
+                Product(self.heads_g[k], a.logits, xf, trans_a=True, accumulate=accumulate),
             )
             be.wait_deferred()  # the next head's logits overwrite these
         self._accumulate = accumulate
@@ -328,7 +392,7 @@ class Model:
     def head_logits(self, k: int = 0) -> np.ndarray:
         """Logits (B, T, V) of head k for the last forward's input, as a host array."""
         a = self.acts
-        self.be.matmul(a.logits, _2d(a.xf), self.heads_w[k], trans_b=True)
+        self.be.matmul(a.logits, a.xf, self.heads_w[k], trans_b=True)
         return host_values(self.be.to_host(a.logits)).reshape(a.B, a.T, -1).copy()
 
     # ------------------------------------------------------------------ backward
@@ -341,10 +405,11 @@ class Model:
         cfg, be, a, p, g, wt = self.cfg, self.be, self.acts, self.p, self.g, self.w
         acc = self._accumulate
         H, G, E = cfg.n_head, cfg.n_kv_head, cfg.head_size
-        dx, dxn = _2d(a.dx), _2d(a.dxn)
+        B, T = a.B, a.T
+        dx, dxn = a.dx, a.dxn
         be.rmsnorm_backward(
-            dx, g["final_norm"], _2d(a.dxf), _2d(a.zero_bt_d), _2d(a.x[cfg.n_layer]),
-            p["final_norm"], a.rstdf.reshape(-1), acc,
+            dx, g["final_norm"], a.dxf, a.zero_bt_d, a.x[cfg.n_layer], p["final_norm"], a.rstdf,
+            accumulate=acc,
         )  # fmt: skip
         # A pair's second product, a weight gradient, may run beside what follows (the GPU's
         # side stream) until a wait_deferred; keep=1 lets the newest go on. Each norm's
@@ -354,38 +419,40 @@ class Model:
             w = f"layers.{layer}."
             # MLP block, dx is d(loss)/d(x[layer + 1])
             be.matmul_pair(
-                (_2d(a.dh), dx, wt[w + "mlp.w_down"], False, False, False),
-                (g[w + "mlp.w_down"], dx, _2d(a.h[layer]), True, False, acc),
+                Product(a.dh, dx, wt[w + "mlp.w_down"]),
+                Product(g[w + "mlp.w_down"], dx, a.h[layer], trans_a=True, accumulate=acc),
             )
-            be.swiglu_backward(_2d(a.dgu), _2d(a.dh), _2d(a.gu[layer]))
+            be.swiglu_backward(a.dgu, a.dh, a.gu[layer])
             be.matmul_pair(
-                (dxn, _2d(a.dgu), wt[w + "mlp.w_gateup"], False, False, False),
-                (g[w + "mlp.w_gateup"], _2d(a.dgu), _2d(a.xn2[layer]), True, False, acc),
+                Product(dxn, a.dgu, wt[w + "mlp.w_gateup"]),
+                Product(g[w + "mlp.w_gateup"], a.dgu, a.xn2[layer], trans_a=True, accumulate=acc),
             )
             be.wait_deferred(keep=1)  # dW_down has read dx, which the norm overwrites next
             be.rmsnorm_backward(
-                dx, g[w + "mlp_norm"], dxn, dx, _2d(a.xmid[layer]), p[w + "mlp_norm"],
-                a.rstd2[layer].reshape(-1), acc,
+                dx, g[w + "mlp_norm"], dxn, dx, a.xmid[layer], p[w + "mlp_norm"],
+                a.rstd2[layer], accumulate=acc,
             )  # fmt: skip
             # attention block, dx is now d(loss)/d(xmid[layer])
             be.matmul_pair(
-                (_2d(a.datt), dx, wt[w + "attn.wo"], False, False, False),
-                (g[w + "attn.wo"], dx, _2d(a.att[layer]), True, False, acc),
+                Product(_2d(a.datt), dx, wt[w + "attn.wo"]),
+                Product(g[w + "attn.wo"], dx, a.att[layer], trans_a=True, accumulate=acc),
             )
-            be.attention_backward(a.dqkv, a.datt, a.qkv[layer], a.att[layer], a.lse[layer], H, G, E)
+            be.attention_backward(a.dqkv, a.datt, _3d(a.qkv[layer], B, T),
+                                  _3d(a.att[layer], B, T), a.lse[layer], H, G, E)  # fmt: skip
             dqkv = a.dqkv_lp  # a.dqkv itself, rotated in place, unless bf16
             be.rope_backward(a.dqkv, self.cos, self.sin, H, G, E,
                              out=None if dqkv is a.dqkv else dqkv)  # fmt: skip
             be.matmul_pair(
-                (dxn, _2d(dqkv), wt[w + "attn.wqkv"], False, False, False),
-                (g[w + "attn.wqkv"], _2d(dqkv), _2d(a.xn1[layer]), True, False, acc),
+                Product(dxn, _2d(dqkv), wt[w + "attn.wqkv"]),
+                Product(g[w + "attn.wqkv"], _2d(dqkv), a.xn1[layer], trans_a=True, accumulate=acc),
             )
             be.wait_deferred(keep=1)  # dW_o has read dx (and dW_gateup dgu), as above
             be.rmsnorm_backward(
-                dx, g[w + "attn_norm"], dxn, dx, _2d(a.x[layer]), p[w + "attn_norm"],
-                a.rstd1[layer].reshape(-1), acc,
+                dx, g[w + "attn_norm"], dxn, dx, a.x[layer], p[w + "attn_norm"],
+                a.rstd1[layer], accumulate=acc,
             )  # fmt: skip
         # tied: head 0's weight gradient is already in g["tok_emb"] (written by _heads), so
         # the embedding's scatter adds to it
-        be.embedding_backward(g["tok_emb"], dx, self._tokens, acc or cfg.tie_embeddings)
+        be.embedding_backward(g["tok_emb"], dx, self._tokens,
+                              accumulate=acc or cfg.tie_embeddings)  # fmt: skip
         be.wait_deferred()
