@@ -9,10 +9,9 @@ exact; bf16 with the model's bf16 tensors, euler.precision.BF16_TENSORS):
   in line instead of on a side stream (GpuBackend(overlap=False)), without token-contiguous
   copies of an operand (GpuOptions.transpose_weight_grads), without the residual adds fused
   into the output projections (GpuOptions.fused_residual), and with copies only next to a
-  2048-wide side (GpuOptions.transpose_min_width 2048), with bf16 RMSNorm rows read
-  twice (GpuOptions.held_rmsnorm_rows), and with each cuBLASLt product on the heuristic's
-  first algorithm (GpuOptions.gemm_candidates 1), replayed as CUDA graphs and launched
-  (`--steps-only`: just this; --knobs, --rounds and --graph-only make an A/B in turn:
+  2048-wide side (GpuOptions.transpose_min_width 2048), and with each cuBLASLt product on
+  the heuristic's first algorithm (GpuOptions.gemm_candidates 1), replayed as CUDA graphs
+  and launched (`--steps-only`: just this; --knobs, --rounds and --graph-only make an A/B in turn:
   `--knobs default first_algorithm --rounds 2 --graph-only --steps 20`);
 - the training step (forward, backward, clipping and AdamW) at batch B x T: tokens/s, model
   FLOPs utilisation against `--peak` TFLOP/s at `--flop-per-token`, the host (Python) time
@@ -211,8 +210,7 @@ def overlap_steps(args) -> dict[str, dict]:
     token-contiguous copies (GpuOptions.transpose_weight_grads), without the output
     projections' residual adds fused into their GEMMs (GpuOptions.fused_residual:
     cuBLASLt); with token-contiguous copies only where the other side is 2048 or more wide
-    (GpuOptions.transpose_min_width 2048); in bf16, with RMSNorm rows read twice instead
-    of held in registers (GpuOptions.held_rmsnorm_rows); with each cuBLASLt product on the
+    (GpuOptions.transpose_min_width 2048); with each cuBLASLt product on the
     heuristic's first algorithm, not the fastest of 8 (GpuOptions.gemm_candidates 1); each
     replayed as CUDA graphs and
     launched: time_steps' statistics plus tokens/s. --knobs keeps the named rows, --rounds
@@ -229,7 +227,6 @@ def overlap_steps(args) -> dict[str, dict]:
         ("untransposed", True, GpuOptions(transpose_weight_grads=False)),
         ("unfused_residual", True, GpuOptions(fused_residual=False)),
         ("wide_transposed", True, GpuOptions(transpose_min_width=2048)),
-        ("reread_rmsnorm", True, GpuOptions(held_rmsnorm_rows=False)),
         ("first_algorithm", True, GpuOptions(gemm_candidates=1)),
     )
     names = [k[0] for k in knobs]
@@ -239,8 +236,6 @@ def overlap_steps(args) -> dict[str, dict]:
     picked = [k for k in knobs if not args.knobs or k[0] in args.knobs]
     for r in range(args.rounds):
         for name, overlap, options in picked:
-            if name == "reread_rmsnorm" and args.precision != "bf16":
-                continue  # held rows are a bf16 path: elsewhere the same step as the default
             be = GpuBackend(tf32=args.precision != "fp32", overlap=overlap, options=options)
             for graph in (True,) if args.graph_only else (True, False):
                 s = time_engine(
@@ -279,18 +274,15 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
     flash_out = as_float32(be.to_host(out))
     simple_fwd = simple_bwd = None  # bf16: the one-row-per-thread kernels are float32's
     if args.precision != "bf16":
-        # the one-row-per-thread kernels (any head size), forced by giving a tile size
-        tile = attention.tile_for(E)
+        # the readable kernels (attention.py: --exact-attention, any head size)
         simple_fwd = timed(
-            be,
-            lambda: attention.attention_forward(out, lse, qkv, H, G, E, be.stream, tile),
-            args.reps,
+            be, lambda: attention.attention_forward(out, lse, qkv, H, G, E, be.stream), args.reps
         )
         dsum = be.scratch("attention_dsum", lse.shape, lse.dtype)
         simple_bwd = timed(
             be,
             lambda: attention.attention_backward(
-                dqkv, dout, qkv, out, lse, H, G, E, dsum, be.stream, tile
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, be.stream
             ),
             args.reps,
         )
@@ -322,10 +314,9 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
 
 def kernel_resources() -> list[dict]:
     """Registers and local (spilled) memory per thread of every attention kernel compiled."""
-    from euler.gpu import attention, attention_tiles
+    from euler.gpu import attention
 
-    kernels = [k for ks in attention_tiles._BUILT.values() for k in ks]
-    kernels += [k for ks in attention._KERNELS.values() for k in ks]
+    kernels = [k for ks in attention._KERNELS.values() for k in ks]
     out = []
     for disp in kernels:
         for kern in disp.overloads.values():

@@ -26,7 +26,6 @@ import numba.cuda.dispatcher as dispatcher  # noqa: E402
 from euler.gpu import (  # noqa: E402
     adamw,
     attention,
-    attention_tiles,
     cross_entropy,
     decode,
     embedding,
@@ -95,7 +94,7 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
             f32(N, d), f32(d), f32(N, d), f32(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
         )
     bf16 = lambda *s: np.zeros(s, np.uint16)  # noqa: E731  (bf16 bits, euler.precision)
-    for d in (256, 768):  # rows held in registers (rmsnorm_rows.py): 1 and 3 strips
+    for d in (256, 768):  # bf16 rows held in registers (rmsnorm.py): 1 and 3 strips
         rmsnorm.rmsnorm_forward(bf16(N, d), f32(N), f32(N, d), f32(d), 1e-5)
         rmsnorm.rmsnorm_backward(
             bf16(N, d), f32(d), f32(N, d), bf16(N, d), f32(N, d), f32(d), f32(N), True, f32(3, d)
@@ -135,10 +134,9 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
     at = np.zeros(N, np.int32)
     decode.attention_decode(f32(N, H * E), f32(N, (H + 2 * G) * E), f32(S, G, C, E),
                             f32(S, G, C, E), at, at, H, G, E)  # fmt: skip
-    for E, tile in ((64, 64), (32, 64), (8, 0)):
-        # the one-row kernels (forced by a tile size) at the `gpu` and `small` presets' head
-        # sizes; the generated register-tiled ones (tile 0) at a small head size, since
-        # compiling their E = 64 build takes minutes (test_tiled_attention_gpu_preset)
+    for E, tile in ((64, 0), (32, 0), (5, 0), (8, 4)):
+        # the readable kernels (attention.py) at the `gpu` and `small` presets' head sizes,
+        # at a head size that is not a multiple of 8, and with a tile size forced (tests)
         _attention_launches(E, tile, B, T)
     return calls
 
@@ -209,8 +207,6 @@ def _compile_all(monkeypatch, calls) -> None:
         if name == "backward_prep_kernel":  # 16-byte chunks, no index divided (its docstring)
             assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx, name
             assert not re.search(r"\b(div|rem)\.[su]\d+", ptx), name
-        if name.endswith("_tiled_kernel"):  # operands 16 bytes a load (attention_tiles)
-            assert "ld.shared.v4.f32" in ptx and "cp.async.cg.shared.global" in ptx, name
         if name not in F64_ALLOWED:
             bad = [line.strip() for line in ptx.splitlines() if F64_OP.search(line)]
             if name in F64_SCALAR_READS:
@@ -225,7 +221,6 @@ if IN_BACKGROUND:  # conftest.py's run of this file, beside the session on the o
         _compile_all(monkeypatch, calls)
         launched = {k.py_func.__name__ for k, _ in calls}
         defined = {"forward_kernel", "backward_dq_kernel", "backward_dkv_kernel"}  # attention's
-        defined |= {k.py_func.__name__ for k in attention_tiles.kernels(8)}
         modules = (adamw, attention, cross_entropy, decode, embedding, memory, naive_attention)
         modules += (residual,)
         modules += (rmsnorm, rope, swiglu, transpose)
@@ -235,14 +230,6 @@ if IN_BACKGROUND:  # conftest.py's run of this file, beside the session on the o
                     defined.add(name)
         assert defined <= launched, f"kernels never compiled here: {sorted(defined - launched)}"
 
-    @pytest.mark.slow
-    def test_tiled_attention_gpu_preset(monkeypatch) -> None:
-        """The generated kernels at the `gpu` preset's head size 64 (a minute of NVVM time; the
-        default run compiles them at E = 8, test_every_kernel_compiles_for_sm90)."""
-        calls = _record_launches(monkeypatch)
-        _attention_launches(64, 0, 2, 3)
-        _compile_all(monkeypatch, [c for c in calls if "tiled" in c[0].py_func.__name__])
-
 else:
     from tests.background import background_test
 
@@ -251,10 +238,4 @@ else:
         "not slow",
         False,
         "This file's PTX compiles, in a subprocess started at collection (conftest.py).",
-    )
-    test_ptx_in_background_slow = background_test(
-        __file__,
-        "slow",
-        False,
-        "The generated attention kernels at head size 64 (a minute of NVVM).",
     )

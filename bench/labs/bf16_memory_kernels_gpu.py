@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
 from euler.gpu import embedding, rmsnorm, swiglu, transpose  # noqa: E402
+from euler.gpu.backend import multiprocessors  # noqa: E402
 from euler.gpu.memory import THREADS  # noqa: E402
 from euler.gpu.transpose import PADDED, SIDE, TILE  # noqa: E402
 from euler.gpu.vector import aligned8_bf16, load4_u32, store4_u32  # noqa: E402
@@ -113,7 +114,7 @@ def cases(stream, bf16: bool):
     size = {np.float32: 4, np.uint16: 2}
     x, w, rstd, dy, dw = dev((N, D)), dev(D), dev(N), dev((N, D)), dev(D)
     y, dx = dev((N, D), lp), dev((N, D), lp)
-    partial = dev((rmsnorm.partial_rows(N), D))
+    partial = dev((rmsnorm.partial_rows(N, rmsnorm.PARTIAL_BLOCKS_PER_SM * multiprocessors()), D))
     gu, h, dh, dgu = dev((N, 2 * F), lp), dev((N, F), lp), dev((N, F), lp), dev((N, 2 * F), lp)
     tokens = cuda.to_device(rng.integers(0, V, N).astype(np.int32), stream=stream)
     dwte = dev((V, D))

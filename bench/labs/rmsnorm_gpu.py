@@ -5,8 +5,8 @@
 x, dy, dres (16384, 768) float32 (B = 32, T = 512, D = 768), timed by bench/gpu_timing.timed
 (10 calls back to back): the forward (reads x, writes y: 2 N D floats) and the backward
 (reads dy, x, dres, writes dx: 4 N D floats, plus the dw partials) at each count of backward
-blocks (rmsnorm.PARTIAL_BLOCKS: 264, two a multiprocessor of the H200, by default). The
-bytes are the minimum a call moves, so TB/s is against the H200's ~4 TB/s.
+blocks (GpuBackend.rmsnorm_blocks; the package's: rmsnorm.PARTIAL_BLOCKS_PER_SM a
+multiprocessor). The bytes are the minimum a call moves, so TB/s is against the H200's ~4 TB/s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
-from euler.gpu import rmsnorm  # noqa: E402
 
 N, D = 16384, 768
 
@@ -52,16 +51,12 @@ def main() -> None:
     forward = lambda: be.rmsnorm_forward(y, rstd, x, w, 1e-5)  # noqa: E731
     forward()
     record(part="forward", blocks=None, ms=timed(be.stream, forward, args.reps), bytes=2 * nbytes)
-    default = rmsnorm.PARTIAL_BLOCKS
-    try:
-        for blocks in (int(b) for b in args.blocks.split(",")):
-            rmsnorm.PARTIAL_BLOCKS = blocks
-            backward = lambda: be.rmsnorm_backward(dx, dw, dy, y, x, w, rstd, False)  # noqa: E731
-            backward()
-            ms = timed(be.stream, backward, args.reps)
-            record(part="backward", blocks=blocks, ms=ms, bytes=4 * nbytes)
-    finally:
-        rmsnorm.PARTIAL_BLOCKS = default
+    for blocks in (int(b) for b in args.blocks.split(",")):
+        be.rmsnorm_blocks = blocks
+        backward = lambda: be.rmsnorm_backward(dx, dw, dy, y, x, w, rstd, False)  # noqa: E731
+        backward()
+        ms = timed(be.stream, backward, args.reps)
+        record(part="backward", blocks=blocks, ms=ms, bytes=4 * nbytes)
 
 
 if __name__ == "__main__":

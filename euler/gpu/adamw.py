@@ -24,7 +24,7 @@ from euler.gpu.vector import aligned4, aligned8_bf16, load4, store4, store4_bf16
 from euler.layer_math import adamw_scalar, bf16_round, clip_scale
 from euler.precision import is_bf16
 
-NORM_BLOCKS = 528  # at most this many partial sums of squares: 4 blocks per H200 SM
+NORM_BLOCKS_PER_SM = 4  # sum-of-squares blocks a multiprocessor: enough to fill it
 
 
 @cuda.jit
@@ -56,9 +56,10 @@ def norm_and_scale_kernel(stats, partial, max_norm):
         stats[1] = clip_scale(norm, max_norm)
 
 
-def norm_blocks(P: int, threads: int) -> int:
-    """Blocks (C) of the sum-of-squares pass over P gradients: enough to fill the GPU."""
-    return max(1, min(NORM_BLOCKS, (P + threads - 1) // threads))
+def norm_blocks(P: int, threads: int, blocks: int) -> int:
+    """Blocks (C) of the sum-of-squares pass over P gradients: at most `blocks` (the
+    backend's NORM_BLOCKS_PER_SM times its multiprocessors), at most one a block of P."""
+    return max(1, min(blocks, (P + threads - 1) // threads))
 
 
 def grad_norm(stats, partial, grads, max_norm, stream=0, threads: int = THREADS) -> None:

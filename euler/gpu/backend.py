@@ -55,6 +55,17 @@ def check_bf16_support() -> None:
     check_bf16_capability(device.compute_capability, name)
 
 
+SIMULATED_MULTIPROCESSORS = 4  # the simulator's device reports none; a few keep grids small
+
+
+def multiprocessors() -> int:
+    """The current device's multiprocessor count (SIMULATED_MULTIPROCESSORS in the simulator,
+    whose device has no attributes): what block counts of grid-filling kernels scale with."""
+    if numba.config.ENABLE_CUDASIM:
+        return SIMULATED_MULTIPROCESSORS
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
 def _event():
     """A CUDA event for ordering only (no timestamps; the simulator's takes no options)."""
     return cuda.event() if numba.config.ENABLE_CUDASIM else cuda.event(timing=False)
@@ -121,9 +132,6 @@ class GpuOptions:
         their residual adds) as one cuBLASLt call writing out = res + a b^T with
         C = res != D = out (cublaslt.py), which saves the residual kernel's second read of
         the product. A stand-in blas (the simulator's) always takes the unfused path.
-    held_rmsnorm_rows: bf16 RMSNorm rows of at most 768 columns held in registers between
-        their passes (rmsnorm_rows.py; the same bits), so each row is read from memory
-        once; False re-reads them.
     gemm_candidates: the cuBLASLt products (every bf16 one, and the fused residuals) time
         up to this many of the heuristic's algorithms on a product's first call and keep
         the fastest (cublaslt.py; 1: the heuristic's first, untimed), since the heuristic's
@@ -134,7 +142,6 @@ class GpuOptions:
     transpose_weight_grads: bool = True
     transpose_min_width: int = 0
     fused_residual: bool = True
-    held_rmsnorm_rows: bool = True
     gemm_candidates: int = HEURISTIC_RESULTS
 
     def __post_init__(self) -> None:
@@ -199,6 +206,10 @@ class GpuBackend:
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
         self.k_transpose, self.k_decode = transpose, decode
         self.threads, self.tile, self.options = threads, tile, options
+        # block counts from this device's multiprocessors
+        sms = multiprocessors()
+        self.rmsnorm_blocks = rmsnorm.PARTIAL_BLOCKS_PER_SM * sms
+        self.norm_blocks = adamw.NORM_BLOCKS_PER_SM * sms
         self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
         self.stream = cuda.stream()
         self.blas = _on_stream(Cublas, self.stream, tf32) if blas is None else blas
@@ -421,25 +432,14 @@ class GpuBackend:
         self.k_embedding.embedding_backward(dwte, dx, tokens, accumulate, self.stream, self.threads)
 
     def rmsnorm_forward(self, y, rstd, x, w, eps) -> None:
-        self.k_rmsnorm.rmsnorm_forward(y, rstd, x, w, eps, self.stream, self.threads,
-                                       held_rows=self.options.held_rmsnorm_rows)  # fmt: skip
+        self.k_rmsnorm.rmsnorm_forward(y, rstd, x, w, eps, self.stream, self.threads)
 
     def rmsnorm_backward(self, dx, dw, dy, dres, x, w, rstd, accumulate) -> None:
         N, D = x.shape
-        partial = self.scratch("rmsnorm_dw", (self.k_rmsnorm.partial_rows(N), D), x.dtype)
+        C = self.k_rmsnorm.partial_rows(N, self.rmsnorm_blocks)
+        partial = self.scratch("rmsnorm_dw", (C, D), x.dtype)
         self.k_rmsnorm.rmsnorm_backward(
-            dx,
-            dw,
-            dy,
-            dres,
-            x,
-            w,
-            rstd,
-            accumulate,
-            partial,
-            self.stream,
-            self.threads,
-            held_rows=self.options.held_rmsnorm_rows,
+            dx, dw, dy, dres, x, w, rstd, accumulate, partial, self.stream, self.threads
         )
 
     def rope_forward(self, qkv, cos, sin, H, G, E, pos0=0) -> None:
@@ -511,7 +511,7 @@ class GpuBackend:
     # ------------------------------------------------------------ optimizer
     def _norm_stats(self, grads, max_norm: float):
         stats = self.scratch("grad_stats", (2,), np.float64)
-        C = self.k_adamw.norm_blocks(grads.shape[0], self.threads)
+        C = self.k_adamw.norm_blocks(grads.shape[0], self.threads, self.norm_blocks)
         partial = self.scratch("grad_partial", (C,), np.float64)
         self.k_adamw.grad_norm(stats, partial, grads, max_norm, self.stream, self.threads)
         return stats
