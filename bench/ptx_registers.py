@@ -1,6 +1,7 @@
-"""Compile time, registers and spills of the generated attention kernels, with no GPU.
+"""Compile time, registers and spills of the attention kernels, with no GPU.
 
-    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|both] [--set NAME=N]
+    python bench/ptx_registers.py [--head-size 64] [--kernels tc|tiled|readable|all]
+                                  [--set NAME=N]
                                   [--census [--sass DIR]]
 
 Each kernel the launchers would start at the `gpu` preset's shapes is compiled to sm_90a
@@ -9,7 +10,8 @@ PTX with `cuda.compile_ptx` (timed: Numba's passes plus NVVM), then, when a CUDA
 writes PTX ISA 9.5 and ptxas 13.0 reads up to 9.0; the kernels use nothing newer, so the
 version line is lowered for ptxas. docs/gpu.md quotes its output.
 `--set NAME=N` sets a field of the tensor-core kernels' TcOptions (prep_span, prep_stages,
-prep_flag_every) or of the register-tiled kernels' TileOptions (kstep).
+prep_flag_every) or of the register-tiled kernels' TileOptions (kstep;
+bench/labs/attention_exact_tiles.py). "readable" is euler/gpu/attention.py, the exact path.
 
 `--census` also counts the instructions of each kernel's main loop (the longest span from a
 label back to a branch to it): in PTX, and, when ptxas, cuobjdump and nvdisasm (NVIDIA's
@@ -26,6 +28,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -37,8 +40,11 @@ import numba.cuda.dispatcher as dispatcher
 import numpy as np
 from numba import cuda
 
-from euler.gpu import attention, attention_tc, attention_tiles
-from euler.gpu.attention_tc import launch as tc_launch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.labs import attention_exact_tiles as attention_tiles  # noqa: E402
+from euler.gpu import attention, attention_tc  # noqa: E402
+from euler.gpu.attention_tc import launch as tc_launch  # noqa: E402
 
 
 def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
@@ -58,12 +64,12 @@ def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
         attention_tc.attention_forward(out, lse, qkv, H, G, E, options=opts)
         dqkv = f32(*qkv.shape)
         attention_tc.attention_backward(dqkv, out, qkv, out, lse, H, G, E, lse, options=opts)
-    elif attention_tiles.supports(E):  # the launches of attention.py's tiled path
+    elif kind == "tiled":  # the lab's register-tiled kernels, as its launchers start them
         fwd, dkv = attention_tiles.kernels(E, attention_tiles.TileOptions(**fields))
         scale = np.float32(1.0 / np.sqrt(E))
         calls.append((fwd, (out, lse, qkv, H, G, scale)))
         calls.append((dkv, (f32(*qkv.shape), lse, out, qkv, lse, H, G, scale)))
-    else:  # the one-row kernels
+    else:  # the readable kernels
         attention.attention_forward(out, lse, qkv, H, G, E, 0, 0)
         attention.attention_backward(f32(*qkv.shape), out, qkv, out, lse, H, G, E, lse, 0, 0)
     return [(k, a) for k, a in calls if "prep" not in k.py_func.__name__]
@@ -140,7 +146,7 @@ def sass_census(ptx: str, listing: Path | None = None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-size", type=int, default=64)
-    ap.add_argument("--kernels", choices=["tc", "tiled", "both"], default="both")
+    ap.add_argument("--kernels", choices=["tc", "tiled", "readable", "all"], default="all")
     ap.add_argument(
         "--set", action="append", default=[], metavar="NAME=N",
         help="a TcOptions field (prep_span, prep_stages, prep_flag_every) or a TileOptions"
@@ -154,14 +160,14 @@ def main() -> None:
     tc_names -= {"head_size", "simulator"}
     tile_names = {f.name for f in dataclasses.fields(attention_tiles.TileOptions)}
     names = sorted(tc_names | tile_names)
-    fields: dict[str, dict[str, int]] = {"tc": {}, "tiled": {}}
+    fields: dict[str, dict[str, int]] = {"tc": {}, "tiled": {}, "readable": {}}
     for item in args.set:
         name, _, value = item.partition("=")
         if name not in names or not value.lstrip("-").isdigit():
             ap.error(f"--set {item}: want NAME=N, NAME one of {', '.join(names)}")
         fields["tc" if name in tc_names else "tiled"][name] = int(value)
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
-    kinds = ["tc", "tiled"] if args.kernels == "both" else [args.kernels]
+    kinds = ["tc", "tiled", "readable"] if args.kernels == "all" else [args.kernels]
     for kind in kinds:
         for kernel, kargs in launches(kind, args.head_size, fields[kind]):
             sig = tuple(numba.typeof(a) for a in kargs)

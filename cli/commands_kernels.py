@@ -1,6 +1,7 @@
-"""Kernel commands: `euler kernels list`, `show` and `write`: the generated GPU sources as text.
+"""Kernel commands: `euler kernels list`, `show` and `write`: the GPU attention sources as text.
 
-No GPU is needed: the generators are plain Python (euler/gpu/kernel_sources.py).
+No GPU is needed: the generators are plain Python (euler/gpu/kernel_sources.py). fp32's
+kernels are not generated: `show --precision fp32` prints their plain file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import typer
 from euler.errors import EulerError
 
 kernels_app = typer.Typer(
-    help="Print the generated GPU kernels (the source the GPU compiles), no GPU needed.",
+    help="Print the GPU attention kernels (the source the GPU compiles), no GPU needed.",
     no_args_is_help=True,
 )
 
@@ -33,24 +34,28 @@ def _modules(layer: str, precision: str, head_size: int) -> dict[str, str]:
         raise EulerError(
             f"--precision: one of {', '.join(kernel_sources.PRECISIONS)}, not {precision!r}"
         )
+    if precision not in kernel_sources.GENERATED:
+        return {}
     sizes = kernel_sources.head_sizes(precision)
     if head_size not in sizes:
         raise EulerError(
             f"--head-size: one of {', '.join(map(str, sizes))} at {precision}, not {head_size}"
         )
-    try:
-        return kernel_sources.attention_modules(precision, head_size)
-    except ValueError as e:  # the exact kernels under the CUDA simulator
-        raise EulerError(str(e)) from None
+    return kernel_sources.attention_modules(precision, head_size)
 
 
 @kernels_app.command("list")
 def list_() -> None:
-    """List every generated kernel: precision, head size, kernel, lines, file name."""
+    """List every attention kernel: precision, head size, kernel, lines, file name."""
     from euler.gpu import kernel_sources
 
     print(f"{'layer':<10} {'precision':<9} {'E':>3} {'kernel':<9} {'lines':>6}  file")
-    for precision in kernel_sources.PRECISIONS:
+    path, text = kernel_sources.readable_source()
+    lines = text.count("\n")
+    print(
+        f"{'attention':<10} {'fp32':<9} {'any':>3} {'both':<9} {lines:>6}  {path} (not generated)"
+    )
+    for precision in kernel_sources.GENERATED:
         for E in kernel_sources.head_sizes(precision):
             for kernel, text in kernel_sources.attention_modules(precision, E).items():
                 name = kernel_sources.file_name(precision, E, kernel)
@@ -64,17 +69,23 @@ def show(
     precision: Annotated[
         str,
         typer.Option(
-            help="fp32 (the exact kernels, --exact-attention), tf32 (tensor cores, the "
-            "default) or bf16."
+            help="fp32 (the readable exact kernels, --exact-attention: their plain file, any "
+            "head size), tf32 (tensor cores, the default) or bf16."
         ),
     ] = "tf32",
     head_size: Annotated[int, typer.Option(help="Head size E.")] = 64,
     kernel: Annotated[str, typer.Option(help="forward, backward or both.")] = "both",
 ) -> None:
-    """Print the generated source of a layer's kernels, exactly as the GPU compiles it."""
+    """Print the source of a layer's kernels, exactly as the GPU compiles it (fp32: the whole
+    plain file, whose forward and backward kernels serve every head size)."""
+    from euler.gpu import kernel_sources
+
     modules = _modules(layer, precision, head_size)
     if kernel not in ("forward", "backward", "both"):
         raise EulerError(f"--kernel: forward, backward or both, not {kernel!r}")
+    if not modules:
+        print(kernel_sources.readable_source()[1], end="")
+        return
     names = ("forward", "backward") if kernel == "both" else (kernel,)
     for i, name in enumerate(names):
         if i:

@@ -236,7 +236,7 @@ def _asserts(path: Path) -> list[int]:
 CHECKED = [
     "cpu/backend.py", "gpu/backend.py", "gpu/embedding.py", "gpu/residual.py", "gpu/swiglu.py",
     "gpu/rope.py", "gpu/rmsnorm.py", "gpu/cross_entropy.py", "gpu/transpose.py",
-    "gpu/attention.py", "gpu/attention_tiles.py", "gpu/adamw.py", "gpu/memory.py",
+    "gpu/attention.py", "gpu/adamw.py", "gpu/memory.py",
     "gpu/naive_attention.py", "gpu/async_copy.py",
 ]  # fmt: skip
 

@@ -25,7 +25,7 @@ REWRITE = "rewrite them with `euler kernels write docs/kernels` and review the d
 
 def test_committed_kernels_are_what_the_generator_writes():
     modules = kernel_sources.all_attention_modules()
-    assert len(modules) == 22  # fp32 and tf32 at E = 8, 16, 32, 64; bf16 at 16, 32, 64
+    assert len(modules) == 14  # tf32 at E = 8, 16, 32, 64; bf16 at 16, 32, 64
     committed = {p.name for p in FOLDER.glob("*.py")}
     assert committed == set(modules), f"docs/kernels/ differs in its files: {REWRITE}"
     changed = [n for n, text in modules.items() if (FOLDER / n).read_bytes() != text.encode()]
@@ -50,9 +50,15 @@ def test_show_prints_the_committed_file():
     forward = (FOLDER / "attention_bf16_e64_forward.py").read_text(encoding="utf-8")
     backward = (FOLDER / "attention_bf16_e64_backward.py").read_text(encoding="utf-8")
     assert run.stdout == forward + "\n" + backward
-    run = _euler("kernels", "show", "attention", "--precision", "fp32", "--kernel", "forward")
+
+
+def test_show_prints_the_readable_file_at_fp32():
+    """fp32's kernels are not generated: `show` prints their plain file, any head size."""
+    run = _euler("kernels", "show", "attention", "--precision", "fp32", "--head-size", "40")
     assert run.returncode == 0, run.stderr
-    assert run.stdout == (FOLDER / "attention_fp32_e64_forward.py").read_text(encoding="utf-8")
+    plain = FOLDER.parent.parent / "euler" / "gpu" / "attention.py"
+    assert run.stdout == plain.read_text(encoding="utf-8")
+    assert not list(FOLDER.glob("attention_fp32_*"))
 
 
 def test_show_refuses_what_is_not_generated():

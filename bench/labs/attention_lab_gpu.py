@@ -2,10 +2,10 @@
 
     python bench/labs/attention_lab_gpu.py --out lab.json [--T 512 2048]
 
-Each variant is an attention_tiles.TileOptions (kstep: k steps written out per loop
+Each variant is an attention_exact_tiles.TileOptions (kstep: k steps written out per loop
 iteration of a product, which sets how many operands ptxas hoists and so the registers).
-Its kernels, launched as attention.py launches the defaults, are checked forward and
-backward against the one-row-per-thread kernels and timed launch-free (bench/gpu_timing.py:
+Its kernels, launched by that lab's launchers, are checked forward and backward against
+the readable kernels (euler/gpu/attention.py) and timed launch-free (bench/gpu_timing.py:
 rounds of calls back to back behind a spin) at B=32, H=12, G=4, E=64, causal. TFLOP/s count
 the useful causal work, 4 B H T^2 E / 2 forward. TileOptions' defaults are the winner's.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from functools import partial
 from pathlib import Path
@@ -24,7 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import timed  # noqa: E402
-from euler.gpu import attention, attention_tiles  # noqa: E402
+from bench.labs import attention_exact_tiles as attention_tiles  # noqa: E402
+from euler.gpu import attention  # noqa: E402
 from euler.gpu.backend import GpuBackend  # noqa: E402
 
 # The first is the default. ptxas (sm_90, E = 64): kstep 8 -> 248 and 254 registers
@@ -34,29 +34,6 @@ from euler.gpu.backend import GpuBackend  # noqa: E402
 # generator sets none. H200 (results/attention-exact-variants-h200-2026-11-30.json), T=512:
 # 8 -> 0.459 and 1.117 ms, 4 -> 0.467 and 1.156.
 VARIANTS = [attention_tiles.TileOptions(), attention_tiles.TileOptions(kstep=4)]
-
-
-def tiled_forward(opts, out, lse, qkv, H: int, G: int, E: int, stream) -> None:
-    """attention.attention_forward's tiled path with the kernels of opts: out (B, T, H E),
-    lse (B, H, T) from qkv (B, T, (H + 2G) E)."""
-    B, Tn, _ = qkv.shape
-    fwd = attention_tiles.kernels(E, opts)[0]
-    nbytes = attention_tiles.shared_bytes(E)["forward"]
-    args = (out, lse, qkv, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
-    grid = (B * H, (Tn + 63) // 64)
-    attention.launch_dynamic(fwd, grid, attention_tiles.THREADS, stream, nbytes, *args)
-
-
-def tiled_backward(opts, dqkv, dout, qkv, out, lse, H: int, G: int, E: int, dsum, stream):
-    """attention.attention_backward's tiled path with the kernels of opts: dqkv
-    (B, T, (H + 2G) E) from dout (B, T, H E), out and lse; dsum (B, H, T) scratch."""
-    B, Tn, _ = qkv.shape
-    dkv = attention_tiles.kernels(E, opts)[1]
-    nbytes = attention_tiles.shared_bytes(E)["dkv"]
-    attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
-    args = (dqkv, dsum, dout, qkv, lse, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
-    grid = (B * G, (Tn + 63) // 64)
-    attention.launch_dynamic(dkv, grid, attention_tiles.THREADS, stream, nbytes, *args)
 
 
 def main() -> None:
@@ -78,14 +55,26 @@ def main() -> None:
         out, lse = be.zeros((B, T, H * E), np.float32), be.zeros((B, H, T), np.float32)
         dqkv = be.zeros((B, T, (H + 2 * G) * E), np.float32)
         dsum = be.zeros((B, H, T), np.float32)
-        tile = attention.tile_for(E)
-        attention.attention_forward(out, lse, qkv, H, G, E, s, tile)
-        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, s, tile)
+        attention.attention_forward(out, lse, qkv, H, G, E, s)
+        attention.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, s)
         ref_out, ref_lse, ref_dqkv = be.to_host(out), be.to_host(lse), be.to_host(dqkv)
         useful = 4 * B * H * T * T * E / 2
         for opts in VARIANTS[: args.variants]:
-            fwd = partial(tiled_forward, opts, out, lse, qkv, H, G, E, s)
-            bwd = partial(tiled_backward, opts, dqkv, dout, qkv, out, lse, H, G, E, dsum, s)
+            fwd = partial(attention_tiles.attention_forward, out, lse, qkv, H, G, E, s, opts)
+            bwd = partial(
+                attention_tiles.attention_backward,
+                dqkv,
+                dout,
+                qkv,
+                out,
+                lse,
+                H,
+                G,
+                E,
+                dsum,
+                s,
+                opts,
+            )
             fwd()
             bwd()
             err = {
@@ -104,7 +93,7 @@ def main() -> None:
                 "fwd_tflops": useful / f_ms / 1e9,
                 "bwd_over_fwd": b_ms / f_ms,
                 "registers_fwd_dkv": regs,
-                "max_abs_diff_vs_one_row_kernels": err,
+                "max_abs_diff_vs_readable_kernels": err,
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -93,6 +93,7 @@ def tiles(E: int) -> tuple[int, int]:
 
 def _build(E: int, R: int, K: int):
     """The three kernels for head size E, R rows a block (one a thread), tiles of K rows."""
+    PAD = E + 1  # a stage row: own rows of 32 threads in 32 banks (a constant: an array shape)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(tile, src, b, row0, col, Tn, n):
@@ -118,7 +119,7 @@ def _build(E: int, R: int, K: int):
         grid (T / R, B H), R threads, query row i0 + tid each."""
         Tn = qkv.shape[1]
         T = qkv.dtype.type
-        stage = cuda.shared.array((R, E + 1), float32)
+        stage = cuda.shared.array((R, PAD), float32)
         ks = cuda.shared.array((K, E), float32)
         vs = cuda.shared.array((K, E), float32)
         q = cuda.local.array(E, float32)
@@ -182,7 +183,7 @@ def _build(E: int, R: int, K: int):
         grid (T / R, B H), R threads, query row i0 + tid each."""
         Tn = qkv.shape[1]
         T = qkv.dtype.type
-        stage = cuda.shared.array((R, E + 1), float32)
+        stage = cuda.shared.array((R, PAD), float32)
         ks = cuda.shared.array((K, E), float32)
         vs = cuda.shared.array((K, E), float32)
         q = cuda.local.array(E, float32)
@@ -243,7 +244,7 @@ def _build(E: int, R: int, K: int):
         grid (T / R, B G), R threads, key row j0 + tid each, over every head of its group."""
         Tn = qkv.shape[1]
         T = qkv.dtype.type
-        stage = cuda.shared.array((R, E + 1), float32)
+        stage = cuda.shared.array((R, PAD), float32)
         qs = cuda.shared.array((K, E), float32)
         dos = cuda.shared.array((K, E), float32)
         ls = cuda.shared.array(K, float32)

@@ -1,4 +1,14 @@
-"""Register-tiled FlashAttention kernels (the FlashAttention-2 structure on fp32 CUDA cores).
+"""Kernel lab: register-tiled exact FlashAttention (FlashAttention-2 on fp32 CUDA cores).
+
+    python bench/labs/attention_exact_tiles.py [--T 70] [--head-size 8]   # the check
+
+This was the `--exact-attention` path until the readable kernels (euler/gpu/attention.py)
+replaced it there; it stays here as the faster variant they are measured against
+(bench/attention_exact_gpu.py times both; bench/labs/attention_lab_gpu.py times its
+TileOptions). The package never imports it. Run as a script it checks its forward and
+backward against the readable kernels on a small shape, on a GPU or in the CUDA simulator
+(NUMBA_ENABLE_CUDASIM=1; a minute at the defaults).
+
 
 A block of 128 threads owns a 64 x 64 tile of scores: thread (ty, tx) = (tid // 8, tid % 8)
 holds rows ty + 16 i (i < 4) and columns tx + 8 j (j < 8) in registers. Every operand sits
@@ -33,7 +43,7 @@ forward: one block per (64 query rows, b, h): S = Q K^T, online softmax, O += P 
 backward_dkv: one block per (64 key rows, b, kv head g), over the query tiles of every
   head of its group: P = exp(S - lse), dP = dO V^T, dS = P (dP - D), dV += P^T dO,
   dK += dS^T Q, and dQ += dS K added to dqkv with atomics (D = rowsum(dO O) and the zeroed
-  dQ come from attention.backward_prep); the next Q, dO tiles land during dS K.
+  dQ come from euler/gpu/attention.py's backward_prep); the next Q, dO tiles land during dS K.
 
 The grid's slow (y) axis is the causal work per block, heaviest first: the blocks that
 visit the most tiles start in the first wave rather than trailing the last one.
@@ -41,10 +51,20 @@ visit the most tiles start in the first wave rather than trailing the last one.
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from euler.gpu.generated import Source, compile_generated
-from euler.gpu.reduce import SIMULATOR
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from euler.gpu import attention  # noqa: E402
+from euler.gpu.async_copy import check_aligned  # noqa: E402
+from euler.gpu.generated import Source, compile_generated  # noqa: E402
+from euler.gpu.reduce import SIMULATOR  # noqa: E402
 
 THREADS = 128
 RED = 64 * 8  # floats of shared scratch for the simulator's row reductions
@@ -377,7 +397,7 @@ from euler.layer_math import online_softmax_rescale"""
 def sources(E: int, options: TileOptions = TileOptions()) -> dict[str, str]:
     """The generated source of each kernel for head size E and options."""
     if not supports(E):
-        raise ValueError(f"attention_tiles: no tiled kernels for head size {E}")
+        raise ValueError(f"attention_exact_tiles: no tiled kernels for head size {E}")
     if E % options.kstep:
         raise ValueError(f"TileOptions.kstep: {options.kstep} does not divide head size {E}")
     return {
@@ -392,3 +412,69 @@ def kernels(E: int, options: TileOptions = TileOptions()) -> tuple:
     if key not in _BUILT:
         _BUILT[key] = tuple(compile_generated(n, s, HEADER) for n, s in sources(E, options).items())
     return _BUILT[key]
+
+
+def attention_forward(out, lse, qkv, H: int, G: int, E: int, stream=0, options=TileOptions()):
+    """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E), 16-byte aligned."""
+    B, Tn, _ = qkv.shape
+    check_aligned(qkv)
+    args = (out, lse, qkv, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
+    nbytes = shared_bytes(E)["forward"]
+    grid = (B * H, (Tn + 63) // 64)
+    attention.launch_dynamic(kernels(E, options)[0], grid, THREADS, stream, nbytes, *args)
+
+
+def attention_backward(
+    dqkv, dout, qkv, out, lse, H: int, G: int, E: int, dsum, stream=0, options=TileOptions()
+):
+    """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E), out and lse; dsum (B, H, T)
+    scratch: backward_prep's D and zeroed dQ, then the dkv kernel (dQ by atomics)."""
+    B, Tn, _ = qkv.shape
+    check_aligned(qkv, dout)
+    attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
+    args = (dqkv, dsum, dout, qkv, lse, H, G, qkv.dtype.type(1.0 / math.sqrt(E)))
+    nbytes = shared_bytes(E)["dkv"]
+    grid = (B * G, (Tn + 63) // 64)
+    attention.launch_dynamic(kernels(E, options)[1], grid, THREADS, stream, nbytes, *args)
+
+
+def check(B: int, T: int, H: int, G: int, E: int) -> dict[str, float]:
+    """Largest |difference| of out, lse and dqkv between these kernels and the readable ones
+    (euler/gpu/attention.py) on random data; raises if one is over 1e-4."""
+    from numba import cuda
+
+    rng = np.random.default_rng(0)
+    qkv = cuda.to_device(rng.standard_normal((B, T, (H + 2 * G) * E)).astype(np.float32))
+    dout = cuda.to_device(rng.standard_normal((B, T, H * E)).astype(np.float32))
+    got, want = {}, {}
+    for name, fwd, bwd in (
+        ("tiles", attention_forward, attention_backward),
+        ("readable", attention.attention_forward, attention.attention_backward),
+    ):
+        out = cuda.to_device(np.zeros((B, T, H * E), np.float32))
+        lse, dsum = (cuda.to_device(np.zeros((B, H, T), np.float32)) for _ in range(2))
+        dqkv = cuda.to_device(np.full(qkv.shape, np.nan, np.float32))
+        fwd(out, lse, qkv, H, G, E)
+        bwd(dqkv, dout, qkv, out, lse, H, G, E, dsum)
+        res = {"out": out, "lse": lse, "dqkv": dqkv}
+        (got if name == "tiles" else want).update({k: v.copy_to_host() for k, v in res.items()})
+    diffs = {k: float(np.abs(got[k] - want[k]).max()) for k in got}
+    bad = {k: d for k, d in diffs.items() if not d <= 1e-4}
+    if bad:
+        raise SystemExit(f"attention_exact_tiles: differs from the readable kernels: {bad}")
+    return diffs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Check the tiled kernels against the readable.")
+    ap.add_argument("--T", type=int, default=70, help="sequence length (70: two query tiles)")
+    ap.add_argument("--head-size", type=int, default=8, choices=(8, 16, 32, 64))
+    ap.add_argument("--heads", type=int, nargs=2, default=(2, 1), metavar=("H", "G"))
+    args = ap.parse_args()
+    H, G = args.heads
+    diffs = check(1, args.T, H, G, args.head_size)
+    print(f"attention_exact_tiles matches the readable kernels: largest differences {diffs}")
+
+
+if __name__ == "__main__":
+    main()
