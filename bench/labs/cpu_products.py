@@ -20,6 +20,7 @@ import numba
 import numpy as np
 import typer
 
+from euler.backend import Product
 from euler.cpu import blas
 from euler.model.config import get_preset
 
@@ -34,9 +35,9 @@ VARIANTS = {
 }
 
 
-def step_products(cfg, B: int, T: int, rng) -> list[tuple[str, int, list[tuple]]]:
-    """(name, calls a step, products) for each product call of a training step; a product
-    is (out, a, b, trans_a, trans_b, accumulate) on random float32 arrays."""
+def step_products(cfg, B: int, T: int, rng) -> list[tuple[str, int, list[Product]]]:
+    """(name, calls a step, products) for each product call of a training step, each
+    product on random float32 arrays."""
     N, D, F, V = B * T, cfg.d_model, cfg.ffn_hidden, cfg.vocab_size
     Q, QKV = cfg.q_dim, cfg.qkv_dim
 
@@ -44,12 +45,12 @@ def step_products(cfg, B: int, T: int, rng) -> list[tuple[str, int, list[tuple]]
         return rng.standard_normal(shape).astype(np.float32)
 
     def fwd(n_out, n_in):  # (N, n_out) = x (N, n_in) @ W^T
-        return [(r(N, n_out), r(N, n_in), r(n_out, n_in), False, True, False)]
+        return [Product(r(N, n_out), r(N, n_in), r(n_out, n_in), trans_b=True)]
 
     def pair(n_out, n_in):  # dX (N, n_in) = dY (N, n_out) @ W; dW (n_out, n_in) = dY^T X
         dy = r(N, n_out)
-        return [(r(N, n_in), dy, r(n_out, n_in), False, False, False),
-                (r(n_out, n_in), dy, r(N, n_in), True, False, False)]  # fmt: skip
+        return [Product(r(N, n_in), dy, r(n_out, n_in)),
+                Product(r(n_out, n_in), dy, r(N, n_in), trans_a=True)]  # fmt: skip
 
     L, K = cfg.n_layer, cfg.n_mtp
     return [

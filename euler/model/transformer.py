@@ -292,7 +292,7 @@ class Model:
         """Check a batch and upload it (tokens, targets, head weights) into the arena.
 
         The first half of forward(): run() then computes on what is staged, with device work
-        only, so that a CUDA graph can capture it (euler/training/step_graph.py).
+        only, so that a CUDA graph can capture it (euler/graphs.py).
         """
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         self._check_inputs(tokens, targets)
