@@ -138,6 +138,10 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         # the readable kernels (attention.py) at the `gpu` and `small` presets' head sizes,
         # at a head size that is not a multiple of 8, and with a tile size forced (tests)
         _attention_launches(E, tile, B, T)
+    # the tensor-core backward's prep (D and dQ's zeros), which attention.py keeps for it
+    H, G, E = 4, 2, 8
+    attention.backward_prep(f32(B, T, (H + 2 * G) * E), f32(B, H, T), f32(B, T, H * E),
+                            f32(B, T, H * E), H, E)  # fmt: skip
     return calls
 
 
