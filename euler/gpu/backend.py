@@ -16,6 +16,7 @@ CPU; bf16 decoding recomputes the context through the training forward instead
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numba
@@ -116,75 +117,84 @@ SIDE_EVENTS = 8  # deferred products that may be outstanding at once
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """How GpuBackend schedules its matrix products and RMSNorm (frozen: one backend, one
-    choice). Each field's default is the faster schedule; the other value stays so that a
-    benchmark can time the two in one run (bench/bench_gpu.py --knobs; the figures are in
-    docs/measurements.md).
+    """Everything a GpuBackend does that a run chooses, in one frozen object: GpuBackend's
+    keyword arguments are its fields, settings() prints it in the training banner and saves
+    it in run.json. Each default is the faster schedule where two exist; the other value
+    stays so that a benchmark can time both in one run (bench/bench_gpu.py --knobs; the
+    figures are in docs/measurements.md).
 
+    tf32: matrix products on TF32 tensor cores (cuBLAS), and attention on the tensor-core
+        kernels where the head size allows; False keeps every product exact fp32 (the checks
+        against the CPU use it).
+    tc_attention: with tf32, attention on euler/gpu/attention_tc/; False: the readable fp32
+        kernels (attention.py, --exact-attention). bf16 attention always takes the former.
+    overlap: matmul_deferred's products (the weight gradients) run on a second stream with
+        its own cuBLAS handle, beside the main stream's work until wait_deferred(); False
+        runs them in line.
+    threads: caps every block size; tile (0: attention's own) sets the readable attention's
+        tiles and forces it. Tests shrink both for the simulator.
     transpose_weight_grads: a weight gradient a^T b (a (K, M), b (K, N), K tokens) first
-        copies its narrower operand token-contiguous (transpose.py): both operands then run
-        along K as Hopper's TF32 kernels want, where cuBLAS's "NT" product reads neither
-        contiguously. bf16 operands are never copied (cuBLASLt's bf16 products run as fast
-        as called).
+        copies its narrower operand token-contiguous (transpose.py), so that both operands
+        run along K as the TF32 kernels want; cuBLAS's "NT" product reads neither
+        contiguously. bf16 operands are never copied (cuBLASLt reads them as they are).
     transpose_min_width: copy only where max(M, N) is at least this (0: every weight
-        gradient, the fastest since the copy moves 16-byte pieces).
-    fused_residual: matmul_residual (the output projections attn.wo and mlp.w_down with
-        their residual adds) as one cuBLASLt call writing out = res + a b^T with
-        C = res != D = out (cublaslt.py), which saves the residual kernel's second read of
-        the product. A stand-in blas (the simulator's) always takes the unfused path.
-    gemm_candidates: the cuBLASLt products (every bf16 one, and the fused residuals) time
-        up to this many of the heuristic's algorithms on a product's first call and keep
-        the fastest (cublaslt.py; 1: the heuristic's first, untimed), since the heuristic's
-        first is often not the fastest: on an H200 the gpu preset's bf16 step took
-        30.45-30.58 ms with each product's fastest of 8 against 31.49-32.00 with the first.
+        gradient; the copy moves 16-byte pieces, so it pays at every width).
+    fused_residual: matmul_residual (attn.wo and mlp.w_down with their residual adds) as one
+        cuBLASLt call writing out = res + a b^T with C = res != D = out (cublaslt.py), which
+        saves the residual kernel's second read of the product. A stand-in blas (the
+        simulator's) always takes the unfused path.
+    gemm_candidates: the cuBLASLt products (every bf16 one, and the fused residuals) time up
+        to this many of the heuristic's algorithms on a product's first call and keep the
+        fastest (cublaslt.py; 1: the heuristic's first, untimed): the heuristic's first is
+        often not the fastest.
+    tc_prep_span, tc_prep_stages, tc_prep_flag_every: the tensor-core backward's prep
+        blocks (attention_tc.TcOptions' fields of the same names).
     """
 
+    tf32: bool = True
+    tc_attention: bool = True
+    overlap: bool = True
+    threads: int = 256
+    tile: int = 0
     transpose_weight_grads: bool = True
     transpose_min_width: int = 0
     fused_residual: bool = True
     gemm_candidates: int = HEURISTIC_RESULTS
+    tc_prep_span: int = 2
+    tc_prep_stages: int = 3
+    tc_prep_flag_every: int = 2
 
     def __post_init__(self) -> None:
-        if self.transpose_min_width < 0:
-            raise ValueError(
-                f"GpuOptions.transpose_min_width: at least 0, not {self.transpose_min_width}"
-            )
+        for name in ("threads", "tile", "transpose_min_width"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"GpuOptions.{name}: at least 0, not {getattr(self, name)}")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"GpuOptions.threads: a multiple of 32 up to 1024, not {self.threads}")
         if not 1 <= self.gemm_candidates <= HEURISTIC_RESULTS:
             raise ValueError(
                 f"GpuOptions.gemm_candidates: 1 to {HEURISTIC_RESULTS}, not {self.gemm_candidates}"
             )
 
+    def tc_options(self, E: int, bf16: bool):
+        """The tensor-core attention's TcOptions at head size E for these options."""
+        from euler.gpu.attention_tc import TcOptions
+
+        return TcOptions(E, prep_span=self.tc_prep_span, prep_stages=self.tc_prep_stages,
+                         prep_flag_every=self.tc_prep_flag_every, bf16=bf16)  # fmt: skip
+
 
 class GpuBackend:
-    """Schedules the shared layer math on one CUDA GPU; TF32 matmuls unless tf32=False.
-
-    With TF32 on, attention runs on tensor cores too (euler/gpu/attention_tc/) where the head
-    size allows, unless tc_attention=False; tf32=False keeps every product exact fp32 (the checks
-    against the CPU use it).
-
-    threads caps every block size and tile (0: attention's own) sets attention's tiles; tests
-    shrink both for the simulator, where they also pass a stand-in for cuBLAS as blas.
-
-    overlap: matmul_deferred's products (the weight gradients) run on a second stream with
-    its own cuBLAS handle, beside the main stream's work until wait_deferred(); False runs
-    them in line.
-
-    options: the products' scheduling (GpuOptions; its defaults are what won on an H200).
+    """Schedules the shared layer math on one CUDA GPU, as `options` (GpuOptions) says;
+    keyword arguments set its fields (GpuBackend(tf32=False) is
+    GpuBackend(GpuOptions(tf32=False))). blas: a stand-in for cuBLAS (the simulator's tests
+    pass one). Block counts that fill the device are taken from its multiprocessor count.
     """
 
     name = "cuda"
     kv_cache = True  # decode_linear and decode_attention exist (float32)
 
-    def __init__(
-        self,
-        tf32: bool = True,
-        threads: int = 256,
-        tile: int = 0,
-        blas=None,
-        tc_attention: bool = True,
-        overlap: bool = True,
-        options: GpuOptions = GpuOptions(),
-    ):
+    def __init__(self, options: GpuOptions | None = None, blas=None, **fields):
+        options = dataclasses.replace(options or GpuOptions(), **fields)
         _require_gpu()
         from euler.gpu import (
             adamw,
@@ -205,19 +215,21 @@ class GpuBackend:
         self.k_embedding, self.k_residual, self.k_rmsnorm = embedding, residual, rmsnorm
         self.k_rope, self.k_swiglu, self.memory = rope, swiglu, memory
         self.k_transpose, self.k_decode = transpose, decode
-        self.threads, self.tile, self.options = threads, tile, options
+        self.options = options
+        self.threads, self.tile, tf32 = options.threads, options.tile, options.tf32
         # block counts from this device's multiprocessors
         sms = multiprocessors()
         self.rmsnorm_blocks = rmsnorm.PARTIAL_BLOCKS_PER_SM * sms
         self.norm_blocks = adamw.NORM_BLOCKS_PER_SM * sms
-        self.k_attention_tc = attention_tc if tf32 and tc_attention and not tile else None
+        tc = tf32 and options.tc_attention and not options.tile
+        self.k_attention_tc = attention_tc if tc else None
         self.stream = cuda.stream()
         self.blas = _on_stream(Cublas, self.stream, tf32) if blas is None else blas
         # cuBLAS, or a stand-in for it (the simulator's, called in line on every stream)
         self._cublas = hasattr(self.blas, "set_workspace")
         # overlap: (side stream, its cuBLAS handle, fork event, events marking products done)
         self.side = None
-        if overlap:
+        if options.overlap:
             side = cuda.stream()
             side_blas = _on_stream(Cublas, side, tf32) if self._cublas else blas
             done = [_event() for _ in range(SIDE_EVENTS)]
@@ -228,6 +240,21 @@ class GpuBackend:
         self._lt = None  # the stream's cuBLASLt (fused residuals, bf16 products), made on use
         self._side_lt = None  # the side stream's, for deferred bf16 products
         self.capturing = False  # inside capture(): nothing may be timed or waited for
+
+    def settings(self) -> dict:
+        """What this backend does, as flat JSON values: the options' fields, then what it
+        took from the device (its name, multiprocessors and the block counts made of them)
+        and whether a stand-in replaces cuBLAS. The banner prints it; run.json keeps it."""
+        device = cuda.get_current_device()
+        name = getattr(device, "name", None) or "simulator"  # the simulator's has none
+        return {
+            **dataclasses.asdict(self.options),
+            "device": name.decode() if isinstance(name, bytes) else str(name),
+            "multiprocessors": multiprocessors(),
+            "rmsnorm_blocks": self.rmsnorm_blocks,
+            "norm_blocks": self.norm_blocks,
+            "cublas": self._cublas,
+        }
 
     @property
     def can_capture(self) -> bool:
@@ -466,7 +493,8 @@ class GpuBackend:
         if self._tensor_cores(qkv, E):
             from euler.gpu import attention_tc
 
-            attention_tc.attention_forward(out, lse, qkv, H, G, E, self.stream)
+            tc = self.options.tc_options(E, is_bf16(qkv))
+            attention_tc.attention_forward(out, lse, qkv, H, G, E, self.stream, tc)
             return
         self.k_attention.attention_forward(out, lse, qkv, H, G, E, self.stream, self.tile)
 
@@ -475,7 +503,10 @@ class GpuBackend:
         if self._tensor_cores(qkv, E):
             from euler.gpu import attention_tc
 
-            attention_tc.attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream)
+            tc = self.options.tc_options(E, is_bf16(qkv))
+            attention_tc.attention_backward(
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, tc
+            )
             return
         self.k_attention.attention_backward(
             dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, self.tile

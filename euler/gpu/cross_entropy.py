@@ -8,8 +8,6 @@ bf16 logits (--precision bf16: a product's output, turned into dlogits in place 
 two products) are widened to float32: the row's max, sum and logsumexp and the loss are
 float32, the gradient is rounded to bf16 once where stored. Rows of V % 8 == 0 in a 16-byte
 aligned buffer (every preset) move 8 logits per 16-byte access (vector.py); others one.
-On the H200 at (16384, 4096) (GPU time, launches queued): forward-backward 0.172 ms in
-bf16 against 0.318 in fp32, the forward 0.096 against 0.208.
 """
 
 from __future__ import annotations

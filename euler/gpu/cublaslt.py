@@ -5,7 +5,7 @@ separate pointers, with each matrix's data type in its layout. GpuBackend uses i
 things legacy cuBLAS (cublas.py) cannot do:
 - out = res + a @ w^T, a residual add after an output projection, in one call that leaves
   res as it was (C = res, D = out): no product into a temporary, no add kernel reading it
-  back (bench/labs/cublaslt_lab_gpu.py measured it on an H200);
+  back (bench/labs/cublaslt_lab_gpu.py measures it);
 - the bf16 products of --precision bf16: A and B bf16 (uint16 bits, euler.precision), D
   bf16 or float32 as its consumer needs, accumulated in fp32 (CUBLAS_COMPUTE_32F), as
   llm.c's are. out += a @ b (a weight gradient into the fp32 gradient buffer) is beta = 1
@@ -28,8 +28,8 @@ caller's device buffer, so cuBLASLt allocates nothing either.
 The algorithm: the heuristic's estimate of the best is often not the fastest. With
 `candidates` > 1 and a timer, the first call times up to that many of the heuristic's
 usable algorithms on the real operands (into a scratch D) and keeps the fastest, for every
-handle of the process (CHOSEN); on an H200 that took the gpu preset's bf16 products from
-17.38 to 15.66 ms a step (bench/labs/cublaslt_bf16_algos_gpu.py). The algorithms differ in
+handle of the process (CHOSEN): a tenth off the `gpu` preset's bf16 products
+(docs/measurements.md). The algorithms differ in
 tiles, which leave the bits as they are, and in split-K, which changes the order of a
 sum: two processes may choose differently, so their weight gradients may differ in the
 last bits. A first call inside a graph capture, where nothing can be timed, takes the
@@ -112,7 +112,8 @@ class HeuristicResult(ctypes.Structure):
     ]
 
 
-# the sizes the header implies (and the H200 lab read back): a mismatch would corrupt memory
+# the sizes the header implies (and bench/labs/cublaslt_lab_gpu.py reads back): a mismatch
+# would corrupt memory
 STRUCT_SIZES = {MatmulAlgo: 64, HeuristicResult: 96}
 
 

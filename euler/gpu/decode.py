@@ -98,13 +98,12 @@ def linear_kernel(F: int, R: int, W: int):
 
 
 def linear_shape(n: int, M: int) -> tuple[int, int, int]:
-    """(features, rows, warps a block) of linear_kernel for n >= 2 rows and M features. On
-    an H200 at the `gpu` preset's products (bench/labs/decode_linear_gpu.py, 2026-12-03):
-    at batch 8, a feature for 4 rows takes 7.7-25.1 us, where 2 features take 9.1-18.1
-    (faster at 768 x 4096, slower at 2048 x 768 and 768 x 768); at batch 32, 4 features for
-    4 rows take 16.4-46.1 us against 19.2-82.5 for a feature for 8 rows, 1.5x over the
-    step's products. At batch 1 linear_element_kernel is the fastest. Every choice takes
-    each row's sum in the same order, so the bits do not depend on it."""
+    """(features, rows, warps a block) of linear_kernel for n >= 2 rows and M features: up
+    to 8 rows, a feature a warp for 4 rows (more features a warp win on some products and
+    lose on others); past 8 rows, 4 features for 4 rows, which reads each weight row once
+    for 4 rows of x (bench/labs/decode_linear_gpu.py times the choices). At batch 1
+    linear_element_kernel is the fastest. Every choice takes each row's sum in the same
+    order, so the bits do not depend on it."""
     if n <= 8:
         return 1, 4, 4
     return (4, 4, 4) if M % 4 == 0 else (1, 8, 4)

@@ -8,9 +8,8 @@ flags is a 1-d int32 array, zeroed before the launch. The raiser's block meets a
 then one thread releases and raises: the fence (cumulative) orders every thread's earlier
 stores before the flags raised after it, the pattern of CUTLASS's
 GenericBarrier::arrive_inc; one thread's acq_rel fence instead of a fence.sc (numba's
-threadfence) in each. On the H200 the fence seemed to wait for that thread's copies in
-flight (attention_tc.TcOptions.prep_flag_every), so a thread with copies in flight should raise
-seldom.
+threadfence) in each. The fence may wait for that thread's copies in flight, so a thread
+with copies in flight raises seldom (attention_tc.TcOptions.prep_flag_every).
 
 A waiter's thread reads the flag until it is set, then meets its block at a barrier before
 any thread reads what the flag guards. The read is relaxed, not acquire, so that it may be

@@ -1,11 +1,9 @@
 """Rotary position embedding on the GPU, in place on the q and k parts of fused qkv.
 
 Where E/2 % 4 == 0 and the buffers are 16-byte aligned (the presets), each thread rotates
-4 pairs per access (vector.py), in blocks that cover whole rows where they fit. On the H200
-at the gpu preset's shape (B=32, T=512, 16 of its 20 heads rotated, 134 MB moved) a call
-took 0.062 ms in 256-thread blocks of one row whose threads loop over heads (half of them
-idle), 0.040 with a block's threads on one row's heads, 0.037 (3.7 TB/s) on two rows' with
-no loops (bench/labs/rope_gpu.py).
+4 pairs per access (vector.py), in blocks that cover whole rows where they fit: a block's
+threads on whole rows' heads with no loops, so that no thread idles, where a block of one
+row whose threads loop over heads leaves half of them idle (bench/labs/rope_gpu.py).
 
 bf16 (--precision bf16): the forward rotates bf16 qkv in place; the backward reads the
 float32 dqkv (attention's backward adds dQ into it by float atomics) and writes the rotated
@@ -13,8 +11,6 @@ gradient to a bf16 `out` (v heads copied), dqkv untouched. Both widen to float32
 and round once where stored (layer_math). Where E/2 % 8 == 0, the buffers are 16-byte
 aligned and a block holds whole rows (every preset), a thread rotates 8 pairs per access:
 one 16-byte access of bf16, two of float32 (vector.py); other shapes take the scalar path.
-On the H200 at the shape above (GPU time, launches queued): the bf16 forward 0.016 ms
-(fp32 0.037), the backward from float32 into bf16 out 0.034 ms (fp32 in place 0.037).
 """
 
 from __future__ import annotations

@@ -29,10 +29,9 @@ from euler.gpu.vector import (
 from euler.layer_math import bf16_round, bf16_widen, swiglu_backward_scalar, swiglu_forward_scalar
 from euler.precision import BF16, is_bf16
 
-# threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, and rows
-# of F = 2048 in 4 steps of 64 threads ran fastest on the H200 at (16384, 2048): forward
-# 0.060 ms at 64 threads, 0.063 at 128, 0.079 at 256 (one step a row); the backward 0.086,
-# 0.089, 0.104 (bench/labs/bf16_memory_kernels_gpu.py)
+# threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, so a row
+# of F = 2048 takes 4 steps of 64 threads; small blocks of several steps a row beat one
+# step a row in 256 threads (bench/labs/bf16_memory_kernels_gpu.py)
 BF16_THREADS = 64
 
 

@@ -3,19 +3,18 @@
 A weight gradient dW (M, N) = a^T b sums over K = B T tokens, a (K, M) and b (K, N) both
 token-major: cuBLAS's column-major "NT" product, in which neither operand is contiguous
 along K, and Hopper's TF32 kernels want K-contiguous operands. With one operand copied to
-(., K) they ran 1.5x faster on an H200 (bench/labs/gemm_lab_gpu.py: 0.349 against 0.544 ms at
-M, N, K = 4096, 768, 16384).
+(., K) the product runs 1.5x faster, copy included (docs/measurements.md).
 
 A block moves one 64 x 64 tile through shared memory (rows padded to 65 floats, so a
 tile column spans all banks but for pairs): 256 threads, each reading 16-byte pieces of 4
 source rows and writing 16-byte pieces of 4 destination rows (vector.py), where the tile is
 whole and both row lengths are multiples of 4 floats; tiles on the edges, or unaligned
-arrays, go element by element. On the H200 a 768-wide operand (16384 rows) took 0.028 ms
-(3.6 TB/s), against 0.046 with 32 x 32 tiles of 4-byte accesses (bench/labs/transpose_gpu.py).
+arrays, go element by element: the copy runs near the memory's bandwidth, where 32 x 32
+tiles of 4-byte accesses do not (bench/labs/transpose_gpu.py).
 
-bf16 weight gradients read their operands as they are: cuBLASLt's bf16 products gained
-nothing from a transposed one on the H200 (GpuOptions), so only float32 is transposed (the
-bf16 transpose measured for that stays in bench/labs/bf16_memory_kernels_gpu.py).
+bf16 weight gradients read their operands as they are: cuBLASLt's bf16 products gain
+nothing from a transposed one (GpuOptions), so only float32 is transposed (the bf16
+transpose measured for that stays in bench/labs/bf16_memory_kernels_gpu.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """16-byte loads and stores (ld.global.v4.f32 / st.global.v4.f32) for numba.cuda kernels.
 
-The memory-bound kernels (RMSNorm, SwiGLU, RoPE, the residual add) ran at a quarter to a
-half of the H200's bandwidth with one 4-byte load per thread and step: by Little's law a
-multiprocessor needs about 23 KB in flight (4.3 TB/s x ~0.7 us / 132 SMs), and 64 warps
-issuing 128-byte loads one at a time keep 8 KB in flight. Numba emits only scalar loads,
+The memory-bound kernels (RMSNorm, SwiGLU, RoPE, the residual add) need many bytes in
+flight per multiprocessor to reach the memory's bandwidth (Little's law: bandwidth x
+latency / multiprocessors, tens of KB on a Hopper GPU), more than warps issuing one 4-byte
+load per thread and step keep in flight. Numba emits only scalar loads,
 so these intrinsics load and store 4 consecutive float32 as one LLVM <4 x float> access
 with 16-byte alignment, which NVPTX lowers to the vector instructions:
 

@@ -326,16 +326,21 @@ def _fit_to_tokenizer(
 
 
 def _banner(r: RunState, graphs_active: bool) -> str:
-    """The line that opens a run: what trains, where, for how many steps, on what data."""
+    """The line that opens a run: what trains, where, for how many steps, on what data; on a
+    GPU a second line with everything its backend does (GpuBackend.settings, in run.json)."""
     tc = r.tc
     on = f"{tc.device} (CUDA graphs)" if graphs_active else tc.device
     if tc.device == "cpu":
         on += f" ({numba.get_num_threads()} threads)"
-    return (
+    line = (
         f"{tc.kind} {r.cfg.n_params():,} parameters on {on}: steps {r.start}->{r.total}, "
         f"{r.tokens_per_step:,} tokens/step (B={tc.batch_size}, T={r.data.T}, "
         f"accum={tc.grad_accum}), data {r.data.folder}"
     )
+    settings = getattr(r.model.be, "settings", None)  # the GPU backend's options
+    if settings is None:
+        return line
+    return line + "\nGPU backend: " + " ".join(f"{k}={v}" for k, v in settings().items())
 
 
 # ---------------------------------------------------------------------------- the step

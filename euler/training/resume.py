@@ -24,7 +24,8 @@ def start_fresh(r: RunState, overwrite: bool, init: checkpoint.Checkpoint | None
     if r.comm.rank == 0:  # the other ranks never write to the run folder
         run_folder.claim_run_dir(r.folder, overwrite, run_inputs(r.tc))
         r.run_id = run_folder.new_run_id()
-        info = RunInfo(r.run_id, r.tc, r.cfg, r.data.identity)
+        settings = getattr(r.model.be, "settings", None)  # the GPU backend's options
+        info = RunInfo(r.run_id, r.tc, r.cfg, r.data.identity, settings and settings())
         run_folder.write_run_files(r.folder, info, r.tokenizer_json)
     if init is not None:
         r.model.be.copy_(r.model.params, init.params.astype(r.model.dtype))

@@ -65,6 +65,7 @@ class RunInfo:
     train: TrainConfig
     model: ModelConfig
     data: dict | None = None  # the data folder it started on (manifest.data_identity)
+    backend: dict | None = None  # what its GPU backend did (GpuBackend.settings); None on a CPU
 
 
 # ---------------------------------------------------------------------------- the lock
@@ -207,6 +208,8 @@ def write_run_files(run: Path, info: RunInfo, tokenizer_json: str | None = None)
     doc = {"run_id": info.run_id, "train": info.train.to_dict(), "model": info.model.to_dict()}
     if info.data is not None:
         doc["data"] = info.data
+    if info.backend is not None:
+        doc["backend"] = info.backend
     write_atomic(run / RUN_FILE, json.dumps(doc, indent=2) + "\n")
     if tokenizer_json is not None:
         write_atomic(run / TOKENIZER_FILE, tokenizer_json)
@@ -221,7 +224,7 @@ def read_run_info(run: Path) -> RunInfo:
     if Path(run).is_dir() and not path.exists():
         raise EulerError(f"{run} is not a run folder (no {RUN_FILE})")
     f = Fields(read_json(path, "run file"), str(path))
-    f.only(("run_id", "train", "model", "data"))
+    f.only(("run_id", "train", "model", "data", "backend"))
     run_id = f.str("run_id")
     if not run_id.isalnum():
         f.fail("run_id", "letters and digits", run_id)
@@ -232,11 +235,19 @@ def read_run_info(run: Path) -> RunInfo:
         data = {"folder": d.str("folder"), "manifest_sha256": d.str("manifest_sha256"),
                 "tokenizer_sha256": d.str("tokenizer_sha256"),
                 "files": {k: d.obj("files").str(k) for k in d.obj("files").data}}  # fmt: skip
+    backend = None
+    if f.has("backend"):  # absent in runs started before it was recorded, and on a CPU
+        b = f.obj("backend")
+        for key, value in b.data.items():
+            if not isinstance(value, (bool, int, float, str)):
+                b.fail(key, "a number, boolean or string", value)
+        backend = dict(b.data)
     return RunInfo(
         run_id,
         TrainConfig.from_fields(f.obj("train")),
         ModelConfig.from_dict(model.data, f"{path}: model"),
         data,
+        backend,
     )
 
 
