@@ -67,16 +67,22 @@ from euler.gpu.reduce import SIMULATOR
 from euler.layer_math import bf16_round, bf16_widen
 
 
-def aligned4(*arrays) -> bool:
-    """Whether every array is float32, C-contiguous, of a size divisible by 4 and starts on
-    16 bytes: the condition for the load4/store4 kernels (device or host arrays)."""
+def _aligned(arrays, dtype, multiple: int) -> bool:
+    """Whether every array is of dtype, C-contiguous, of a size divisible by `multiple` (the
+    elements of a 16-byte piece) and starts on 16 bytes (device or host arrays)."""
     for a in arrays:
-        if a.dtype != np.float32 or a.size % 4 or not a.flags["C_CONTIGUOUS"]:
+        if a.dtype != dtype or a.size % multiple or not a.flags["C_CONTIGUOUS"]:
             return False
         iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
         if iface["data"][0] % 16:
             return False
     return True
+
+
+def aligned4(*arrays) -> bool:
+    """Whether every array is float32, C-contiguous, of a size divisible by 4 and starts on
+    16 bytes: the condition for the load4/store4 kernels (device or host arrays)."""
+    return _aligned(arrays, np.float32, 4)
 
 
 def check_dtypes(where: str, dtype, **arrays) -> None:
@@ -92,13 +98,7 @@ def aligned8_bf16(*arrays) -> bool:
     """Whether every array is bf16 (uint16 bits), C-contiguous, of a size divisible by 8 and
     starts on 16 bytes: the condition for the load8_bf16/store8_bf16 kernels (device or host
     arrays)."""
-    for a in arrays:
-        if a.dtype != np.uint16 or a.size % 8 or not a.flags["C_CONTIGUOUS"]:
-            return False
-        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-        if iface["data"][0] % 16:
-            return False
-    return True
+    return _aligned(arrays, np.uint16, 8)
 
 
 if not SIMULATOR:

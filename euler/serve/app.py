@@ -217,18 +217,21 @@ def create_app(cfg: ServeConfig, scheduler: Scheduler, context: int, say=None) -
         check_model({"model": model_id}, cfg.model_name)
         return model_card
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
+    async def _request(request: Request) -> dict:
+        """A generation request's body: its key checked, then its JSON and model."""
         authorize(request)
         body = await _json_body(request, cfg.limits)
         check_model(body, cfg.model_name)
+        return body
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _request(request)
         return await _answer(request, parse_chat(body, tok, cfg.limits, context))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        authorize(request)
-        body = await _json_body(request, cfg.limits)
-        check_model(body, cfg.model_name)
+        body = await _request(request)
         return await _answer(request, parse_completion(body, tok, cfg.limits, context))
 
     async def _answer(request: Request, gen: Generation) -> Response:
