@@ -154,7 +154,7 @@ def main(
 
     # 4. non-finite values in bf16: a learning rate far too large
     run = root / "bf16-nonfinite"
-    res = euler("train", *SMALL, "--precision", "bf16", "--lr", "1e4", "--warmup", "0",
+    res = euler("train", *SMALL, "--precision", "bf16", "--lr", "1e4", "--warmup-steps", "0",
                 "--steps", "100", "--ckpt-every", "2", "--out", str(run))  # fmt: skip
     cases["bf16 non-finite"] = {"exit": res.returncode, "stderr": tail(res.stderr),
                                 "one_line": one_line_error(res), **checkpoint_ok(run)}  # fmt: skip

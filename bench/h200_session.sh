@@ -121,7 +121,7 @@ curves)
     # The data travels compressed: .carry/gpu-data.tar.xz (tar -C runs -cJf ... gpu-data).
     mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
     common=(--device cuda --preset gpu --data runs/gpu-data --batch-size 32 --steps 4000
-        --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 250 --eval-batches 20
+        --lr 1e-3 --min-lr 1e-4 --warmup-steps 100 --eval-every 250 --eval-batches 20
         --ckpt-every 100000 --log-every 50)
     log "curves: tf32 and exact attention, side by side, 9 minutes"
     for run in tf32 exact; do
@@ -212,7 +212,7 @@ bf16curves)
     # deadline gets Ctrl-C (SIGINT: it saves a checkpoint and stops).
     mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
     common=(--device cuda --preset gpu --data runs/gpu-data --batch-size 32
-        --steps "${CURVE_STEPS:-4500}" --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 500
+        --steps "${CURVE_STEPS:-4500}" --lr 1e-3 --min-lr 1e-4 --warmup-steps 100 --eval-every 500
         --eval-batches 20 --sample-tokens 0 --ckpt-every 100000 --log-every 50)
     log "curves: tf32 and bf16 side by side, ${CURVE_STEPS:-4500} steps each"
     for p in tf32 bf16; do
@@ -243,25 +243,25 @@ pipeline)
     mkdir -p runs && tar -C runs -xJf .carry/gpu-data.tar.xz
     log "prepare-sft (context 512, default policy)"
     python3 -m euler.cli data prepare-sft .carry/instructions/*.json --tokenizer runs/gpu-data \
-        --context 512 --out runs/sft-data 2>&1 | keep
+        --seq-len 512 --out runs/sft-data 2>&1 | keep
     log "pretrain: gpu preset, $p, ${PIPE_SECONDS:-270} s (Ctrl-C then: it saves and stops)"
     timeout -s INT "$(left "${PIPE_SECONDS:-270}")" python3 -m euler.cli train --device cuda \
         --preset gpu --precision "$p" --data runs/gpu-data --out runs/pre --batch-size 32 \
-        --steps "${PIPE_STEPS:-9000}" --lr 1e-3 --min-lr 1e-4 --warmup 100 --eval-every 1000 \
+        --steps "${PIPE_STEPS:-9000}" --lr 1e-3 --min-lr 1e-4 --warmup-steps 100 --eval-every 1000 \
         --eval-batches 20 --ckpt-every 100000 --log-every 250 >"$OUT/pipeline-train.txt" 2>&1
     tail -3 "$OUT/pipeline-train.txt" | tee -a "$OUT/log.txt"
     log "euler eval --text on the pretrained model, beside the fine-tuning"
-    timeout "$(left 200)" python3 -m euler.cli eval runs/pre --text runs/gpu-data --device cuda \
+    timeout "$(left 200)" python3 -m euler.cli eval --checkpoint runs/pre --text runs/gpu-data --device cuda \
         --precision "$p" --json "$OUT/pipeline-eval-text.json" >"$OUT/pipeline-eval-text.txt" 2>&1 &
     # 243 windows of about 9 records (2,212 kept at context 512): 80 steps of 8 see each
     # about 2.6 times (200 steps took the training loss to 0.28 and the validation loss up)
     log "sft: ${PIPE_SFT_STEPS:-80} steps of 8 windows"
-    timeout "$(left 120)" python3 -m euler.cli sft --device cuda --precision "$p" --from runs/pre \
+    timeout "$(left 120)" python3 -m euler.cli sft --device cuda --precision "$p" --checkpoint runs/pre \
         --data runs/sft-data --out runs/sft --batch-size 8 --steps "${PIPE_SFT_STEPS:-80}" \
         >"$OUT/pipeline-sft.txt" 2>&1
     tail -2 "$OUT/pipeline-sft.txt" | tee -a "$OUT/log.txt"
     log "euler eval: the held-out instructions ($e)"
-    timeout "$(left 150)" python3 -m euler.cli eval runs/sft --device cuda --precision "$e" \
+    timeout "$(left 150)" python3 -m euler.cli eval --checkpoint runs/sft --device cuda --precision "$e" \
         --instructions runs/sft-data/val-instructions.json \
         --json "$OUT/pipeline-eval-instructions.json" 2>&1 | keep | tail -12
     log "euler chat --device cuda ($e): ten instructions, greedy, then sampled"

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from euler.cli.options import Threads
+from euler.cli.options import Threads, deprecated, renamed
 
 from euler.precision import precision_help
 
@@ -36,14 +36,16 @@ def register(app: typer.Typer) -> None:
                 f"{precision_help('bench')}"
             ),
         ] = None,
-        batch: Annotated[
-            int | None, typer.Option(help="Sequences per step (B); default per preset.")
+        batch_size: Annotated[
+            int | None, typer.Option(help="B: sequences per step (default per preset).")
         ] = None,
-        seq: Annotated[
-            int | None, typer.Option(help="Tokens per sequence (T); default per preset.")
+        seq_len: Annotated[
+            int | None, typer.Option(help="T: tokens per sequence (default per preset).")
         ] = None,
         steps: Annotated[int, typer.Option(help="Timed training steps per engine.")] = 5,
-        warmup: Annotated[int, typer.Option(help="Untimed steps before them.")] = 1,
+        untimed_steps: Annotated[
+            int, typer.Option(help="Untimed steps after the first (compiling) one, before them.")
+        ] = 1,
         peer: Annotated[
             bool, typer.Option(help="Time the PyTorch peer too (when torch is importable).")
         ] = True,
@@ -59,6 +61,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
         threads: Threads = None,
+        batch_old: Annotated[int | None, deprecated("--batch", "--batch-size")] = None,
+        seq_old: Annotated[int | None, deprecated("--seq", "--seq-len")] = None,
+        warmup_old: Annotated[int | None, deprecated("--warmup", "--untimed-steps")] = None,
     ) -> None:
         """Time training steps, layers, attention and the tokenizer against PyTorch (given
         as many threads as ours)."""
@@ -72,10 +77,10 @@ def register(app: typer.Typer) -> None:
         opts = BenchOptions(
             device=device,
             preset=preset,
-            batch=batch,
-            seq=seq,
+            batch=renamed(batch_old, batch_size, "--batch", "--batch-size"),
+            seq=renamed(seq_old, seq_len, "--seq", "--seq-len"),
             steps=steps,
-            warmup=warmup,
+            warmup=renamed(warmup_old, untimed_steps, "--warmup", "--untimed-steps", 1),
             peer=peer,
             compile=compile,
             peak_tflops=peak,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from euler.cli.options import deprecated, renamed
 
 from euler.errors import EulerError
 from euler.schema import check_number
@@ -202,7 +203,13 @@ def prepare_sft_command(
             "or checkpoint (an imported model's own tokenizer and chat template)."
         ),
     ],
-    context: Annotated[int, typer.Option(help="Context T the records must fit.")] = 128,
+    seq_len: Annotated[
+        int,
+        typer.Option(
+            help="T: tokens per window, which the records must fit; euler sft trains at this "
+            "length (at most the model's context)."
+        ),
+    ] = 128,
     long: Annotated[
         str,
         typer.Option(
@@ -226,13 +233,15 @@ def prepare_sft_command(
     val_fraction: Annotated[float, typer.Option(help="Fraction of records held out.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
     overwrite: Overwrite = False,
+    context_old: Annotated[int | None, deprecated("--context", "--seq-len")] = None,
 ) -> None:
     """Render Alpaca records in the chat template into SFT windows with loss masks."""
     from euler.data.manifest import MAX_CONTEXT
     from euler.data.sft import prepare_sft
     from euler.data.sft_policy import check_long
 
-    check_int(context, "--context", 2, MAX_CONTEXT)
+    context = renamed(context_old, seq_len, "--context", "--seq-len", 128)
+    check_int(context, "--seq-len", 2, MAX_CONTEXT)
     check_long(long)
     check_int(max_answer, "--max-answer", 0, MAX_CONTEXT)
     check_fraction(val_fraction, "--val-fraction")

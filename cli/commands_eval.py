@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from euler.cli.options import Threads
+from euler.cli.options import CHECKPOINT_HELP, OLD_POSITIONAL, Threads, positional
 
 from euler.errors import EulerError
 from euler.precision import precision_help
@@ -18,9 +18,12 @@ SHOWN = 3  # answers printed beside the table
 def register(app: typer.Typer) -> None:
     """Add the eval command to the app."""
 
-    @app.command("eval")
+    @app.command("eval", context_settings=OLD_POSITIONAL)
     def eval_command(
-        checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file, or a run folder.")],
+        ctx: typer.Context,
+        checkpoint: Annotated[
+            Path | None, typer.Option(help=CHECKPOINT_HELP, show_default=False)
+        ] = None,
         text: Annotated[
             list[Path] | None,
             typer.Option(
@@ -56,6 +59,12 @@ def register(app: typer.Typer) -> None:
         from euler.threads import use_threads
         from euler.training import checkpoint as ckpt
 
+        if ctx.args:
+            if len(ctx.args) > 1:
+                raise EulerError(f"unexpected argument {ctx.args[1]!r}")
+            checkpoint = positional(ctx.args, checkpoint, "--checkpoint CHECKPOINT")[0]
+        if checkpoint is None:
+            raise EulerError("give --checkpoint CHECKPOINT: a checkpoint file or a run folder")
         if not text and instructions is None:
             raise EulerError("give --text PATH and/or --instructions FILE")
         check_int(max_tokens, "--max-tokens", 1, 1 << 20)
@@ -64,7 +73,7 @@ def register(app: typer.Typer) -> None:
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
         precision = chat_precision(device, precision, "eval")
         use_threads(threads)
-        reads = [("CHECKPOINT", checkpoint), ("--instructions", instructions),
+        reads = [("--checkpoint", checkpoint), ("--instructions", instructions),
                  *(("--text", t) for t in text or ())]  # fmt: skip
         check_json_out(json_out, overwrite, ownership.EVAL_REPORT, reads)
         records = None

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from euler.cli.options import DecodeThreads, Threads
+from euler.cli.options import (
+    CHECKPOINT_HELP,
+    OLD_POSITIONAL,
+    DecodeThreads,
+    Threads,
+    deprecated,
+    note_renamed,
+    positional,
+)
 
 from euler.errors import EulerError
 from euler.precision import precision_help
@@ -25,6 +33,7 @@ from euler.training.config import (
 )
 
 MAX_NPROC = 1024
+OLD = "__old"  # the suffix of an old spelling's parameter
 GIVEN_SOURCES = ("COMMANDLINE", "ENVIRONMENT")  # a flag the user gave, not its default
 MAX_CHAT_TOKENS = 1 << 20  # --max-tokens; the model's context stops an answer long before
 RESUMABLE = ", ".join(flag_name(name) for name in RESUME_FLAGS) + " and --nproc"
@@ -67,7 +76,27 @@ def train_config_parameters(kind: str, config: type = TrainConfig) -> list[inspe
         option = typer.Option(*flag.decls, help=helptext)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[annotation, option]))  # fmt: skip
+        if flag.old:  # the old spelling, hidden; its value lands in the field (_take_old)
+            old = Annotated[annotation | None, deprecated(flag.old, flag_name(f.name))]
+            params.append(inspect.Parameter(f.name + OLD, inspect.Parameter.KEYWORD_ONLY,
+                                            default=None, annotation=old))  # fmt: skip
     return params
+
+
+def _take_old(options: dict, names: list[str], given: set[str]) -> None:
+    """Move each old spelling's value (popped from `options`) to its field, with a note;
+    the field given under both spellings is refused."""
+    for name in [n for n in names if n.endswith(OLD)]:
+        value, field_name = options.pop(name), name.removesuffix(OLD)
+        if value is None:
+            continue
+        field = next(f for f in dataclasses.fields(TrainConfig) if f.name == field_name)
+        old, new = flag_of(field).old, flag_name(field_name)
+        if field_name in given:
+            raise EulerError(f"{old} is the old spelling of {new}: give only {new}")
+        note_renamed(old, new)
+        options[field_name] = value
+        given.add(field_name)
 
 
 def _train_config_options(kind: str):
@@ -85,7 +114,9 @@ def _train_config_options(kind: str):
             # the parameter source tells a flag given from one left at its default (typer
             # vendors click: the source is known by its name)
             given = {n for n in names if ctx.get_parameter_source(n).name in GIVEN_SOURCES}
-            return command({name: options.pop(name) for name in names}, given, **options)
+            _take_old(options, names, given)
+            fields = [n for n in names if not n.endswith(OLD)]
+            return command({name: options.pop(name) for name in fields}, given, **options)
 
         context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                     annotation=typer.Context)  # fmt: skip
@@ -215,14 +246,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
         if resume is None and (settings["init_from"] is None or settings["data"] is None):
-            raise EulerError("sft needs --from CHECKPOINT and --data SFT_FOLDER (or --resume)")
+            raise EulerError(
+                "sft needs --checkpoint CHECKPOINT and --data SFT_FOLDER (or --resume)"
+            )
         _run("sft", settings, given, resume, overwrite, nproc, threads)
 
     @app.command("chat")
     def chat_command(
-        checkpoint: Annotated[
-            Path, typer.Option(help="Checkpoint file, or a run folder holding one.")
-        ],
+        checkpoint: Annotated[Path, typer.Option(help=CHECKPOINT_HELP)],
         prompt: Annotated[
             str | None, typer.Option(help="Answer this one instruction and exit (for scripts).")
         ] = None,
@@ -328,20 +359,32 @@ def register(app: typer.Typer) -> None:
             except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat
                 print("\n(stopped)", flush=True)
 
-    @app.command("plot")
+    @app.command("plot", context_settings=OLD_POSITIONAL)
     def plot_command(
-        runs: Annotated[
-            list[Path],
-            typer.Argument(help="Run folders holding metrics.jsonl (several: overlaid)."),
-        ],
+        ctx: typer.Context,
+        checkpoint: Annotated[
+            list[Path] | None,
+            typer.Option(
+                help="A run folder (or a checkpoint in one) whose metrics.jsonl to plot; "
+                "repeat it to overlay runs.",
+                show_default=False,
+            ),
+        ] = None,
         out: Annotated[
             Path | None,
-            typer.Option("--out", "-o", help="PNG path (default: the first RUN/loss.png)."),
+            typer.Option("--out", "-o", help="PNG path (default: the first run's loss.png)."),
         ] = None,
     ) -> None:
-        """Write a PNG of the training and validation loss of a run, or of runs overlaid."""
+        """Write a PNG of the next-token loss of a run (training and validation, the MTP
+        heads' mean beside it), or of runs overlaid."""
         from euler.cli.plot import plot_runs
 
+        if ctx.args:
+            checkpoint = positional(ctx.args, checkpoint, "--checkpoint RUN")
+        if not checkpoint:
+            raise EulerError("give --checkpoint RUN: a run folder holding metrics.jsonl")
+        # a run's checkpoint stands for its run folder (the metrics lie beside it)
+        runs = [c.parent if c.suffix == ".safetensors" and c.is_file() else c for c in checkpoint]
         path = plot_runs(runs, out or runs[0] / "loss.png")
         print(f"wrote {path}")
 

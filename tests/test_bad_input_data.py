@@ -174,7 +174,7 @@ PREP_V = (*PREP, "--vocab-size", "300")
 RECORDS = json.dumps([{"instruction": "Say hi.", "input": "", "output": "hi"}] * 8)
 SFT = ("data", "prepare-sft", "{root}/a.json", "--tokenizer", "{data}/pre", "--out", "{root}/o")
 TRAIN = ("train", "--preset", "tiny", "--out", "{out}", "--steps", "1")
-SFT_RUN = ("sft", "--from", "{ckpt}", "--out", "{out}", "--steps", "1")
+SFT_RUN = ("sft", "--checkpoint", "{ckpt}", "--out", "{out}", "--steps", "1")
 
 
 def _pop(*keys: str) -> Callable[[dict], None]:
@@ -303,8 +303,8 @@ CASES = [
          ("--overwrite would delete", "b.txt"), copy("pre", name="out",
          edit=lambda f: (f / "b.txt").write_text(BOOK))),
     # ------------------------------------------------ euler data prepare-sft
-    Case("sft-context-one", (*SFT, "--context", "1"), ("--context", "1"), write("a.json", RECORDS)),
-    Case("sft-context-huge", (*SFT, "--context", str(1 << 40)), ("--context",),
+    Case("sft-context-one", (*SFT, "--seq-len", "1"), ("--seq-len", "1"), write("a.json", RECORDS)),
+    Case("sft-context-huge", (*SFT, "--seq-len", str(1 << 40)), ("--seq-len",),
          write("a.json", RECORDS)),
     Case("sft-val-fraction", (*SFT, "--val-fraction", "1.5"), ("--val-fraction",),
          write("a.json", RECORDS)),
@@ -337,7 +337,7 @@ CASES = [
          copy("sft", name="o", edit=lambda f: (f / "a.json").write_text(RECORDS))),
     Case("sft-out-earlier-no-overwrite", SFT, ("--out", "--overwrite"),
          both(write("a.json", RECORDS), copy("sft", name="o"))),
-    Case("sft-nothing-fits", (*SFT, "--context", "2"), ("no record fits", "2"),
+    Case("sft-nothing-fits", (*SFT, "--seq-len", "2"), ("no record fits", "2"),
          write("a.json", RECORDS)),
     # ------------------------------------------------ euler data info: manifests
     Case("info-missing-folder", ("data", "info", "{root}/nope"), ("data folder not found",)),
@@ -528,7 +528,7 @@ def test_overwrite_replaces_an_earlier_preparation(tmp_path, monkeypatch, capsys
     (tmp_path / "a.json").write_text(RECORDS)
     args = ("data", "prepare-sft", str(tmp_path / "a.json"), "--tokenizer",
             str(SHARED["data"] / "pre"), "--out", str(tmp_path / "o"))  # fmt: skip
-    code, _, err = run_cli(monkeypatch, capsys, *args, "--context", "16", "--overwrite")
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--seq-len", "16", "--overwrite")
     assert code == 0, err
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["context"] == 16 and m["records"] == 8

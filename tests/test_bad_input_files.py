@@ -198,7 +198,7 @@ CHECKPOINT_CASES = [
                             "{root}/hf"), ("c.safetensors", *words), _write_checkpoint(data))
     for name, data, words in CHECKPOINTS
 ]  # fmt: skip
-# the same loader behind chat and sft --from, a few of each
+# the same loader behind chat and sft --checkpoint, a few of each
 CHECKPOINT_CASES += [
     Case(f"chat-{name}", ("chat", "--checkpoint", "{root}/c.safetensors", "--prompt", "hi"),
          ("c.safetensors", *words), _write_checkpoint(data))

@@ -129,12 +129,12 @@ def held(folder: str):
 
 TRAIN = ("train", "--preset", "tiny", "--data", "{root}/pre", "--out", "{root}/new",
          "--batch-size", "2", "--steps", "2")  # fmt: skip
-SFT = ("sft", "--from", "{root}/run", "--data", "{root}/sft", "--out", "{root}/new",
+SFT = ("sft", "--checkpoint", "{root}/run", "--data", "{root}/sft", "--out", "{root}/new",
        "--batch-size", "2", "--steps", "2")  # fmt: skip
-EVAL = ("eval", "{root}/run", "--text", "{root}/pre")
+EVAL = ("eval", "--checkpoint", "{root}/run", "--text", "{root}/pre")
 RESUME = ("train", "--resume", "{root}/run", "--steps", "3")
 PREP_SFT = ("data", "prepare-sft", "{root}/alpaca.json", "--tokenizer", "{root}/pre",
-            "--out", "{root}/new", "--context", "24")  # fmt: skip
+            "--out", "{root}/new", "--seq-len", "24")  # fmt: skip
 PREP = ("data", "prepare", "--books", "{root}/other.txt", "--vocab-size", "270",
         "--out", "{root}/new")  # fmt: skip
 EXPORT = ("export", "--checkpoint", "{root}/run", "--out", "{root}/new")

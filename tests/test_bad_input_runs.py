@@ -156,7 +156,7 @@ def drop(*keys: str):
 TRAIN = ("train", "--preset", "tiny", "--data", "{data}/pre", "--out", "{root}/run",
          "--batch-size", "2", "--steps", "2", "--eval-batches", "1",
          "--sample-tokens", "0")  # fmt: skip
-SFT = ("sft", "--from", "{root}/run", "--data", "{data}/sft", "--out", "{root}/sft",
+SFT = ("sft", "--checkpoint", "{root}/run", "--data", "{data}/sft", "--out", "{root}/sft",
        "--batch-size", "2", "--steps", "2")  # fmt: skip
 RESUME = ("train", "--resume", "{root}/run")
 CHAT = ("chat", "--checkpoint", "{ck}", "--prompt", "Say sun twice.")
@@ -190,7 +190,7 @@ FLAG_CASES = [
     ("--ckpt-every", "0", ()),
     ("--log-every", "0", ()),
     ("--sample-tokens", "-1", ()),
-    ("--warmup", "-1", ()),
+    ("--warmup-steps", "-1", ()),
     ("--seq-len", "-1", ()),
     ("--seq-len", "25", ("context",)),
     ("--device", "tpu", ()),
@@ -263,11 +263,15 @@ CASES = (
             ("--batch-size 3", "2 ranks"),
         ),  # fmt: skip
         # sft
-        Case("sft without from", ("sft", "--data", "{data}/sft", "--out", "{root}/s"), ("--from",)),
+        Case(
+            "sft without from",
+            ("sft", "--data", "{data}/sft", "--out", "{root}/s"),
+            ("--checkpoint",),
+        ),
         Case("sft from missing", SFT, ("checkpoint not found", "{root}/run")),
         Case(
             "sft from a data folder",
-            (*SFT[:1], "--from", "{data}/pre", *SFT[3:]),
+            (*SFT[:1], "--checkpoint", "{data}/pre", *SFT[3:]),
             ("checkpoint not found",),
         ),  # fmt: skip
         Case(
@@ -505,9 +509,9 @@ CASES = (
             run_copy("sft"),
         ),  # fmt: skip
         Case(
-            "sft resume with --from",
-            ("sft", "--resume", "{root}/run", "--from", "{root}/run"),
-            ("--from",),
+            "sft resume with --checkpoint",
+            ("sft", "--resume", "{root}/run", "--checkpoint", "{root}/run"),
+            ("--checkpoint",),
             run_copy("sft"),
         ),  # fmt: skip
         # --resume: a checkpoint that is not this run's
@@ -579,75 +583,83 @@ CASES = (
             a_file("f.txt"),
         ),  # fmt: skip
         # plot
-        Case("plot nowhere", ("plot", "{root}/nowhere"), ("no metrics to plot",)),
+        Case("plot nowhere", ("plot", "--checkpoint", "{root}/nowhere"), ("no metrics to plot",)),
         Case(
-            "plot a file", ("plot", "{root}/f.txt"), ("{root}/f.txt", "is a file"), a_file("f.txt")
+            "plot a file",
+            ("plot", "--checkpoint", "{root}/f.txt"),
+            ("{root}/f.txt", "is a file"),
+            a_file("f.txt"),
         ),
-        Case("plot no arguments", ("plot",), ("Missing argument", "runs")),
-        Case("plot empty metrics", ("plot", "{root}/run"), ("no training steps",), metrics("")),
+        Case("plot no arguments", ("plot",), ("give --checkpoint RUN",)),
+        Case(
+            "plot empty metrics",
+            ("plot", "--checkpoint", "{root}/run"),
+            ("no training steps",),
+            metrics(""),
+        ),
         Case(
             "plot a broken line",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "invalid JSON"),
             metrics("{oops\n" + GOOD_STEP),
         ),  # fmt: skip
         Case(
             "plot a list line",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:2", "a JSON object"),
             metrics(GOOD_STEP + "[1, 2]\n"),
         ),  # fmt: skip
         Case(
             "plot loss a string",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "loss", "'low'"),
             metrics(GOOD_STEP.replace("5.0", '"low"')),
         ),  # fmt: skip
         Case(
             "plot no step",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "step", "missing"),
             metrics(GOOD_STEP.replace('"step": 1, ', "")),
         ),  # fmt: skip
         Case(
             "plot steps going back",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:2", "step"),
             metrics(GOOD_STEP + GOOD_STEP),
         ),  # fmt: skip
         Case(
             "plot NaN",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "NaN"),
             metrics(GOOD_STEP.replace("5.0", "NaN")),
         ),  # fmt: skip
         Case(
             "plot not utf-8",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "UTF-8"),
             metrics(b'{"step": "\xff"}\n' + GOOD_STEP.encode()),
         ),  # fmt: skip
         Case(
             "plot an unknown record",
-            ("plot", "{root}/run"),
+            ("plot", "--checkpoint", "{root}/run"),
             ("metrics.jsonl:1", "val_loss"),
             metrics('{"step": 1}\n'),
         ),  # fmt: skip
         Case(
             "plot --out not png",
-            ("plot", "{root}/run", "-o", "{root}/run/metrics.jsonl"),
+            ("plot", "--checkpoint", "{root}/run", "-o", "{root}/run/metrics.jsonl"),
             ("--out", ".png"),
             metrics(GOOD_STEP),
         ),  # fmt: skip
         Case(
             "plot --out folder missing",
-            ("plot", "{root}/run", "-o", "{root}/no/x.png"),
+            ("plot", "--checkpoint", "{root}/run", "-o", "{root}/no/x.png"),
             ("--out", "{root}/no", "not found"),
             metrics(GOOD_STEP),
         ),  # fmt: skip
         Case(
             "plot --out a folder",
-            ("plot", "{root}/run", "-o", "{root}/d.png"),
+            ("plot", "--checkpoint", "{root}/run", "-o", "{root}/d.png"),
             ("--out", "is a folder"),
             lambda root: (metrics(GOOD_STEP)(root), (root / "d.png").mkdir()),
         ),  # fmt: skip
@@ -703,7 +715,7 @@ def test_a_diverging_run_keeps_the_newest_checkpoint_whose_loss_was_finite(
     run = tmp_path / "run"
     args = ["train", "--preset", "tiny", "--data", str(data_root / "pre"), "--out", str(run),
             "--batch-size", "2", "--steps", "8", "--ckpt-every", "2", "--eval-every", "8",
-            "--eval-batches", "1", "--sample-tokens", "0", "--warmup", "1"]  # fmt: skip
+            "--eval-batches", "1", "--sample-tokens", "0", "--warmup-steps", "1"]  # fmt: skip
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and err.count("\n") == 1, err
     assert "is nan at step 5" in err or "is inf at step 5" in err, err

@@ -63,10 +63,10 @@ def test_tiny_run_writes_json_with_every_section(tmp_path, monkeypatch, capsys):
     [
         (["--device", "tpu"], ["--device", "tpu"]),
         (["--preset", "huge"], ["--preset", "huge"]),
-        (["--preset", "tiny", "--seq", "25"], ["--seq", "context"]),
-        (["--batch", "0"], ["--batch"]),
+        (["--preset", "tiny", "--seq-len", "25"], ["--seq-len", "context"]),
+        (["--batch-size", "0"], ["--batch-size"]),
         (["--steps", "0"], ["--steps"]),
-        (["--warmup", "-1"], ["--warmup"]),
+        (["--untimed-steps", "-1"], ["--untimed-steps"]),
         (["--peak", "-1"], ["--peak"]),
         (["--json", "/nonexistent/folder/b.json"], ["--json", "/nonexistent/folder"]),
         (["--precision", "tf32"], ["--precision tf32", "CPU", "fp32"]),
@@ -144,7 +144,17 @@ def test_tiny_bf16_run(peer, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_steps, "tokenizer_speed", lambda: {"skipped": "not here"})
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--preset", "tiny", "--precision", "bf16"]
-    args += ["--steps", "1", "--warmup", "0", "--peak", "1", "--no-compile", "--json", str(out)]
+    args += [
+        "--steps",
+        "1",
+        "--untimed-steps",
+        "0",
+        "--peak",
+        "1",
+        "--no-compile",
+        "--json",
+        str(out),
+    ]
     code, stdout, err = run_cli(monkeypatch, capsys, *args, *([] if peer else ["--no-peer"]))
     assert code == 0, err
     assert "cpu, bf16" in stdout and "layer kernels alone, bf16" in stdout

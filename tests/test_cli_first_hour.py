@@ -44,14 +44,14 @@ def test_prepare_sft_says_what_share_it_kept_and_why(tmp_path_factory, monkeypat
     out = tmp / "sft"
     code, stdout, err = run_cli(monkeypatch, capsys, "data", "prepare-sft", str(tmp / "a.json"),
                                 "--tokenizer", str(data / "pre"), "--out", str(out),
-                                "--context", "64", "--val-fraction", "0")  # fmt: skip
+                                "--seq-len", "64", "--val-fraction", "0")  # fmt: skip
     assert code == 0, err
     (line,) = [x for x in stdout.splitlines() if x.startswith("kept ")]
     m = read_manifest(out)
     assert m["splits"]["train"]["kept"] == 2 and m["splits"]["train"]["dropped_prompt"] == 2
     assert line.startswith("kept 2 of 7 records (29%); dropped 3 whose response is longer")
     assert "2 whose prompt alone fills the 64-token context" in line
-    assert "--long truncate keeps 5" in line and "--max-answer" in line and "--context" in line
+    assert "--long truncate keeps 5" in line and "--max-answer" in line and "--seq-len" in line
 
 
 def _train_output(tmp_path_factory, terminal: bool, steps: int = 4):

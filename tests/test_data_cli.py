@@ -44,7 +44,7 @@ def test_prepare_then_prepare_sft(inputs):
 
     r = euler(
         "data", "prepare-sft", str(inputs / "alpaca.json"), "--tokenizer", str(inputs / "pre"),
-        "--out", str(inputs / "sft"), "--context", "32",
+        "--out", str(inputs / "sft"), "--seq-len", "32",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "whole" in r.stdout and "dropped" in r.stdout and "windows" in r.stdout

@@ -94,13 +94,13 @@ def _cli_args(tc) -> list[str]:
     args = [
         "--data", tc.data, "--out", tc.out_dir, "--batch-size", str(tc.batch_size),
         "--steps", str(tc.steps), "--lr", str(tc.lr), "--min-lr", str(tc.min_lr),
-        "--warmup", str(tc.warmup_steps), "--eval-every", str(tc.eval_every),
+        "--warmup-steps", str(tc.warmup_steps), "--eval-every", str(tc.eval_every),
         "--eval-batches", str(tc.eval_batches), "--sample-tokens", str(tc.sample_tokens),
         "--ckpt-every", str(tc.ckpt_every), "--grad-accum", str(tc.grad_accum),
         "--seed", str(tc.seed),
     ]  # fmt: skip
     if tc.kind == "sft":
-        return ["sft", "--from", tc.init_from, *args]
+        return ["sft", "--checkpoint", tc.init_from, *args]
     return ["train", "--preset", tc.preset, *args]
 
 

@@ -169,7 +169,15 @@ def test_overlap_against_the_references_budget(tmp_path, monkeypatch, capsys):
         json.dumps([{"instruction": "Say a.", "input": "", "output": "a " * 10 + "b b b b"}])
     )
     loops = _checkpoint(tmp_path / "loop.safetensors", _alternating)
-    args = ("eval", str(loops), "--instructions", str(tmp_path / "i.json"), "--max-tokens", "8")
+    args = (
+        "eval",
+        "--checkpoint",
+        str(loops),
+        "--instructions",
+        str(tmp_path / "i.json"),
+        "--max-tokens",
+        "8",
+    )
     code, out, err = run_cli(monkeypatch, capsys, *args, "--json", str(tmp_path / "b.json"))
     assert code == 0, err
     s = json.loads((tmp_path / "b.json").read_text())["instructions"]
@@ -185,7 +193,7 @@ def test_loop_and_overlap_scores():
     assert rouge_l("The cats sat", "the cat sat down") == pytest.approx(2 * 1 * 0.75 / 1.75)
 
 
-EVAL = ("eval", "{root}/c.safetensors")  # every case scores the uniform checkpoint
+EVAL = ("eval", "--checkpoint", "{root}/c.safetensors")  # every case scores the uniform checkpoint
 CASES = [
     Case("eval-nothing", EVAL, ("--text", "--instructions")),
     Case(
@@ -257,7 +265,7 @@ def test_tokenizer_larger_than_the_model_is_refused(tmp_path, monkeypatch, capsy
     (tmp_path / "t.txt").write_text("hi.")
     case = Case(
         "eval-vocab",
-        ("eval", "{root}/c.safetensors", "--text", "{root}/t.txt"),
+        ("eval", "--checkpoint", "{root}/c.safetensors", "--text", "{root}/t.txt"),
         ("c.safetensors", "tokenizer has", "cannot score"),
     )
     assert_refused(monkeypatch, capsys, case, tmp_path)

@@ -73,10 +73,18 @@ def test_an_unknown_precision_names_the_choices():
 # each command's arguments up to its --precision check (no file is read before it)
 ARGS = {
     "train": ("train", "--steps", "1", "--out", "{tmp}/run"),
-    "sft": ("sft", "--from", "{tmp}/none.safetensors", "--data", "{tmp}/d", "--out", "{tmp}/r"),
+    "sft": (
+        "sft",
+        "--checkpoint",
+        "{tmp}/none.safetensors",
+        "--data",
+        "{tmp}/d",
+        "--out",
+        "{tmp}/r",
+    ),
     "bench": ("bench", "--no-peer"),
     "chat": ("chat", "--checkpoint", "{tmp}/none.safetensors", "--prompt", "hi"),
-    "eval": ("eval", "{tmp}/none.safetensors", "--text", "{tmp}/none.txt"),
+    "eval": ("eval", "--checkpoint", "{tmp}/none.safetensors", "--text", "{tmp}/none.txt"),
     "serve": ("serve", "--checkpoint", "{tmp}/none.safetensors"),
 }
 REFUSED = [

@@ -47,7 +47,7 @@ def _env(tmp_path: Path) -> dict:
 def _train_args(data: Path, run: Path, steps: int) -> list[str]:
     return ["train", "--preset", "tiny", "--data", str(data / "pre"), "--out", str(run),
             "--batch-size", "2", "--steps", str(steps), "--eval-every", str(steps),
-            "--eval-batches", "1", "--sample-tokens", "0", "--warmup", "2",
+            "--eval-batches", "1", "--sample-tokens", "0", "--warmup-steps", "2",
             "--lr", "0.01", "--min-lr", "0.001", "--log-every", "1"]  # fmt: skip
 
 

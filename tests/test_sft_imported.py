@@ -3,7 +3,7 @@
 The tiny tied Llama of test_import_pretrained.py (made by transformers inside the test, a
 byte-level BPE trained by `tokenizers`, SmolLM2's ChatML template) is imported, then:
 `euler data prepare-sft --tokenizer RUN` renders Alpaca records with the checkpoint's own
-tokenizer and ChatML template, `euler sft --from RUN` takes a few steps (loss on response
+tokenizer and ChatML template, `euler sft --checkpoint RUN` takes a few steps (loss on response
 tokens and their <|im_end|> only; at the data's context when the model's is longer), and
 `euler eval --instructions` answers the held-out records with that template, stopping on
 <|im_end|>.
@@ -65,9 +65,9 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
     # prepare-sft with the run folder's (or its checkpoint's) tokenizer and template
     sft = tmp_path / "sft"
     assert euler_cli("data", "prepare-sft", alpaca, "--out", sft, "--tokenizer", run,
-                     "--context", 256, "--val-fraction", 0.25) == 0  # fmt: skip
+                     "--seq-len", 256, "--val-fraction", 0.25) == 0  # fmt: skip
     assert euler_cli("data", "prepare-sft", alpaca, "--out", tmp_path / "sft2", "--tokenizer",
-                     run / ckpt.CHECKPOINT_NAME, "--context", 256,
+                     run / ckpt.CHECKPOINT_NAME, "--seq-len", 256,
                      "--val-fraction", 0.25) == 0  # fmt: skip
     for name in ("sft-train.tokens.bin", "sft-val.tokens.bin", "tokenizer.json"):
         assert (sft / name).read_bytes() == (tmp_path / "sft2" / name).read_bytes()
@@ -94,8 +94,8 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
 
     # a few SFT steps from the imported checkpoint: finite losses, the template kept
     out = tmp_path / "sft-run"
-    assert euler_cli("sft", "--from", run, "--data", sft, "--out", out, "--steps", 3,
-                     "--batch-size", 2, "--warmup", 1, "--eval-every", 3,
+    assert euler_cli("sft", "--checkpoint", run, "--data", sft, "--out", out, "--steps", 3,
+                     "--batch-size", 2, "--warmup-steps", 1, "--eval-every", 3,
                      "--ckpt-every", 3) == 0  # fmt: skip
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r] + [r["val_loss"] for r in rows
@@ -109,7 +109,7 @@ def test_prepare_sft_sft_and_eval_on_an_imported_model(folder, tmp_path, euler_c
 
     # eval --instructions renders with the checkpoint's ChatML and stops on <|im_end|>
     report = tmp_path / "eval.json"
-    assert euler_cli("eval", out, "--instructions", sft / "val-instructions.json",
+    assert euler_cli("eval", "--checkpoint", out, "--instructions", sft / "val-instructions.json",
                      "--max-tokens", 8, "--json", report) == 0  # fmt: skip
     res = json.loads(report.read_text())["instructions"]
     assert res["end_token"] == "<|im_end|>" and res["records"] == len(heldout) > 0

@@ -16,7 +16,7 @@ from euler.training import checkpoint
 from tests.train_helpers import build_data, read_metrics, run_cli
 
 TINY = ["--preset", "tiny", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1",
-        "--sample-tokens", "3", "--ckpt-every", "2", "--warmup", "1"]  # fmt: skip
+        "--sample-tokens", "3", "--ckpt-every", "2", "--warmup-steps", "1"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_sft_refuses_a_checkpoint_with_another_tokenizer(data_root, tmp_path, mo
     params = np.zeros(ParamLayout(cfg).size, np.float32)
     ck = tmp_path / "other.safetensors"
     checkpoint.save(ck, cfg, params, None, {"step": 5}, {}, '{"another": "tokenizer"}')
-    code, _, err = run_cli(monkeypatch, capsys, "sft", "--from", str(ck), "--data",
+    code, _, err = run_cli(monkeypatch, capsys, "sft", "--checkpoint", str(ck), "--data",
                            str(data_root / "sft"), "--out", str(tmp_path / "sft"))  # fmt: skip
     _one_line_error(code, err, "was tokenized by tokenizer", "uses tokenizer")
 
@@ -105,7 +105,7 @@ def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeyp
     args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(pre), "--steps", "2"]
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
     sft = tmp_path / "sft"
-    args = ["sft", "--from", str(pre), "--data", str(data_root / "sft"), "--out", str(sft),
+    args = ["sft", "--checkpoint", str(pre), "--data", str(data_root / "sft"), "--out", str(sft),
             "--batch-size", "2", "--steps", "3", "--eval-every", "3"]  # fmt: skip
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
@@ -117,7 +117,7 @@ def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeyp
 
 def test_sft_needs_its_inputs(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "sft", "--out", str(tmp_path / "s"))
-    _one_line_error(code, err, "--from CHECKPOINT and --data")
+    _one_line_error(code, err, "--checkpoint CHECKPOINT and --data")
 
 
 def test_cuda_without_a_gpu_is_one_line(data_root, tmp_path, monkeypatch, capsys):
@@ -137,7 +137,7 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(run), "--steps", "3"]
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
-    code, out, err = run_cli(monkeypatch, capsys, "plot", str(run))
+    code, out, err = run_cli(monkeypatch, capsys, "plot", "--checkpoint", str(run))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -148,11 +148,11 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
     other = tmp_path / "other"  # a shorter run: the overlay stops at its last step
     args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(other), "--steps", "2"]
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
-    code, _, err = run_cli(monkeypatch, capsys, "plot", str(run), str(other), "-o",
-                           str(tmp_path / "both.png"))  # fmt: skip
+    code, _, err = run_cli(monkeypatch, capsys, "plot", "--checkpoint", str(run), "--checkpoint",
+                           str(other), "-o", str(tmp_path / "both.png"))  # fmt: skip
     assert code == 0, err
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    code, _, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "nowhere"))
+    code, _, err = run_cli(monkeypatch, capsys, "plot", "--checkpoint", str(tmp_path / "nowhere"))
     _one_line_error(code, err, "no metrics to plot")
 
 
@@ -212,12 +212,12 @@ def test_every_train_config_setting_is_a_flag_with_its_default(monkeypatch, caps
     # the exceptions, deliberately: set by the command or fixed; one command only
     assert not_flags == {"kind", "beta1", "beta2", "version"}
     pretrain_only = ("preset", "seq_len", "n_layer", "d_model", "n_head", "n_kv_head", "context",
-                     "tie_embeddings")  # sft takes its architecture from --from  # fmt: skip
+                     "tie_embeddings")  # sft takes its architecture from --checkpoint  # fmt: skip
     assert one_command == {"init_from": ("sft",), **dict.fromkeys(pretrain_only, ("pretrain",))}
 
     # the defaults a user gets are TrainConfig's (and, for sft, these)
     assert _parsed(monkeypatch, capsys, "train") == TrainConfig()
-    sft = _parsed(monkeypatch, capsys, "sft", "--from", "ck", "--data", "d")
+    sft = _parsed(monkeypatch, capsys, "sft", "--checkpoint", "ck", "--data", "d")
     assert sft == TrainConfig(kind="sft", init_from="ck", data="d", out_dir="runs/sft",
                               steps=300, lr=1e-3, min_lr=1e-4, warmup_steps=20, eval_every=50,
                               ckpt_every=50)  # fmt: skip
@@ -299,7 +299,7 @@ def test_threads_flag_sets_the_threads_and_refuses_a_count_beyond_the_pool(
     finally:
         numba.set_num_threads(before)
     pool = numba.config.NUMBA_NUM_THREADS
-    for command in (args, ["eval", str(run), "--text", str(data_root / "pre")],
+    for command in (args, ["eval", "--checkpoint", str(run), "--text", str(data_root / "pre")],
                     ["chat", "--checkpoint", str(run), "--prompt", "hi"],
                     ["bench", "--preset", "tiny"], ["gradcheck"],
                     ["sample", "--checkpoint", str(run)]):  # fmt: skip

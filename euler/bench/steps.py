@@ -44,7 +44,7 @@ from euler.schema import check_number
 from euler.training import step_graph
 from euler.training.optim import AdamW
 
-# (batch, seq) per preset when --batch / --seq are not given
+# (batch, seq) per preset when --batch-size / --seq-len are not given
 DEFAULT_SHAPES = {"tiny": (4, 24), "small": (16, 128), "gpu": (32, 512)}
 MFU_FORMULA = "MFU = 6 * params * tokens/s / peak"
 
@@ -79,20 +79,20 @@ class BenchOptions:
         B0, T0 = DEFAULT_SHAPES.get(self.preset, (8, cfg.context))
         B = B0 if self.batch is None else self.batch
         T = T0 if self.seq is None else self.seq
-        for flag, value in (("--batch", B), ("--seq", T), ("--steps", self.steps)):
+        for flag, value in (("--batch-size", B), ("--seq-len", T), ("--steps", self.steps)):
             if value < 1:
                 raise EulerError(f"{flag} must be at least 1, got {value}")
         if self.warmup < 0:
-            raise EulerError(f"--warmup must be 0 or more, got {self.warmup}")
+            raise EulerError(f"--untimed-steps must be 0 or more, got {self.warmup}")
         if self.reps < 1:
             raise EulerError(f"reps must be at least 1, got {self.reps}")
         if self.peak_tflops is not None:
             check_number(self.peak_tflops, "--peak (TFLOP/s)", lo=0.0, lo_open=True)
         if T > cfg.context:
             raise EulerError(
-                f"--seq {T} exceeds the {self.preset} preset's context ({cfg.context})"
+                f"--seq-len {T} exceeds the {self.preset} preset's context ({cfg.context})"
             )
-        check_bf16_sequence(self.device, self.precision, T, "--seq")
+        check_bf16_sequence(self.device, self.precision, T, "--seq-len")
         return cfg, B, T
 
 

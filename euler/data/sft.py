@@ -221,7 +221,7 @@ def kept_line(m: dict) -> str:
         if max_answer:
             more.append("a larger --max-answer (0: what the context leaves) keeps more whole")
     if prompt:
-        more.append("a larger --context keeps the long prompts")
+        more.append("a larger --seq-len keeps the long prompts")
     return f"{line}; dropped {' and '.join(why)}. {'; '.join(more)}"
 
 
@@ -322,7 +322,7 @@ class SFTDataset:
             raise EulerError(
                 f"{self.folder}: SFT data prepared for a context of {self.manifest['context']} "
                 f"tokens is longer than the model's context of {T}; re-run prepare-sft with "
-                f"--context {T}"
+                f"--seq-len {T}"
             )
 
     def __len__(self) -> int:

@@ -29,6 +29,7 @@ class Flag:
 
     decls: the flag and its short form ("--out", "-o"); empty: --field-name (for a bool
     also --no-field-name). path: shown and parsed as a path, stored as a string.
+    old: the flag's old spelling, still accepted (hidden, with a note) for one release.
     """
 
     help: str
@@ -37,6 +38,7 @@ class Flag:
     sft_help: str = ""  # `euler sft`'s help where it differs
     kinds: tuple[str, ...] = KINDS  # the commands that have the flag, by the kind they run
     path: bool = False
+    old: str = ""
 
 
 def setting(default: Any, help: str, *decls: str, **flag: Any) -> Any:
@@ -53,11 +55,11 @@ def no_flag(default: Any) -> Any:
 class TrainConfig:
     """Everything a run needs besides the model config; saved in run.json and checkpoints."""
 
-    # sft: the architecture of the --from checkpoint, whatever the preset
+    # sft: the architecture of the --checkpoint it starts from, whatever the preset
     preset: str = setting("small", "Model preset: tiny, small or gpu.", kinds=("pretrain",))
     init_from: str | None = setting(  # sft: the checkpoint whose weights the run starts from
-        None, "Pretrained checkpoint (or run folder) to start from.", "--from",
-        kinds=("sft",), path=True,
+        None, "Pretrained checkpoint (or run folder) to start from.", "--checkpoint",
+        kinds=("sft",), path=True, old="--from",
     )  # fmt: skip
     data: str | None = setting(  # pretrain: None = the embedded corpus
         None, "Folder from `euler data prepare` (default: the embedded corpus).",
@@ -72,8 +74,8 @@ class TrainConfig:
     d_model: int = setting(0, "D: model width (0: the preset's).", kinds=("pretrain",))
     n_head: int = setting(0, "H: query heads (0: the preset's).", kinds=("pretrain",))
     n_kv_head: int = setting(0, "G: key/value heads (0: the preset's).", kinds=("pretrain",))
-    context: int = setting(0, "Longest sequence the model takes (0: the preset's).",
-                           kinds=("pretrain",))  # fmt: skip
+    context: int = setting(0, "The model's context: the longest sequence it takes (0: the "
+                           "preset's).", kinds=("pretrain",))  # fmt: skip
     tie_embeddings: bool = setting(
         False, "Head 0 reads the embedding matrix (GPT-2's tied embeddings).", kinds=("pretrain",)
     )
@@ -100,7 +102,9 @@ class TrainConfig:
     lr: float = setting(3e-3, "Peak learning rate (after warmup).", sft_default=1e-3)
     min_lr: float = setting(3e-4, "Learning rate at the end of the cosine decay.", sft_default=1e-4)
     # linear warmup from lr / warmup_steps to lr
-    warmup_steps: int = setting(50, "Linear warmup steps.", "--warmup", sft_default=20)
+    warmup_steps: int = setting(
+        50, "Learning-rate warmup: linear, in optimizer steps.", sft_default=20, old="--warmup"
+    )
     weight_decay: float = setting(0.1, "AdamW decoupled weight decay (matrices only).")
     grad_clip: float = setting(1.0, "Clip the global gradient norm (0: off).")
     beta1: float = no_flag(0.9)  # AdamW's moment decays: fixed
@@ -145,7 +149,7 @@ class TrainConfig:
         for name, (lo, hi) in INT_RANGES.items():
             check_int(getattr(self, name), flag_name(name), lo, hi)
         if self.kind == "pretrain":
-            self.model_config()  # sft takes its architecture from --from instead
+            self.model_config()  # sft takes its architecture from --checkpoint instead
         if self.kind == "sft" and not self.data:
             raise EulerError("sft needs --data: a folder prepared by `euler data prepare-sft`")
         if self.steps == 0 and self.tokens == 0:
@@ -261,7 +265,7 @@ def flag_of(f: dataclasses.Field) -> Flag | None:
 
 
 def flag_name(name: str) -> str:
-    """The command-line flag of TrainConfig field `name`: "--warmup" for warmup_steps."""
+    """The command-line flag of TrainConfig field `name`: "--checkpoint" for init_from."""
     f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
     flag = flag_of(f)
     return flag.decls[0] if flag and flag.decls else "--" + name.replace("_", "-")

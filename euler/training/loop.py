@@ -299,7 +299,9 @@ def _model_config(
         return run_folder.read_run(folder)[1], None
     if tc.kind == "sft":
         if not tc.init_from:
-            raise EulerError("sft needs --from CHECKPOINT (a pretraining run or its checkpoint)")
+            raise EulerError(
+                "sft needs --checkpoint CHECKPOINT (a pretraining run or its checkpoint)"
+            )
         init = checkpoint.load(tc.init_from)
         return init.cfg, init
     return tc.model_config(), None

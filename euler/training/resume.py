@@ -34,7 +34,7 @@ def start_fresh(r: RunState, overwrite: bool, init: checkpoint.Checkpoint | None
 def run_inputs(tc: TrainConfig) -> list[tuple[str, Path]]:
     """The (flag, path) of what a fresh run reads, which its folder may not hold."""
     reads = [("--data", Path(tc.data))] if tc.data else []
-    return reads + ([("--from", Path(tc.init_from))] if tc.init_from else [])
+    return reads + ([("--checkpoint", Path(tc.init_from))] if tc.init_from else [])
 
 
 def resume_run(r: RunState, log: Callable) -> None:
@@ -102,7 +102,7 @@ def check_resumable(r: RunState, ck: checkpoint.Checkpoint, info: RunInfo) -> No
     if ck.moments is None:  # first: an export or weights-only save has no run id either
         raise EulerError(
             f"--resume {run}: {ck.path} holds weights only (no AdamW moments); it cannot "
-            "resume training: start a run from it with `euler sft --from`"
+            "resume training: start a run from it with `euler sft --checkpoint`"
         )
     state = Fields(ck.state, str(ck.path), "state")
     found = state.get("run_id", MISSING)
