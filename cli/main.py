@@ -88,6 +88,9 @@ def _register_families() -> None:
     from euler.cli import commands_kernels
 
     commands_kernels.register(app)
+    from euler.cli import commands_pipeline
+
+    commands_pipeline.register(app)
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ Every output says what it is, by a marker or its own header:
     eval report     JSON with "report": "euler eval"             euler eval --json
     bench report    JSON with "report": "euler bench"            euler bench --json
     loss plot       PNG with the text chunk Software: euler plot euler plot
+    pipeline        a folder with pipeline.json whose report is  euler pipeline
+                    "euler pipeline"
 
 The rule (claim_folder, claim_file), checked before any work: a missing path (or an
 empty folder) is free; an existing one is replaced only when it is of the kind the
@@ -59,8 +61,9 @@ HF_TOKENIZER = Kind("Hugging Face tokenizer", "euler tokenizer train --hf")
 EVAL_REPORT = Kind("eval report", "euler eval --json")
 BENCH_REPORT = Kind("bench report", "euler bench --json")
 PLOT = Kind("loss plot", "euler plot")
+PIPELINE = Kind("pipeline folder", "euler pipeline")
 
-FOLDER_KINDS = (RUN, PRETRAIN_DATA, SFT_DATA, EXPORT)
+FOLDER_KINDS = (RUN, PRETRAIN_DATA, SFT_DATA, EXPORT, PIPELINE)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ def _identify_folder(folder: Path) -> Found:
         if found is None:
             return Found(None, "a data folder whose manifest.json names no kind")
         return Found(found, _article(found.name))
+    if _json_doc(folder / "pipeline.json").get("report") == "euler pipeline":
+        return Found(PIPELINE, _article(PIPELINE.name))
     from euler.interop.hf_export import SIDE_FILE, SIDE_FORMAT
 
     if _safetensors_format(folder / SIDE_FILE) == SIDE_FORMAT:
