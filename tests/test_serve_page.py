@@ -3,9 +3,9 @@ through Debian's chromedriver (nothing downloaded at run time). It loads the pag
 the API key, sends a message and watches the answer stream in, stops a long answer, and
 starts a new chat; the greedy answer on the page is the API's answer to the same message.
 
-Without chromium and chromedriver the test fails, naming what to install (.ci/run and the
-README's set-up line install them), unless EULER_NO_BROWSER=1 says this machine has no
-browser on purpose: a missing browser never passes silently.
+Without chromium and chromedriver the test fails, naming what to install (scripts/test.sh,
+the README's test command that .ci/run runs, installs them), unless EULER_NO_BROWSER=1 says
+this machine has no browser on purpose: a missing browser never passes silently.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _browser_paths() -> tuple[str, str]:
     if os.environ.get("EULER_NO_BROWSER") == "1":
         pytest.skip(f"EULER_NO_BROWSER=1 and {', '.join(missing)} missing")
     pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver "
-                "(or set EULER_NO_BROWSER=1 on a machine that has no browser)")  # fmt: skip
+                "(scripts/test.sh does; or set EULER_NO_BROWSER=1 on a machine that has no "
+                "browser)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
