@@ -113,7 +113,6 @@ def _progress(console, what: str, total: int):
 
 def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> dict:
     """Bits per byte per source and overall, printed as a table."""
-    from rich.table import Table
 
     from euler.backend import make_backend
     from euler.eval.text import evaluate_text, load_text, n_windows
@@ -122,13 +121,32 @@ def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> d
     backend = make_backend(device, precision)
     with _progress(console, "scoring text", n_windows(sources, ck.cfg.context)) as advance:
         res = evaluate_text(ck, sources, backend, precision, on_batch=advance)
+    console.print(text_table(res))
+    return res
+
+
+def text_table(res: dict):
+    """evaluate_text's result as a table that fits 80 columns: next-token loss (head 0) in
+    nats per token and bits per byte, the headline; the MTP heads' mean beside it, labelled
+    in the caption; a source's name folded onto more lines, never cut to an ellipsis."""
+    from rich import box
+    from rich.table import Table
+
+    K = res["mtp_heads"]
     table = Table(
-        title=f"held-out text, {ck.path} (windows of {res['context']} + 1, stride "
-        f"{res['context']}, head 0)"
+        title=f"held-out text, {res['checkpoint']}: next-token loss (head 0), windows of "
+        f"{res['context']} + 1 at stride {res['context']}",
+        caption=f"nats/tok, bits/byte: next token (head 0). MTP mean: the mean of the {K} "
+        "heads' nats/tok (the training objective)",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
     )
-    # a source's name is folded onto more lines at 80 columns, never cut to an ellipsis
     table.add_column("source", overflow="fold")
-    for col in ("documents", "tokens", "MB", "nats/token", "tokens/byte", "bits/byte"):
+    # tokens per byte (bits per byte over nats per token, / ln 2) is in --json: at 80 columns
+    # the source's name needs the room
+    cols = ("docs", "tokens", "MB", "nats/tok", "bits/byte", "MTP mean")
+    for col in cols:
         table.add_column(col, justify="right", no_wrap=True)
     for row in [*res["sources"], res["overall"]]:
         table.add_row(
@@ -137,11 +155,10 @@ def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> d
             f"{row['tokens']:,}",
             f"{row['bytes'] / 1e6:.2f}",
             f"{row['nats_per_token']:.4f}",
-            f"{row['tokens_per_byte']:.4f}",
             f"{row['bits_per_byte']:.4f}",
+            f"{row['nats_per_token_mtp_mean']:.4f}",
         )
-    console.print(table)
-    return res
+    return table
 
 
 def _eval_instructions(

@@ -1,4 +1,9 @@
-"""`euler plot`: loss curves of one run, or of several runs overlaid, as a PNG."""
+"""`euler plot`: loss curves of one run, or of several runs overlaid, as a PNG.
+
+The headline is next-token loss (head 0's validation loss), the number other projects
+report; the training objective, the mean over the MTP heads, is drawn beside it and says so
+in its label (a step's training record holds only that mean).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,20 @@ class Curves:
     losses: list[float]
     val: list[tuple[int, float, float | None]]  # (step, mean over heads, head 0)
     tokens_per_step: float
+    heads: int = 0  # K, the MTP heads the validation records name (0: none recorded)
+
+
+@dataclass
+class Series:
+    """One line of the plot: its label, points and matplotlib style."""
+
+    label: str
+    steps: list[int]
+    values: list[float]
+    color: str
+    style: str = "-"  # matplotlib's format string
+    alpha: float = 1.0
+    width: float = 1.5
 
 
 def read_curves(run: Path) -> Curves:
@@ -37,7 +56,7 @@ def read_curves(run: Path) -> Curves:
         lines = path.read_bytes().split(b"\n")
     except OSError as e:
         raise EulerError(f"{path}: cannot read ({e.strerror})") from None
-    steps, losses, val, per_step = [], [], [], 0.0
+    steps, losses, val, per_step, K = [], [], [], 0.0, 0
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -60,11 +79,12 @@ def read_curves(run: Path) -> Curves:
                 heads = r.list("val_loss_heads", default=[None])
                 head0 = heads[0] if heads and isinstance(heads[0], (int, float)) else None
                 val.append((step, r.float("val_loss"), head0))
+                K = len(heads) if head0 is not None else K
         else:
             r.fail("", "a step's record (loss) or an evaluation's (val_loss)", r.data)
     if not steps:
         raise EulerError(f"{path} holds no training steps yet")
-    return Curves(Path(run).name, steps, losses, val, per_step)
+    return Curves(Path(run).name, steps, losses, val, per_step, K)
 
 
 def check_out(out: Path) -> Path:
@@ -92,20 +112,54 @@ def smoothed(losses: list[float], decay: float = 0.95) -> list[float]:
 
 
 def title(curves) -> str:
-    """The plot's title: the runs' names and each one's tokens per step (one figure when
-    they share it; an SFT run overlaid on its pretraining steps with fewer tokens)."""
+    """The plot's title: next-token loss, the runs' names and each one's own tokens per
+    step (one figure when they share it; an SFT run overlaid on its pretraining steps names
+    its own)."""
     sizes = {c.tokens_per_step for c in curves}
     if len(sizes) == 1:
-        return f"{' vs '.join(c.name for c in curves)}: {sizes.pop():,.0f} tokens per step"
-    return " vs ".join(f"{c.name} ({c.tokens_per_step:,.0f} tokens/step)" for c in curves)
+        names = " vs ".join(c.name for c in curves)
+        return f"next-token loss, {names}: {sizes.pop():,.0f} tokens per step"
+    each = " vs ".join(f"{c.name} ({c.tokens_per_step:,.0f} tokens/step)" for c in curves)
+    return f"next-token loss, {each}"
+
+
+def _objective(c: Curves) -> str:
+    """What a run's training loss is: next-token loss with one head, else the heads' mean."""
+    return "next token" if c.heads == 1 else "mean of the MTP heads"
+
+
+def series(curves: list[Curves]) -> list[Series]:
+    """The lines of the plot, over the steps every run reached (so curves of unequal length
+    compare step by step). Per run: validation next-token loss (head 0, the headline), the
+    validation mean over the MTP heads, and the training loss (the objective: the heads'
+    mean) raw and smoothed; one colour per run when several are overlaid."""
+    last = min(c.steps[-1] for c in curves)
+    one = len(curves) == 1
+    out = []
+    for c, color in zip(curves, itertools.cycle(COLORS), strict=False):
+        name = "" if one else f"{c.name}: "
+        n = sum(1 for s in c.steps if s <= last)
+        train = f"{name}training, {_objective(c)}"
+        out.append(Series(train, c.steps[:n], c.losses[:n], color, alpha=0.2, width=0.8))
+        out.append(Series(f"{train} (EMA 0.95)", c.steps[:n], smoothed(c.losses)[:n], color))
+        val = [v for v in c.val if v[0] <= last]
+        if not val:
+            continue
+        steps = [v[0] for v in val]
+        if all(v[2] is not None for v in val):
+            out.append(Series(f"{name}validation, next token (head 0)", steps,
+                              [v[2] for v in val], "tab:green" if one else color, "s-",
+                              width=2.0))  # fmt: skip
+        if c.heads != 1:  # with one head its mean is head 0's loss, drawn already
+            out.append(Series(f"{name}validation, mean of the MTP heads", steps,
+                              [v[1] for v in val], "tab:orange" if one else color, "o--",
+                              width=1.0))  # fmt: skip
+    return out
 
 
 def plot_runs(runs: list[Path], out: Path) -> Path:
-    """Training loss (per step and smoothed) and validation loss against the step, as a PNG.
-
-    One run: its train, validation and head-0 validation curves. Several: one colour per
-    run, over the steps every run reached (so curves of unequal length compare step by step).
-    """
+    """Next-token validation loss, with the MTP heads' mean and the training loss beside it
+    (series()), against the step, as a PNG; several runs overlaid, one colour each."""
     curves = [read_curves(r) for r in runs]  # bad input is refused before the import
     out = check_out(out)
     try:
@@ -115,24 +169,13 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise EulerError("euler plot needs matplotlib: pip install -e '.[plot]'") from None
-    last = min(c.steps[-1] for c in curves)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for c, color in zip(curves, itertools.cycle(COLORS), strict=False):
-        n = sum(1 for s in c.steps if s <= last)
-        label = "train" if len(curves) == 1 else c.name
-        ax.plot(c.steps[:n], c.losses[:n], color=color, alpha=0.2, lw=0.8)
-        ax.plot(c.steps[:n], smoothed(c.losses)[:n], color=color, lw=1.5,
-                label=f"{label} (EMA 0.95)")  # fmt: skip
-        val = [v for v in c.val if v[0] <= last]
-        if val:
-            vs, vl, v0 = zip(*val, strict=True)
-            ax.plot(vs, vl, "o--", color="tab:orange" if len(curves) == 1 else color, ms=3,
-                    label="validation" if len(curves) == 1 else f"{c.name} validation")  # fmt: skip
-            if len(curves) == 1 and None not in v0:
-                ax.plot(vs, v0, "s--", color="tab:green", ms=3,
-                        label="validation, head 0 (next token)")  # fmt: skip
+    for s in series(curves):
+        raw = s.alpha < 1.0  # the raw training loss: drawn faint, unlabelled
+        ax.plot(s.steps, s.values, s.style, color=s.color, alpha=s.alpha, lw=s.width, ms=3,
+                label=None if raw else s.label)  # fmt: skip
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats): the MTP heads' mean; head 0 where labelled")
+    ax.set_ylabel("next-token loss (nats); the MTP mean where labelled", fontsize=9)
     ax.set_title(title(curves))
     ax.grid(alpha=0.3)
     ax.legend()

@@ -118,9 +118,32 @@ def test_an_overlaid_plot_names_each_runs_tokens_per_step():
 
     pre = Curves("pre", [1], [5.0], [], 2048.0)
     sft = Curves("sft", [1], [3.0], [], 1032.0)
-    assert title([pre]) == "pre: 2,048 tokens per step"
+    assert title([pre]) == "next-token loss, pre: 2,048 tokens per step"
     assert title([pre, Curves("pre2", [1], [5.0], [], 2048.0)]).endswith(": 2,048 tokens per step")
-    assert title([pre, sft]) == "pre (2,048 tokens/step) vs sft (1,032 tokens/step)"
+    assert (
+        title([pre, sft]) == "next-token loss, pre (2,048 tokens/step) vs sft (1,032 tokens/step)"
+    )
+
+
+def test_the_plots_headline_is_next_token_validation_loss():
+    """Head 0's validation loss is drawn and labelled as next token, the MTP heads' mean
+    beside it and the training loss labelled as that mean (with one head: next token)."""
+    from euler.cli.plot import Curves, series
+
+    val = [(2, 4.6, 3.6), (4, 4.4, 3.4)]  # (step, mean over heads, head 0)
+    run = Curves("pre", [1, 2, 3, 4], [5.0, 4.8, 4.6, 4.5], val, 2048.0, heads=4)
+    lines = {s.label: s for s in series([run])}
+    assert lines["validation, next token (head 0)"].values == [3.6, 3.4]
+    assert lines["validation, mean of the MTP heads"].values == [4.6, 4.4]
+    assert lines["training, mean of the MTP heads (EMA 0.95)"].steps == [1, 2, 3, 4]
+    one = Curves("k1", [1, 2], [5.0, 4.0], [(2, 3.9, 3.9)], 512.0, heads=1)
+    labels = [s.label for s in series([run, one])]
+    assert "k1: training, next token (EMA 0.95)" in labels
+    assert "k1: validation, next token (head 0)" in labels
+    assert "k1: validation, mean of the MTP heads" not in labels  # the same line, drawn once
+    assert "pre: validation, next token (head 0)" in labels
+    # overlaid, each run stops at the last step they all reached
+    assert all(max(s.steps) <= 2 for s in series([run, one]))
 
 
 def test_the_prepare_sft_table_fits_80_columns(tmp_path_factory):

@@ -67,6 +67,7 @@ def test_uniform_model_scores_log2_vocab_bits_per_byte(tmp_path, monkeypatch, ca
         monkeypatch,
         capsys,
         "eval",
+        "--checkpoint",
         str(ck),
         "--text",
         str(books),
@@ -91,6 +92,34 @@ def test_uniform_model_scores_log2_vocab_bits_per_byte(tmp_path, monkeypatch, ca
         assert row["bits_per_byte"] == pytest.approx(expect, rel=1e-6)
     assert res["overall"]["bytes"] == n_books + len(web.encode())
     assert "bits/byte" in out and "overall" in out
+    # every head of a uniform model costs ln V a token: the MTP mean beside head 0's
+    assert res["mtp_heads"] == 4
+    for row in [*res["sources"], res["overall"]]:
+        assert row["nats_per_token_mtp_mean"] == pytest.approx(math.log(TOK.vocab_size), 1e-6)
+    assert "next-token loss (head 0)" in out and "MTP mean" in out
+
+
+def test_head_0_is_the_headline_and_the_mtp_mean_its_neighbour(tmp_path):
+    """On one window of a random model: nats per token is head 0's mean loss alone (the
+    other heads masked), and the MTP mean is the mean over heads of each head's mean loss,
+    both from a forward of their own."""
+    from euler.eval.text import Stream
+    from euler.model.transformer import Model, make_targets
+
+    ck = ckpt.load(_checkpoint(tmp_path / "r.safetensors", random=True))
+    text = "The cat sat on the mat, and the dog ran to the river."
+    stream = np.array([TOK.eot_id, *TOK.encode(text).tolist()], np.int32)
+    row = evaluate_text(ck, [Stream("s", [stream], len(text), 1)], CpuBackend())["overall"]
+    K, n = ck.cfg.n_mtp, len(stream) - 1
+    model = Model(ck.cfg, CpuBackend(), flat_params=ck.params)
+    window = stream[None, :]
+    targets = make_targets(window, n, K, np.ones_like(window, np.uint8))  # (K, 1, n)
+    model.forward(window[:, :n], targets, need_grad=False)
+    losses = model.acts.losses.reshape(K, n).astype(np.float64)
+    per_head = [losses[k][targets[k, 0] >= 0].mean() for k in range(K)]
+    assert row["nats_per_token"] == pytest.approx(per_head[0], rel=1e-5)
+    assert row["nats_per_token_mtp_mean"] == pytest.approx(np.mean(per_head), rel=1e-5)
+    assert row["nats_per_token_mtp_mean"] != pytest.approx(row["nats_per_token"], rel=1e-3)
 
 
 def test_prepared_folder_scores_its_val_split_as_its_text(tmp_path):
@@ -130,6 +159,7 @@ def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):
         monkeypatch,
         capsys,
         "eval",
+        "--checkpoint",
         str(loops),
         "--instructions",
         str(tmp_path / "i.json"),
@@ -151,6 +181,7 @@ def test_instruction_metrics_by_hand(tmp_path, monkeypatch, capsys):
         monkeypatch,
         capsys,
         "eval",
+        "--checkpoint",
         str(ends),
         "--instructions",
         str(tmp_path / "i.json"),

@@ -17,6 +17,10 @@ the expectation of the trainer's head-0 validation loss, whose windows start any
 which is nats per token / ln 2 x tokens per byte: the tokenizer's compression cancels, so
 models with different tokenizers compare. The separators are predicted and scored, their
 bytes not counted (a tokenizer-independent convention: one boundary per document).
+
+Beside that headline, labelled as such: the mean over the MTP heads of each head's loss
+per token in the same windows (head k predicting the token k + 1 places ahead, within its
+window), the counterpart of the trainer's objective.
 """
 
 from __future__ import annotations
@@ -131,28 +135,29 @@ def window_starts(n_tokens: int, T: int) -> range:
 
 def score_stream(
     model, stream: np.ndarray, T: int, on_batch: Callable[[int], None] | None = None
-) -> tuple[float, int]:
-    """(sum of head-0 cross-entropies in nats, number of predicted tokens) of one stream,
-    in windows of T + 1 tokens at stride T, EVAL_BATCH windows per forward of `model`;
-    on_batch(windows) after each forward."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per head k: (sum of its cross-entropies in nats, number of tokens it predicted), two
+    (K,) arrays, over one stream in windows of T + 1 tokens at stride T, EVAL_BATCH windows
+    per forward of `model`; on_batch(windows) after each forward. Head 0 (next token)
+    predicts every token after the first once; head k the tokens k + 1 places ahead within
+    a window."""
     from euler.model.transformer import make_targets
 
     B, K = EVAL_BATCH, model.cfg.n_mtp
     starts = list(window_starts(len(stream), T))
-    total, count = 0.0, 0
+    total, count = np.zeros(K), np.zeros(K, np.int64)
     for i in range(0, len(starts), B):
         window = np.zeros((B, T + 1), dtype=np.int32)
         valid = np.zeros((B, T + 1), dtype=np.uint8)
         for b, s in enumerate(starts[i : i + B]):
             piece = stream[s : s + T + 1]
             window[b, : len(piece)], valid[b, : len(piece)] = piece, 1
-        targets = make_targets(window, T, K, valid)
-        targets[1:] = -1  # head 0 alone: the language model's loss
+        targets = make_targets(window, T, K, valid)  # (K, B, T)
         model.forward(window[:, :T], targets, need_grad=False)
-        losses = model.be.to_host(model.acts.losses)[0].astype(np.float64).reshape(B, T)
-        keep = targets[0] >= 0
-        total += float(losses[keep].sum())
-        count += int(keep.sum())
+        losses = model.be.to_host(model.acts.losses).astype(np.float64).reshape(K, B, T)
+        keep = targets >= 0
+        total += np.where(keep, losses, 0.0).sum(axis=(1, 2))
+        count += keep.sum(axis=(1, 2))
         if on_batch:
             on_batch(len(starts[i : i + B]))
     return total, count
@@ -187,9 +192,10 @@ def evaluate_text(
 
     T = ck.cfg.context
     model = Model(ck.cfg, backend, flat_params=ck.params, precision=precision)
-    rows, nats, tokens, n_bytes = [], 0.0, 0, 0
+    K = ck.cfg.n_mtp
+    rows, nats, tokens, n_bytes = [], np.zeros(K), np.zeros(K, np.int64), 0
     for src in sources:
-        s_nats, s_tokens = 0.0, 0
+        s_nats, s_tokens = np.zeros(K), np.zeros(K, np.int64)
         for stream in src.streams:
             a, b = score_stream(model, stream, T, on_batch)
             s_nats, s_tokens = s_nats + a, s_tokens + b
@@ -198,21 +204,28 @@ def evaluate_text(
     return {
         "checkpoint": str(ck.path),
         "context": T,
+        "mtp_heads": K,
         "rule": "documents after <|endoftext|>, concatenated per source; windows of T + 1 "
-        "tokens at stride T; head 0; bits per byte = nats / ln 2 / UTF-8 bytes",
+        "tokens at stride T; head 0 (next token); bits per byte = nats / ln 2 / UTF-8 bytes; "
+        "beside it the mean over the MTP heads of each head's nats per token",
         "sources": rows,
         "overall": _row("overall", nats, tokens, n_bytes, sum(s.documents for s in sources)),
     }
 
 
-def _row(name: str, nats: float, tokens: int, n_bytes: int, documents: int) -> dict:
-    """One table row: loss per token, tokens per byte and bits per byte."""
+def _row(name: str, nats: np.ndarray, tokens: np.ndarray, n_bytes: int, documents: int) -> dict:
+    """One table row from per-head sums (K,): head 0's loss per token, tokens per byte and
+    bits per byte (the headline); the MTP heads' mean loss per token beside them (heads
+    that predicted nothing, in a source shorter than their reach, left out)."""
+    per_head = [float(n / t) for n, t in zip(nats, tokens, strict=True) if t]
+    head0, t0 = float(nats[0]), int(tokens[0])
     return {
         "source": name,
         "documents": documents,
-        "tokens": tokens,
+        "tokens": t0,
         "bytes": n_bytes,
-        "nats_per_token": nats / tokens if tokens else float("nan"),
-        "tokens_per_byte": tokens / n_bytes if n_bytes else float("nan"),
-        "bits_per_byte": nats / math.log(2) / n_bytes if n_bytes else float("nan"),
+        "nats_per_token": head0 / t0 if t0 else float("nan"),
+        "tokens_per_byte": t0 / n_bytes if n_bytes else float("nan"),
+        "bits_per_byte": head0 / math.log(2) / n_bytes if n_bytes else float("nan"),
+        "nats_per_token_mtp_mean": float(np.mean(per_head)) if per_head else float("nan"),
     }
