@@ -9,9 +9,10 @@ launches intercepted), so each kernel is compiled for exactly the argument types
 launcher passes, as CI does. A kernel's key is `name(argument types)#k`, k counting the
 kernels of that key in launch order (a factory's kernels share a name). The JSON maps key ->
 sha256 of the PTX with its header comments dropped (they name the compiler build) and its
-mangled symbols numbered in order of appearance (they name the defining module, so a kernel
-moved between files keeps its hash), and where a CUDA toolkit's `ptxas` is on PATH, its
-registers and spills (bench/ptx_registers.py).
+mangled symbols and shared arrays numbered in order of appearance (they name the defining
+module, or a count of the process's compiles, so a kernel moved between files keeps its
+hash), and where a CUDA toolkit's `ptxas` is on PATH, its registers and spills
+(bench/ptx_registers.py).
 `--compare` lists the keys identical, changed and only on one side; run it from either tree.
 """
 
@@ -27,11 +28,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path.cwd()
-MANGLED = re.compile(r"_Z[A-Za-z0-9_$]+")
+MANGLED = re.compile(r"_Z[A-Za-z0-9_$]+|_cudapy_smem_\d+")  # symbols named by module or counter
 
 
-def fingerprints() -> dict[str, dict[str, str]]:
-    """key -> {"sha256": ..., "ptxas": ...} of every kernel tests/test_gpu_ptx.py launches."""
+def fingerprints(dump: Path | None = None) -> dict[str, dict[str, str]]:
+    """key -> {"sha256": ..., "ptxas": ...} of every kernel tests/test_gpu_ptx.py launches;
+    with dump, each normalized PTX is written there too (name#k.ptx), to diff two trees'."""
     sys.path.insert(0, str(ROOT))
     import numba
     import numba.cuda.dispatcher as dispatcher
@@ -55,7 +57,11 @@ def fingerprints() -> dict[str, dict[str, str]]:
         base = f"{f.__name__}({', '.join(map(str, sig))})"
         k = sum(key.startswith(base + "#") for key in out)
         ptx, _ = cuda.compile_ptx(f, sig, cc=(9, 0))
-        entry = {"sha256": hashlib.sha256(normalized(ptx).encode()).hexdigest()}
+        text = normalized(ptx)
+        entry = {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / f"{f.__name__}#{len(out)}.ptx").write_text(text)
         entry["ptxas"] = ptxas_report(ptx)
         out[f"{base}#{k}"] = entry
         print(f"{base}#{k} {entry['sha256'][:12]} {entry['ptxas']}", flush=True)
@@ -96,6 +102,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="write this tree's fingerprints here")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     p.add_argument("--json", type=Path, help="with --compare: write the comparison here")
+    p.add_argument("--dump", type=Path, help="also write each kernel's normalized PTX here")
     a = p.parse_args()
     if a.compare:
         try:
@@ -115,7 +122,7 @@ def main() -> None:
         sys.exit("ptx_identity: compiles real PTX; unset NUMBA_ENABLE_CUDASIM")
     if a.out is None:
         sys.exit("ptx_identity: give --out FILE or --compare BEFORE AFTER")
-    _write(a.out, fingerprints())
+    _write(a.out, fingerprints(a.dump))
 
 
 if __name__ == "__main__":

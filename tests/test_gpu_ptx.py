@@ -108,7 +108,7 @@ def _launches(monkeypatch) -> list[tuple[object, tuple]]:
         swiglu.swiglu_backward(bf16(N, 2 * d), bf16(N, d), bf16(N, 2 * d))
         embedding.embedding_backward(f32(V, d), bf16(N, d), tokens, True)
     rope.rope_forward(f32(B, T, 8 * 6), f32(T, 3), f32(T, 3), 4, 2, 6)  # 3 pairs: scalar path
-    # 16-byte pieces, but a row's heads outgrow 4 threads: the looping kernel
+    # 16-byte pieces, but a row's heads outgrow 4 threads: the generic kernel
     rope.rope_forward(f32(B, T, 8 * 16), f32(T, 8), f32(T, 8), 4, 2, 16, threads=4)
     transpose.transpose(f32(D, N), f32(N, D))
     cross_entropy.cross_entropy_forward(f32(N), f32(N, V), tokens)

@@ -407,12 +407,11 @@ else:
         (tests/backward_twins.py), within float32 rounding of a few short sums."""
         check(gpu, np.random.default_rng(8), np.float32, TWIN_SIZES[sizes], 1e-4, 1e-5)
 
-    @pytest.mark.parametrize("threads", [24, 8, 4], ids=["rows", "vector", "vector-2d"])
+    @pytest.mark.parametrize("threads", [24, 8, 4], ids=["rows", "generic", "generic-2d"])
     def test_rope_schedules(threads) -> None:
-        """rope's 16-byte schedules give rope_kernel's bits: blocks over whole rows (24
-        threads: blocks (2, 6, 2), 2 rows of 6 heads, the last of 4 blocks half full), and
-        the looping kernel where a row's heads outgrow the block (8 threads: blocks (2, 4);
-        4: (2, 2))."""
+        """rope's 16-byte kernel gives rope_kernel's bits: blocks over whole rows (24
+        threads: blocks (2, 6, 2), 2 rows of 6 heads, the last of 4 blocks half full); where
+        a row's heads outgrow the block (8 threads, 4) the generic kernel takes it."""
         from numba import cuda
 
         from euler.gpu import rope

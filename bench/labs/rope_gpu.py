@@ -3,8 +3,9 @@
     python bench/labs/rope_gpu.py [--T 512,2048] [--out rope.json]
 
 A call rotates the q and k heads of qkv (B, T, (H + 2G) E) in place: B=32, H=12, G=4, E=64
-reads and writes 67 MB each at T=512. Blocks of rope.rope_vec_kernel are (E / 8, Y)
-threads, x over a head's 16-byte chunks of pairs and y over heads, one (b, t) row a block:
+reads and writes 67 MB each at T=512. Blocks of this lab's rope_vec_kernel (once the
+package's, where a row's heads outgrow a block) are (E / 8, Y) threads, x over a head's
+16-byte chunks of pairs and y over heads, one (b, t) row a block:
 - "threads 256": Y = 256 / (E / 8) = 32, where the 16 rotated heads leave half the warps
   idle;
 - "heads": Y = H + G, every thread busy;
@@ -34,6 +35,21 @@ HALF, HEADS, WIDTH = E // 2, H + G, (H + 2 * G) * E  # pairs a head, rotated hea
 
 
 @cuda.jit
+def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign):
+    """rope_kernel on flat views qkv (B T C,), cos, sin (context E/2,), each thread rotating
+    4 pairs per access (16-byte loads; E/2 % 4 == 0)."""
+    E = 2 * half
+    rows = qkv.shape[0] // C
+    row = cuda.blockIdx.x
+    while row < rows:
+        t = row - row // Tn * Tn
+        for i in range(4 * cuda.threadIdx.x, half, 4 * cuda.blockDim.x):
+            for h in range(cuda.threadIdx.y, n_qk_heads, cuda.blockDim.y):
+                rope.rotate4(qkv, row * C + h * E + i, half, cos, sin, (pos0 + t) * half + i, sign)
+        row += cuda.gridDim.x
+
+
+@cuda.jit
 def rope_rows2_kernel(qkv, cos, sin, C, Tn, half, heads, pos0, sign):
     """rope_vec_kernel with two rows a block: threads y >= heads take row 2 blockIdx.x + 1."""
     E = 2 * half
@@ -52,7 +68,7 @@ def calls(x, cos, sin, T: int, B: int, stream) -> dict:
     """Each block shape's call on x (B, T, WIDTH) in place, by name."""
     flat = (x.reshape(x.size), cos.reshape(cos.size), sin.reshape(sin.size))
     tail = (WIDTH, T, HALF, HEADS, 0, np.float32(1.0))
-    vec, n = rope.rope_vec_kernel, B * T
+    vec, n = rope_vec_kernel, B * T
     return {
         "threads 256": lambda: vec[n, (HALF // 4, 32), stream](*flat, *tail),
         "heads": lambda: vec[n, (HALF // 4, HEADS), stream](*flat, *tail),

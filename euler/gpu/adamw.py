@@ -89,12 +89,19 @@ def adamw_kernel(params, grads, m, v, stats, hyper, beta1, beta2, eps, wd, n_dec
     lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
     i = cuda.grid(1)
     while i < params.shape[0]:
-        p, mi, vi = _adamw_at(i, params[i], grads[i], m[i], v[i], gs, lr, beta1, beta2, eps,
-                              wd, n_decay, bc1, bc2, T)  # fmt: skip
-        params[i] = p
-        m[i] = mi
-        v[i] = vi
+        _adamw1(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T)
         i += cuda.gridsize(1)
+
+
+@cuda.jit(device=True)
+def _adamw1(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T):
+    """The step on parameter i; returns the new parameter."""
+    p, mi, vi = _adamw_at(i, params[i], grads[i], m[i], v[i], gs, lr, beta1, beta2, eps,
+                          wd, n_decay, bc1, bc2, T)  # fmt: skip
+    params[i] = p
+    m[i] = mi
+    v[i] = vi
+    return p
 
 
 @cuda.jit(device=True)
@@ -138,11 +145,7 @@ def adamw_lowp_kernel(lowp, params, grads, m, v, stats, hyper, beta1, beta2, eps
     lr, bc1, bc2 = T(hyper[0]), T(hyper[1]), T(hyper[2])
     i = cuda.grid(1)
     while i < params.shape[0]:
-        p, mi, vi = _adamw_at(i, params[i], grads[i], m[i], v[i], gs, lr, beta1, beta2, eps,
-                              wd, n_decay, bc1, bc2, T)  # fmt: skip
-        params[i] = p
-        m[i] = mi
-        v[i] = vi
+        p = _adamw1(params, grads, m, v, i, gs, lr, beta1, beta2, eps, wd, n_decay, bc1, bc2, T)
         lowp[i] = bf16_round(p)
         i += cuda.gridsize(1)
 

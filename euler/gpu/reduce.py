@@ -36,6 +36,18 @@ def warp_max(v):
 
 
 @cuda.jit(device=True)
+def _through_shared(v, buf, s, lo, hi, take_max):
+    """The simulator's reduction (it has no shuffles): every thread stores v in buf, then
+    folds buf[lo:hi] into s by + (or max); barriers before and after, so buf is free again."""
+    buf[cuda.threadIdx.x] = v
+    cuda.syncthreads()
+    for i in range(lo, hi):
+        s = max(s, buf[i]) if take_max else s + buf[i]
+    cuda.syncthreads()
+    return s
+
+
+@cuda.jit(device=True)
 def group_sum(v, buf, zero, width):
     """Sum of v over each aligned group of `width` lanes (a power of 2, at most 32),
     returned to its lanes; buf: shared (MAX_THREADS,) scratch.
@@ -44,14 +56,8 @@ def group_sum(v, buf, zero, width):
     (it has no shuffles) meets through shared memory at block barriers.
     """
     if SIMULATOR:
-        tid = cuda.threadIdx.x
-        buf[tid] = v
-        cuda.syncthreads()
-        s = zero
-        for i in range(tid - tid % width, tid - tid % width + width):
-            s += buf[i]
-        cuda.syncthreads()
-        return s
+        lo = cuda.threadIdx.x - cuda.threadIdx.x % width
+        return _through_shared(v, buf, zero, lo, lo + width, False)
     off = width // 2
     while off > 0:
         v += cuda.shfl_xor_sync(FULL_MASK, v, off)
@@ -70,14 +76,8 @@ def warp_max_all(v, buf, lowest):
     """Max of v over each warp, returned to its lanes; `lowest` is the identity (-inf).
     The same calling rule as group_sum."""
     if SIMULATOR:
-        tid = cuda.threadIdx.x
-        buf[tid] = v
-        cuda.syncthreads()
-        s = lowest
-        for i in range(tid - tid % WARP, tid - tid % WARP + WARP):
-            s = max(s, buf[i])
-        cuda.syncthreads()
-        return s
+        lo = cuda.threadIdx.x - cuda.threadIdx.x % WARP
+        return _through_shared(v, buf, lowest, lo, lo + WARP, True)
     return warp_max(v)
 
 
@@ -90,13 +90,7 @@ def block_sum(v, buf, zero):
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     if SIMULATOR:
-        buf[tid] = v
-        cuda.syncthreads()
-        s = zero
-        for i in range(n):
-            s += buf[i]
-        cuda.syncthreads()
-        return s
+        return _through_shared(v, buf, zero, 0, n, False)
     v = warp_sum(v)
     if tid % WARP == 0:
         buf[tid // WARP] = v
@@ -114,13 +108,7 @@ def block_max(v, buf, lowest):
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     if SIMULATOR:
-        buf[tid] = v
-        cuda.syncthreads()
-        s = lowest
-        for i in range(n):
-            s = max(s, buf[i])
-        cuda.syncthreads()
-        return s
+        return _through_shared(v, buf, lowest, 0, n, True)
     v = warp_max(v)
     if tid % WARP == 0:
         buf[tid // WARP] = v

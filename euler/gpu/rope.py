@@ -1,9 +1,16 @@
 """Rotary position embedding on the GPU, in place on the q and k parts of fused qkv.
 
+    kernel                   runs where
+    rope_rows_kernel         float32, E/2 % 4 == 0, 16-byte aligned, whole rows a block
+    rope_rows_bf16_kernel    bf16 (either direction), E/2 % 8 == 0, aligned, whole rows
+    rope_kernel              float32 anywhere else: the generic fallback
+    rope_bf16_kernel         bf16 anywhere else: the generic fallback of the bf16 pair
+
 Where E/2 % 4 == 0 and the buffers are 16-byte aligned (the presets), each thread rotates
-4 pairs per access (vector.py), in blocks that cover whole rows where they fit: a block's
-threads on whole rows' heads with no loops, so that no thread idles, where a block of one
-row whose threads loop over heads leaves half of them idle (bench/labs/rope_gpu.py).
+4 pairs per access (vector.py), in blocks that cover whole rows (every preset's rows fit):
+a block's threads on whole rows' heads with no loops, so that no thread idles, where a
+block of one row whose threads loop over heads leaves half of them idle
+(bench/labs/rope_gpu.py keeps that looping kernel).
 
 bf16 (--precision bf16): the forward rotates bf16 qkv in place; the backward reads the
 float32 dqkv (attention's backward adds dQ into it by float atomics) and writes the rotated
@@ -70,24 +77,11 @@ def rotate4(qkv, k, half, cos, sin, at, sign):
 
 
 @cuda.jit
-def rope_vec_kernel(qkv, cos, sin, C, Tn, half, n_qk_heads, pos0, sign):
-    """rope_kernel on flat views qkv (B T C,), cos, sin (context E/2,), each thread rotating
-    4 pairs per access (16-byte loads; E/2 % 4 == 0)."""
-    E = 2 * half
-    rows = qkv.shape[0] // C
-    row = cuda.blockIdx.x
-    while row < rows:
-        t = row - row // Tn * Tn
-        for i in range(4 * cuda.threadIdx.x, half, 4 * cuda.blockDim.x):
-            for h in range(cuda.threadIdx.y, n_qk_heads, cuda.blockDim.y):
-                rotate4(qkv, row * C + h * E + i, half, cos, sin, (pos0 + t) * half + i, sign)
-        row += cuda.gridDim.x
-
-
-@cuda.jit
 def rope_rows_kernel(qkv, cos, sin, C, Tn, half, pos0, sign):
-    """rope_vec_kernel without loops, for blocks (E / 8, heads, R) that cover R whole rows:
-    thread (x, y, z) rotates pairs 4x..4x+3 of head y of row R blockIdx.x + z."""
+    """rope_kernel on flat views qkv (B T C,), cos, sin (context E/2,), each thread rotating
+    4 pairs per access (16-byte loads; E/2 % 4 == 0), for blocks (E / 8, heads, R) that
+    cover R whole rows, with no loops: thread (x, y, z) rotates pairs 4x..4x+3 of head y of
+    row R blockIdx.x + z."""
     E = 2 * half
     row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
     if row < qkv.shape[0] // C:
@@ -212,10 +206,6 @@ def _rope(qkv, cos, sin, H, G, E, pos0, sign, stream, threads):
             rows = rope_rows_kernel[grid, (x, heads, per), stream]
             rows(*flat, C, Tn, half, pos0, sign)
             return
-        x = min(32, x)
-        block = (x, max(1, threads // x))
-        rope_vec_kernel[grid_for(B * Tn, 1), block, stream](*flat, C, Tn, half, heads, pos0, sign)
-        return
     x = min(32, half)
     block = (x, max(1, threads // x))
     rope_kernel[grid_for(B * Tn, 1), block, stream](qkv, cos, sin, heads, pos0, sign)

@@ -1,14 +1,18 @@
 """SwiGLU activation on the GPU over the fused gate|up projection output.
 
+    kernel (forward / backward)        runs where
+    swiglu_*_vec_kernel                float32, F % 4 == 0, 16-byte aligned (every preset)
+    swiglu_*_vec_bf16_kernel           bf16, F % 8 == 0, 16-byte aligned (every preset)
+    swiglu_*_kernel                    anything else, float32 or bf16: the generic fallback
+
 A block walks whole rows (columns by thread), so no thread divides its flat index by F:
 a 64-bit integer division per element cost more than the element's memory traffic. Where
 F % 4 == 0 and the buffers are 16-byte aligned (always, at the presets), each thread moves
 4 columns per access (vector.py).
 
-Under bf16 (euler.precision) gu, h, dh and dgu are all bf16 (uint16 bits): the bf16
-kernels widen each value where read, compute in float32 through the same layer_math
-helpers and round once where stored; where F % 8 == 0 (the presets) each thread moves 8
-columns, 16 bytes, per access.
+Under bf16 (euler.precision) gu, h, dh and dgu are all bf16 (uint16 bits): the kernels
+widen each value where read, compute in float32 through the same layer_math helpers and
+round once where stored; the bf16 16-byte kernels move 8 columns a thread and access.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from numba import cuda, float32
 
 from euler.backend import check_shapes
+from euler.gpu.bf16 import stored, widen
 from euler.gpu.memory import THREADS, grid_for
 from euler.gpu.vector import (
     aligned4,
@@ -26,7 +31,7 @@ from euler.gpu.vector import (
     store4,
     store8_bf16,
 )
-from euler.layer_math import bf16_round, bf16_widen, swiglu_backward_scalar, swiglu_forward_scalar
+from euler.layer_math import swiglu_backward_scalar, swiglu_forward_scalar
 from euler.precision import BF16, is_bf16
 
 # threads a block of the 16-byte bf16 kernels, at most: a thread moves 8 columns, so a row
@@ -37,13 +42,14 @@ BF16_THREADS = 64
 
 @cuda.jit
 def swiglu_forward_kernel(h, gu):
-    """h (N, F) = silu(gu[:, :F]) * gu[:, F:]; a block per row, rows strided over the grid."""
+    """h (N, F) = silu(gu[:, :F]) * gu[:, F:]; a block per row, rows strided over the grid.
+    h, gu float32 or bf16 (bf16.widen, bf16.stored), the arithmetic float32."""
     N, F = h.shape
-    T = h.dtype.type
     n = cuda.blockIdx.x
     while n < N:
         for f in range(cuda.threadIdx.x, F, cuda.blockDim.x):
-            h[n, f] = swiglu_forward_scalar(gu[n, f], gu[n, F + f], T)
+            g, u = widen(gu[n, f]), widen(gu[n, F + f])
+            h[n, f] = stored(h, swiglu_forward_scalar(g, u, float32))
         n += cuda.gridDim.x
 
 
@@ -67,20 +73,8 @@ def swiglu_forward_vec_kernel(h, gu, F):
 
 
 @cuda.jit
-def swiglu_forward_bf16_kernel(h, gu):
-    """swiglu_forward_kernel on bf16 h (N, F), gu (N, 2F)."""
-    N, F = h.shape
-    n = cuda.blockIdx.x
-    while n < N:
-        for f in range(cuda.threadIdx.x, F, cuda.blockDim.x):
-            g, u = bf16_widen(gu[n, f]), bf16_widen(gu[n, F + f])
-            h[n, f] = bf16_round(swiglu_forward_scalar(g, u, float32))
-        n += cuda.gridDim.x
-
-
-@cuda.jit
 def swiglu_forward_vec_bf16_kernel(h, gu, F):
-    """swiglu_forward_bf16_kernel on flat views h (N F,), gu (N 2F,), 8 columns per thread
+    """swiglu_forward_kernel in bf16 on flat views h (N F,), gu (N 2F,), 8 columns per thread
     and step (16-byte accesses; F % 8 == 0)."""
     N = h.shape[0] // F
     T = float32
@@ -110,10 +104,8 @@ def swiglu_forward(h, gu, stream=0, threads: int = THREADS) -> None:
             flat = h.reshape(h.size), gu.reshape(gu.size)
             block = min(threads, BF16_THREADS)
             swiglu_forward_vec_bf16_kernel[grid_for(N, 1), block, stream](*flat, F)
-        else:
-            swiglu_forward_bf16_kernel[grid_for(N, 1), threads, stream](h, gu)
-        return
-    if F % 4 == 0 and aligned4(h, gu):
+            return
+    elif F % 4 == 0 and aligned4(h, gu):
         flat = h.reshape(h.size), gu.reshape(gu.size)
         swiglu_forward_vec_kernel[grid_for(N, 1), threads, stream](*flat, F)
         return
@@ -122,15 +114,16 @@ def swiglu_forward(h, gu, stream=0, threads: int = THREADS) -> None:
 
 @cuda.jit
 def swiglu_backward_kernel(dgu, dh, gu):
-    """dgu (N, 2F) from dh (N, F) and gu (N, 2F); a block per row, rows strided over the grid."""
+    """dgu (N, 2F) from dh (N, F) and gu (N, 2F); a block per row, rows strided over the grid.
+    All float32 or all bf16 (bf16.widen, bf16.stored), the arithmetic float32."""
     N, F = dh.shape
-    T = dh.dtype.type
     n = cuda.blockIdx.x
     while n < N:
         for f in range(cuda.threadIdx.x, F, cuda.blockDim.x):
-            dg, du = swiglu_backward_scalar(gu[n, f], gu[n, F + f], dh[n, f], T)
-            dgu[n, f] = dg
-            dgu[n, F + f] = du
+            g, u, d = widen(gu[n, f]), widen(gu[n, F + f]), widen(dh[n, f])
+            dg, du = swiglu_backward_scalar(g, u, d, float32)
+            dgu[n, f] = stored(dgu, dg)
+            dgu[n, F + f] = stored(dgu, du)
         n += cuda.gridDim.x
 
 
@@ -156,22 +149,8 @@ def swiglu_backward_vec_kernel(dgu, dh, gu, F):
 
 
 @cuda.jit
-def swiglu_backward_bf16_kernel(dgu, dh, gu):
-    """swiglu_backward_kernel on bf16 dgu (N, 2F), dh (N, F), gu (N, 2F)."""
-    N, F = dh.shape
-    n = cuda.blockIdx.x
-    while n < N:
-        for f in range(cuda.threadIdx.x, F, cuda.blockDim.x):
-            g, u, d = bf16_widen(gu[n, f]), bf16_widen(gu[n, F + f]), bf16_widen(dh[n, f])
-            dg, du = swiglu_backward_scalar(g, u, d, float32)
-            dgu[n, f] = bf16_round(dg)
-            dgu[n, F + f] = bf16_round(du)
-        n += cuda.gridDim.x
-
-
-@cuda.jit
 def swiglu_backward_vec_bf16_kernel(dgu, dh, gu, F):
-    """swiglu_backward_bf16_kernel on flat views dgu, gu (N 2F,), dh (N F,), 8 columns per
+    """swiglu_backward_kernel in bf16 on flat views dgu, gu (N 2F,), dh (N F,), 8 columns per
     thread and step (16-byte accesses; F % 8 == 0)."""
     N = dh.shape[0] // F
     T = float32
@@ -205,10 +184,8 @@ def swiglu_backward(dgu, dh, gu, stream=0, threads: int = THREADS) -> None:
             flat = dgu.reshape(dgu.size), dh.reshape(dh.size), gu.reshape(gu.size)
             block = min(threads, BF16_THREADS)
             swiglu_backward_vec_bf16_kernel[grid_for(N, 1), block, stream](*flat, F)
-        else:
-            swiglu_backward_bf16_kernel[grid_for(N, 1), threads, stream](dgu, dh, gu)
-        return
-    if F % 4 == 0 and aligned4(dgu, dh, gu):
+            return
+    elif F % 4 == 0 and aligned4(dgu, dh, gu):
         flat = dgu.reshape(dgu.size), dh.reshape(dh.size), gu.reshape(gu.size)
         swiglu_backward_vec_kernel[grid_for(N, 1), threads, stream](*flat, F)
         return
