@@ -1,5 +1,13 @@
 """AdamW, the global gradient norm and clipping on the GPU, with no host synchronisation.
 
+    kernel                      runs where
+    grad_sumsq_kernel, then     the norm: per-block float64 sums of squares (NORM_BLOCKS_PER_SM
+    norm_and_scale_kernel       blocks a multiprocessor), then the norm and clip factor
+    adamw_vec_kernel            float32 run, P % 4 == 0, 16-byte aligned (every preset)
+    adamw_lowp_vec_kernel       bf16 run (bf16 weight copies written too), the same condition
+    adamw_kernel                float32 anywhere else: the generic fallback
+    adamw_lowp_kernel           bf16 anywhere else: the generic fallback of the bf16 run
+
 The norm is reduced on the device into a float64 scalar, the clip factor is computed from
 it on the device (with layer_math's `clip_scale`, which the CPU engine uses too), and the
 update kernel reads that factor from device memory: the host never waits for the norm.

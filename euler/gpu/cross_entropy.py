@@ -1,5 +1,11 @@
 """Fused softmax cross-entropy on the GPU: one block per row, block max and sum reductions.
 
+    kernel                                        runs where
+    cross_entropy_forward[_backward]_kernel       float32 logits, any V
+    cross_entropy_forward[_backward]_bf16_kernel  bf16 logits, 16-byte pieces where V % 8 == 0
+                                                  and aligned (a flag), else one at a time
+    loss_sum_kernel                               the heads' loss sum into one float64
+
 The row's logits are read three times (max, sum of exponentials, gradient); a row of
 V = 4096 floats is 16 KB and stays in L1/L2 between the passes. The loss sum over the K
 heads is reduced on the device into a 1-element buffer, so reading it is the only wait.

@@ -1,5 +1,10 @@
 """Token embedding on the GPU: a row gather forward, an atomic scatter-add backward.
 
+    kernel                              runs where
+    embedding_forward_kernel            the forward (wte and x float32)
+    embedding_backward_vec_bf16_kernel  bf16 dx, D % 8 == 0, 16-byte aligned (every preset)
+    embedding_backward_kernel           float32 dx, or bf16 anywhere else: the generic one
+
 The backward adds each token's gradient row into its embedding row with atomics: the
 order of additions into a row shared by repeated tokens varies, so dwte agrees with the
 CPU to float32 rounding, not bit for bit.

@@ -1,4 +1,11 @@
-"""Residual add on the GPU (its backward is the identity, folded into RMSNorm's backward)."""
+"""Residual add on the GPU (its backward is the identity, folded into RMSNorm's backward).
+
+Both kernels take flat views; the 16-byte one moves 4 floats a thread and access (vector.py).
+
+    kernel                       runs where
+    residual_forward_vec_kernel  float32, 16-byte aligned, size % 4 == 0 (every preset)
+    residual_forward_kernel      anywhere else: the generic fallback
+"""
 
 from __future__ import annotations
 
