@@ -23,6 +23,10 @@ def test_options_refuse_bad_fields_and_feed_the_tensor_core_attention() -> None:
             GpuOptions(**{field: bad})
     tc = GpuOptions(tc_prep_span=3).tc_options(64, bf16=True)
     assert (tc.head_size, tc.prep_span, tc.bf16) == (64, 3, True)
+    from euler.gpu.attention_tc import TcOptions
+
+    # the defaults are the launchers' own: the same compiled kernels (TcOptions is their key)
+    assert GpuOptions().tc_options(64, bf16=False) == TcOptions(64)
 
 
 def _info(backend: dict | None) -> RunInfo:
