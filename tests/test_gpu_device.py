@@ -210,8 +210,11 @@ def test_layer(check) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("E", [32, 64, 128])
+@pytest.mark.parametrize("E", [32, 40, 64, 128])
 def test_attention_head_sizes(E) -> None:
+    """The readable exact kernels (attention.py) against the CPU kernel on the GPU, grouped
+    heads, several row blocks, at head sizes of the presets, one that is not a multiple of 8
+    and one (128) that runs on smaller tiles."""
     sizes = SimpleNamespace(B=2, T=130, H=4, G=2, E=E)
     check_attention(CpuBackend(), _gpu_backend(), np.random.default_rng(E), sizes)
 

@@ -427,9 +427,8 @@ else:
         assert not np.array_equal(want.copy_to_host(), x)
         np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
-    # the gpu preset's head size (64: tiles of 32 keys under blocks of 64 rows) costs a
-    # minute or more here: -m slow runs it; the GPU suite runs it on the hardware
-    # (test_attention_head_sizes)
+    # the gpu preset's head size (64: tiles of 16 keys under blocks of 64 rows) runs with
+    # -m slow, the GPU suite's on the hardware (test_attention_head_sizes)
     @pytest.mark.parametrize("E, H", [(8, 1), (5, 2), pytest.param(64, 2, marks=pytest.mark.slow)])
     def test_attention_readable_default_tiles(E, H) -> None:
         """The readable kernels (attention.py) at their own tiles (tile=0: 64 rows a block),

@@ -4,17 +4,21 @@ This file is the GPU twin of euler/cpu/attention.py: the same math (layer_math's
 `online_softmax_rescale`, `exp_`, `softmax_grad`) called in the same order, scheduled for
 a GPU block instead of a CPU thread. It runs for `--exact-attention` and `--precision fp32`
 (GpuBackend with tf32=False or tc_attention=False) and for any head size the tensor-core
-kernels (attention_tc/) do not take. Any head size E whose tiles fit 48 KB of shared
-memory (E up to about 250 at the smallest tiles) runs; E is a compile-time constant, so
-the kernels are built per (E, tile sizes).
+kernels (attention_tc/) do not take. Any head size E up to 383 runs (its tiles must fit
+48 KB of shared memory); E is a compile-time constant, so the kernels are built per
+(E, tile sizes).
 
-Schedule. A block owns ROWS consecutive rows, one a thread: query rows in the forward and
-in dQ, key rows in dK, dV. The other operand streams through shared memory in tiles of
-KEYS rows, each copied once by the whole block (consecutive threads read consecutive
-elements: coalesced) and then read by every thread at the same address (a broadcast, no
-bank conflict). A thread's own row is staged the same way through `stage`, padded to
-E + 1 floats a row so that 32 threads reading their own rows hit 32 banks, and the results
-leave through it too. The backward needs no atomics: dQ by query rows (which also saves
+Schedule. A block owns R (64) consecutive rows, one a thread: query rows in the forward
+and in dQ, key rows in dK, dV. The other operand streams through shared memory in tiles of
+K rows (`tiles`), each copied once by the whole block (consecutive threads read
+consecutive elements: coalesced) and then read by every thread at the same address (a
+broadcast, no bank conflict). The block's own rows come the same way into (R, E + 1)
+shared arrays, padded so that 32 threads reading their own rows hit 32 banks, and the
+results leave through them. The forward holds its q row in registers; the backward kernels
+leave their own rows (Q and dO; K and V) in shared memory, which keeps only the gradient
+accumulators in registers: at E = 64 ptxas gives the three kernels 170, 128 and 219
+registers and no spills (bench/ptx_registers.py --kernels readable). The backward needs no
+atomics: dQ by query rows (which also saves
 D = rowsum(dO O)), then dK, dV by key rows, visiting the query rows of every query head of
 its kv head. No T x T matrix is ever stored: the backward recomputes P from the logsumexp.
 
@@ -41,7 +45,7 @@ tid: the GPU thread's row, jj: a key of the tile):
 
 | CPU `attention_backward`                 | GPU                                          |
 |------------------------------------------|----------------------------------------------|
-| `d += dob[r, e] * out[b, i, qo + e]`     | dq kernel: `di += do[e] * stage[tid, e]`     |
+| `d += dob[r, e] * out[b, i, qo + e]`     | dq kernel: `di += dost[tid, e] * qst[tid, e]` |
 | `_scores8` twice: S, dP = dO V^T         | both kernels: `sdot`, `dp`                   |
 | `p = exp_(s[r, j] * scale - li[r])`      | both: `p = exp_(sdot * scale - li)`          |
 | `softmax_grad(p, dp[r, j], di[r]) * scale` | both: `softmax_grad(p, dp, di) * scale`    |
@@ -76,9 +80,9 @@ _SHARED_RAISED: set = set()  # (kernel, signature) whose dynamic shared limit is
 
 
 def shared_bytes(E: int, rows: int, keys: int) -> int:
-    """Shared memory of the largest kernel (dK, dV): the padded (rows, E + 1) stage, two
-    (keys, E) tiles and two (keys,) rows of statistics, float32."""
-    return 4 * (rows * (E + 1) + 2 * keys * E + 2 * keys)
+    """Shared memory of the largest kernel (dK, dV): two padded (rows, E + 1) arrays of the
+    block's own rows, two (keys, E) tiles and two (keys,) rows of statistics, float32."""
+    return 4 * (2 * rows * (E + 1) + 2 * keys * E + 2 * keys)
 
 
 def tiles(E: int) -> tuple[int, int]:
@@ -183,11 +187,12 @@ def _build(E: int, R: int, K: int):
         grid (T / R, B H), R threads, query row i0 + tid each."""
         Tn = qkv.shape[1]
         T = qkv.dtype.type
-        stage = cuda.shared.array((R, PAD), float32)
+        # the block's Q and dO rows stay in shared memory (a thread reads its own row, free
+        # of bank conflicts): in registers beside dQ they would spill
+        qst = cuda.shared.array((R, PAD), float32)
+        dost = cuda.shared.array((R, PAD), float32)
         ks = cuda.shared.array((K, E), float32)
         vs = cuda.shared.array((K, E), float32)
-        q = cuda.local.array(E, float32)
-        do = cuda.local.array(E, float32)
         dq = cuda.local.array(E, float32)
         b, h = cuda.blockIdx.y // H, cuda.blockIdx.y % H
         qo = h * E
@@ -196,28 +201,21 @@ def _build(E: int, R: int, K: int):
         tid = cuda.threadIdx.x
         i0 = cuda.blockIdx.x * R
         i = i0 + tid
-        load_tile(stage, qkv, b, i0, qo, Tn, R)
-        cuda.syncthreads()
-        for e in range(E):
-            q[e] = stage[tid, e]
-        cuda.syncthreads()
-        load_tile(stage, dout, b, i0, qo, Tn, R)
-        cuda.syncthreads()
-        for e in range(E):
-            do[e] = stage[tid, e]
-            dq[e] = T(0.0)
-        cuda.syncthreads()
-        load_tile(stage, out, b, i0, qo, Tn, R)
+        load_tile(qst, out, b, i0, qo, Tn, R)  # O, which only D needs, before Q
+        load_tile(dost, dout, b, i0, qo, Tn, R)
         cuda.syncthreads()
         di = T(0.0)
         for e in range(E):
-            di += do[e] * stage[tid, e]
+            di += dost[tid, e] * qst[tid, e]
+            dq[e] = T(0.0)
+        cuda.syncthreads()
+        load_tile(qst, qkv, b, i0, qo, Tn, R)  # the loop's first barrier precedes its reads
         li = T(0.0)
         if i < Tn:
             li = lse[b, h, i]
             dsum[b, h, i] = di
         for j0 in range(0, min(i0 + R, Tn), K):
-            cuda.syncthreads()  # every thread is done with stage, or the previous tiles
+            cuda.syncthreads()  # every thread is done with the previous K, V tiles
             load_tile(ks, qkv, b, j0, ko, Tn, K)
             load_tile(vs, qkv, b, j0, vo, Tn, K)
             cuda.syncthreads()
@@ -226,17 +224,17 @@ def _build(E: int, R: int, K: int):
                 sdot = T(0.0)
                 dp = T(0.0)
                 for e in range(E):  # S = Q K^T and dP = dO V^T, this row's part
-                    sdot += q[e] * ks[jj, e]
-                    dp += do[e] * vs[jj, e]
+                    sdot += qst[tid, e] * ks[jj, e]
+                    dp += dost[tid, e] * vs[jj, e]
                 p = exp_(sdot * scale - li)
                 ds = softmax_grad(p, dp, di) * scale
                 for e in range(E):  # dQ += dS K
                     dq[e] += ds * ks[jj, e]
-        cuda.syncthreads()
+        cuda.syncthreads()  # Q is read: dQ leaves through its array
         for e in range(E):
-            stage[tid, e] = dq[e]
+            qst[tid, e] = dq[e]
         cuda.syncthreads()
-        store_tile(dqkv, stage, b, i0, qo, Tn)
+        store_tile(dqkv, qst, b, i0, qo, Tn)
 
     @cuda.jit
     def backward_dkv_kernel(dqkv, dsum, dout, qkv, lse, H, G, scale):
@@ -244,13 +242,14 @@ def _build(E: int, R: int, K: int):
         grid (T / R, B G), R threads, key row j0 + tid each, over every head of its group."""
         Tn = qkv.shape[1]
         T = qkv.dtype.type
-        stage = cuda.shared.array((R, PAD), float32)
+        # the block's K and V rows stay in shared memory (a thread reads its own row, free
+        # of bank conflicts): in registers beside dK and dV they would spill
+        kst = cuda.shared.array((R, PAD), float32)
+        vst = cuda.shared.array((R, PAD), float32)
         qs = cuda.shared.array((K, E), float32)
         dos = cuda.shared.array((K, E), float32)
         ls = cuda.shared.array(K, float32)
         ds_ = cuda.shared.array(K, float32)
-        k = cuda.local.array(E, float32)
-        v = cuda.local.array(E, float32)
         dk = cuda.local.array(E, float32)
         dv = cuda.local.array(E, float32)
         rep = H // G
@@ -260,15 +259,9 @@ def _build(E: int, R: int, K: int):
         tid = cuda.threadIdx.x
         j0 = cuda.blockIdx.x * R
         j = j0 + tid
-        load_tile(stage, qkv, b, j0, ko, Tn, R)
-        cuda.syncthreads()
+        load_tile(kst, qkv, b, j0, ko, Tn, R)
+        load_tile(vst, qkv, b, j0, vo, Tn, R)
         for e in range(E):
-            k[e] = stage[tid, e]
-        cuda.syncthreads()
-        load_tile(stage, qkv, b, j0, vo, Tn, R)
-        cuda.syncthreads()
-        for e in range(E):
-            v[e] = stage[tid, e]
             dk[e] = T(0.0)
             dv[e] = T(0.0)
         for hh in range(rep):
@@ -288,19 +281,20 @@ def _build(E: int, R: int, K: int):
                         sdot = T(0.0)
                         dp = T(0.0)
                         for e in range(E):  # S = Q K^T and dP = dO V^T, this key's part
-                            sdot += qs[ii, e] * k[e]
-                            dp += dos[ii, e] * v[e]
+                            sdot += qs[ii, e] * kst[tid, e]
+                            dp += dos[ii, e] * vst[tid, e]
                         p = exp_(sdot * scale - ls[ii])
                         ds = softmax_grad(p, dp, ds_[ii]) * scale
                         for e in range(E):  # dK += dS^T Q, dV += P^T dO
                             dk[e] += ds * qs[ii, e]
                             dv[e] += p * dos[ii, e]
-        for col, grad in ((ko, dk), (vo, dv)):
-            cuda.syncthreads()
-            for e in range(E):
-                stage[tid, e] = grad[e]
-            cuda.syncthreads()
-            store_tile(dqkv, stage, b, j0, col, Tn)
+        cuda.syncthreads()  # K and V are read: dK and dV leave through their arrays
+        for e in range(E):
+            kst[tid, e] = dk[e]
+            vst[tid, e] = dv[e]
+        cuda.syncthreads()
+        store_tile(dqkv, kst, b, j0, ko, Tn)
+        store_tile(dqkv, vst, b, j0, vo, Tn)
 
     return forward_kernel, backward_dq_kernel, backward_dkv_kernel
 
