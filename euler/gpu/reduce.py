@@ -2,7 +2,11 @@
 
 The CUDA simulator has no warp shuffles, so under NUMBA_ENABLE_CUDASIM=1 the same device
 functions reduce through shared memory instead (a global constant picks the path, so the
-compiled kernels carry only the shuffle path's cost). Block sizes must be multiples of 32.
+compiled kernels carry only the shuffle path's cost). The constant is read at import, as
+numba.cuda itself is chosen then (the simulator replaces the module; the variable must be
+set before numba.cuda is imported), so it cannot disagree with the kernels' numba.cuda;
+host code that depends on the simulator reads numba.config.ENABLE_CUDASIM when it runs
+(GpuBackend). Block sizes must be multiples of 32.
 """
 
 from __future__ import annotations
