@@ -18,9 +18,9 @@ results leave through them. The forward holds its q row in registers; the backwa
 leave their own rows (Q and dO; K and V) in shared memory, which keeps only the gradient
 accumulators in registers: at E = 64 ptxas gives the three kernels 170, 128 and 219
 registers and no spills (bench/ptx_registers.py --kernels readable). The backward needs no
-atomics: dQ by query rows (which also saves
-D = rowsum(dO O)), then dK, dV by key rows, visiting the query rows of every query head of
-its kv head. No T x T matrix is ever stored: the backward recomputes P from the logsumexp.
+atomics: dQ by query rows (which also saves D = rowsum(dO O)), then dK, dV by key rows,
+visiting the query rows of every query head of its kv head. No T x T matrix is ever
+stored: the backward recomputes P from the logsumexp.
 
 qkv (B, T, (H + 2G) E) holds q heads, then k heads, then v heads; query head h reads kv
 head h // (H / G).
@@ -53,8 +53,9 @@ tid: the GPU thread's row, jj: a key of the tile):
 | `_rank8_update(dk, dp, qb, ...)`          | dkv kernel: `dk[e] += ds * qs[ii, e]`       |
 | `_rank8_update(dv, s, dob, ...)`          | dkv kernel: `dv[e] += p * dos[ii, e]`       |
 
-The faster exact kernels this file replaced (generated, register-tiled: 64 x 64 score
-tiles in registers, 16-byte shared loads) are bench/labs/attention_exact_tiles.py; the
+The exact kernels this file replaced (generated, register-tiled: 64 x 64 score tiles in
+registers, 16-byte shared loads) are bench/labs/attention_exact_tiles.py, and
+bench/attention_exact_gpu.py times both beside the tensor cores; the
 tensor-core kernels that run by default are attention_tc/ (docs/gpu.md maps them to this
 file). The end of this file holds two helpers the tensor-core launchers share:
 `launch_dynamic` and `backward_prep`.
