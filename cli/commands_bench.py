@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli import json_output
 from euler.cli.options import Threads, deprecated, renamed
 
 from euler.precision import precision_help
@@ -57,7 +58,13 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="Peak TFLOP/s for MFU; default: a matmul measured now."),
         ] = None,
         json_out: Annotated[
-            Path | None, typer.Option("--json", help="Also write every figure here as JSON.")
+            Path | None,
+            typer.Option(
+                "--json",
+                help="Also write every figure as JSON to this file; '-': to stdout alone (the "
+                "tables then go to stderr).",
+                show_default=False,
+            ),
         ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
         threads: Threads = None,
@@ -67,11 +74,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time training steps, layers, attention and the tokenizer against PyTorch (given
         as many threads as ours)."""
-        from rich.console import Console
 
         from euler.bench.report import print_report
         from euler.bench.steps import BenchOptions, run_bench
-        from euler.data.files import write_json_atomic
         from euler.threads import use_threads
 
         opts = BenchOptions(
@@ -88,12 +93,11 @@ def register(app: typer.Typer) -> None:
         )
         opts.resolve()  # flag errors before any output
         use_threads(threads)
-        check_json_out(json_out, overwrite)
-        console = Console()
+        if not json_output.to_stdout(json_out):
+            check_json_out(json_out, overwrite)
+        console = json_output.console(json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)  # piped output: keep the tables unwrapped
         result = run_bench(opts, log=lambda line: console.print(f"[dim]{line}[/dim]"))
         print_report(result, console)
-        if json_out is not None:
-            write_json_atomic(json_out, {"report": "euler bench", **result.to_dict()})
-            console.print(f"wrote {json_out}")
+        json_output.emit(json_out, "bench", result.to_dict())

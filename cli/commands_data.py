@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from euler.cli import json_output
+from euler.cli.json_output import JsonOut
 from euler.cli.options import deprecated, renamed
 
 from euler.errors import EulerError
@@ -112,10 +114,10 @@ def prepare(
         str, typer.Option(help="Project Gutenberg site that ebook numbers are fetched from.")
     ] = "https://www.gutenberg.org",
     overwrite: Overwrite = False,
+    json_out: JsonOut = None,
 ) -> None:
     """Tokenize books and web text into train/val shards with a manifest."""
     from euler.tokenizer import FIRST_MERGE_ID, MAX_VOCAB_SIZE
-    from rich.console import Console
 
     from euler.data.corpus import file_source
     from euler.data.files import check_output
@@ -139,6 +141,7 @@ def prepare(
     given = [(flag, Path(i)) for flag, items in (("--books", books), ("--web", web))
              for i in local(items)]  # fmt: skip
     check_output(out, overwrite, reads + given)  # before any download or tokenizer training
+    json_output.claim(json_out, "data prepare", [*reads, *given])
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     weighted = books_weight is not None or web_weight is not None
     sources = []
@@ -155,21 +158,43 @@ def prepare(
         seed=seed,
         threads=threads or None,
         tokenizer_sample_chars=max(1, int(tokenizer_sample_mb * 1e6)),
-        log=Console().print,  # progress on stdout: stderr holds errors only
+        # progress on stdout (stderr holds errors only), unless the JSON takes stdout
+        log=json_output.console(json_out).print,
         overwrite=overwrite,
         reads=reads,
     )
-    _print_summary(out, manifest)
+    _print_summary(out, manifest, json_output.console(json_out))
+    json_output.emit(json_out, "data prepare", pretrain_report(out, manifest))
 
 
-def _print_summary(out: Path, manifest: dict) -> None:
+def pretrain_report(folder: Path, manifest: dict) -> dict:
+    """The numbers of a pretraining preparation's table, for --json."""
+    return {"folder": str(folder), "kind": "pretrain", "sources": manifest["sources"],
+            "totals": manifest["totals"]}  # fmt: skip
+
+
+def _print_summary(out: Path, manifest: dict, console) -> None:
     """Tokens per source, throughput and validation fraction of a preparation."""
-    from rich.console import Console
+    console.print(pretrain_table(out, manifest))
+    t = manifest["totals"]
+    speed = "?" if t["mb_per_s"] is None else f"{t['mb_per_s']:.2f}"
+    console.print(
+        f"{t['text_bytes'] / 1e6:.1f} MB in {t['seconds']:.1f} s = {speed} MB/s "
+        f"on {t['threads']} threads; {t['bytes_per_token']:.2f} bytes/token; "
+        f"validation {t['val_token_fraction']:.3f} of tokens"
+    )
+
+
+def pretrain_table(out: Path, manifest: dict):
+    """The per-source table of a pretraining preparation, 80 columns wide (the source's
+    name folded, never cut to an ellipsis)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"prepared {out}")
-    for col in ("source", "weight", "docs", "MB", "train tokens", "val tokens", "val frac"):
-        table.add_column(col, justify="right")
+    table = Table(title=f"prepared {out}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("source", overflow="fold")
+    for col in ("weight", "docs", "MB", "train tokens", "val tokens", "val frac"):
+        table.add_column(col, justify="right", no_wrap=True)
     for s in manifest["sources"]:
         n = s["tokens"]["train"] + s["tokens"]["val"]
         table.add_row(
@@ -181,15 +206,7 @@ def _print_summary(out: Path, manifest: dict) -> None:
             f"{s['tokens']['val']:,}",
             f"{s['tokens']['val'] / max(n, 1):.3f}",
         )
-    t = manifest["totals"]
-    console = Console()
-    console.print(table)
-    speed = "?" if t["mb_per_s"] is None else f"{t['mb_per_s']:.2f}"
-    console.print(
-        f"{t['text_bytes'] / 1e6:.1f} MB in {t['seconds']:.1f} s = {speed} MB/s "
-        f"on {t['threads']} threads; {t['bytes_per_token']:.2f} bytes/token; "
-        f"validation {t['val_token_fraction']:.3f} of tokens"
-    )
+    return table
 
 
 @data_app.command("prepare-sft")
@@ -233,6 +250,7 @@ def prepare_sft_command(
     val_fraction: Annotated[float, typer.Option(help="Fraction of records held out.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation split.")] = 0,
     overwrite: Overwrite = False,
+    json_out: JsonOut = None,
     context_old: Annotated[int | None, deprecated("--context", "--seq-len")] = None,
 ) -> None:
     """Render Alpaca records in the chat template into SFT windows with loss masks."""
@@ -247,10 +265,21 @@ def prepare_sft_command(
     check_fraction(val_fraction, "--val-fraction")
     check_int(seed, "--seed", 0, MAX_SEED)
     reads = [("--tokenizer", tokenizer_file(tokenizer))]
+    json_output.claim(json_out, "data prepare-sft", reads)
     tok = load_tokenizer(tokenizer)
     m = prepare_sft(inputs, out, tok, context, val_fraction, seed, overwrite=overwrite,
                     reads=reads, long=long, pack=pack, max_answer=max_answer)  # fmt: skip
-    _print_sft_summary(m)
+    _print_sft_summary(m, json_output.console(json_out))
+    json_output.emit(json_out, "data prepare-sft", sft_report(out, m))
+
+
+def sft_report(folder: Path, m: dict) -> dict:
+    """The numbers of an SFT preparation's table and its kept line, for --json."""
+    from euler.data.sft import kept_line
+
+    keys = ("records", "context", "policy", "too_long_rule", "splits", "heldout")
+    return {"folder": str(folder), "kind": "sft", **{k: m[k] for k in keys if k in m},
+            "kept": kept_line(m)}  # fmt: skip
 
 
 def sft_table(m: dict):
@@ -278,16 +307,14 @@ def sft_table(m: dict):
     return table
 
 
-def _print_sft_summary(m: dict) -> None:
+def _print_sft_summary(m: dict, console) -> None:
     """Records kept whole, cut, truncated and dropped per split; windows and the loss share;
     then one line on the share kept, why the rest was dropped, and the flag that keeps more."""
-    from rich.console import Console
-
     from euler.data.sft import kept_line
 
-    console = Console()
     console.print(sft_table(m))
-    print(kept_line(m), flush=True)  # one line whatever the width: the share kept, and why
+    # one line whatever the width: the share kept, and why
+    print(kept_line(m), file=console.file, flush=True)
     console.print(
         f"trunc.: truncated; rec/win: records a window; loss: the share of the "
         f"{m['context'] + 1}-token window positions that are response tokens. Held-out "
@@ -298,21 +325,23 @@ def _print_sft_summary(m: dict) -> None:
 @data_app.command()
 def info(
     folder: Annotated[Path, typer.Argument(help="A folder made by prepare or prepare-sft.")],
+    json_out: JsonOut = None,
 ) -> None:
     """Summarise a prepared folder from its manifest."""
-    from rich.console import Console
-
     from euler.data.manifest import read_manifest
 
+    json_output.claim(json_out, "data info", [("FOLDER", folder)])
     m = read_manifest(folder)
     tok = m["tokenizer"]
-    Console().print(
-        f"{m['kind']} data, tokenizer V={tok['vocab_size']} sha256 {tok['sha256'][:12]}"
-    )
+    console = json_output.console(json_out)
+    console.print(f"{m['kind']} data, tokenizer V={tok['vocab_size']} sha256 {tok['sha256'][:12]}")
     if m["kind"] == "pretrain":
-        _print_summary(folder, m)
+        _print_summary(folder, m, console)
+        doc = pretrain_report(folder, m)
     else:
-        _print_sft_summary(m)
+        _print_sft_summary(m, console)
+        doc = sft_report(folder, m)
+    json_output.emit(json_out, "data info", {**doc, "tokenizer": tok})
 
 
 @data_app.command()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli import json_output
 from euler.cli.options import CHECKPOINT_HELP, OLD_POSITIONAL, Threads, positional
 
 from euler.errors import EulerError
@@ -43,7 +44,13 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(help="cpu, or cuda (needs the gpu extra).")] = "cpu",
         precision: Annotated[str | None, typer.Option(help=precision_help("eval"))] = None,
         json_out: Annotated[
-            Path | None, typer.Option("--json", help="Also write the results here as JSON.")
+            Path | None,
+            typer.Option(
+                "--json",
+                help="Also write the results as JSON to this file; '-': to stdout alone (the "
+                "tables then go to stderr).",
+                show_default=False,
+            ),
         ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an existing --json file.")] = False,
         threads: Threads = None,
@@ -52,10 +59,8 @@ def register(app: typer.Typer) -> None:
         from euler.cli.commands_bench import check_json_out
         from euler.cli.commands_data import check_int
         from euler.cli.commands_train import chat_precision
-        from rich.console import Console
 
         from euler import ownership
-        from euler.data.files import write_json_atomic
         from euler.threads import use_threads
         from euler.training import checkpoint as ckpt
 
@@ -75,7 +80,8 @@ def register(app: typer.Typer) -> None:
         use_threads(threads)
         reads = [("--checkpoint", checkpoint), ("--instructions", instructions),
                  *(("--text", t) for t in text or ())]  # fmt: skip
-        check_json_out(json_out, overwrite, ownership.EVAL_REPORT, reads)
+        if not json_output.to_stdout(json_out):
+            check_json_out(json_out, overwrite, ownership.EVAL_REPORT, reads)
         records = None
         if instructions is not None:
             from euler.data.sft import load_alpaca
@@ -85,7 +91,7 @@ def register(app: typer.Typer) -> None:
                 raise EulerError(f"--instructions: {instructions}: no records")
             records = records[:limit] if limit else records
         ck = ckpt.load(checkpoint)
-        console = Console()
+        console = json_output.console(json_out)
         if not console.is_terminal:
             console.width = max(console.width, 140)
         result: dict = {"report": "euler eval", "checkpoint": str(ck.path), "step": ck.step}
@@ -95,9 +101,7 @@ def register(app: typer.Typer) -> None:
             result["instructions"] = _eval_instructions(
                 ck, records, instructions, max_tokens, device, precision, console
             )
-        if json_out is not None:
-            write_json_atomic(json_out, result)
-            console.print(f"wrote {json_out}")
+        json_output.emit(json_out, "eval", result)
 
 
 @contextlib.contextmanager

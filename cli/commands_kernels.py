@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli import json_output
+from euler.cli.json_output import JsonOut
 
 from euler.errors import EulerError
 
@@ -45,22 +47,43 @@ def _modules(layer: str, precision: str, head_size: int) -> dict[str, str]:
 
 
 @kernels_app.command("list")
-def list_() -> None:
+def list_(json_out: JsonOut = None) -> None:
     """List every attention kernel: precision, head size, kernel, lines, file name."""
+    from rich import box
+    from rich.table import Table
+
+    json_output.claim(json_out, "kernels list")
+    table = Table(title="GPU attention kernels", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False)  # fmt: skip
+    for col in ("layer", "precision", "E", "kernel", "lines"):
+        table.add_column(col, justify="right" if col in ("E", "lines") else "left")
+    table.add_column("file", overflow="fold")
+    rows = []
+    for row in kernel_rows():
+        rows.append(row)
+        E = "any" if row["head_size"] is None else str(row["head_size"])
+        file = row["file"] + ("" if row["generated"] else " (not generated)")
+        table.add_row(row["layer"], row["precision"], E, row["kernel"], str(row["lines"]), file)
+    json_output.console(json_out).print(table)
+    json_output.emit(json_out, "kernels list", {"kernels": rows})
+
+
+def kernel_rows() -> list[dict]:
+    """Every attention kernel: layer, precision, head size (None: any), kernel, lines, file
+    and whether it is generated."""
     from euler.gpu import kernel_sources
 
-    print(f"{'layer':<10} {'precision':<9} {'E':>3} {'kernel':<9} {'lines':>6}  file")
     path, text = kernel_sources.readable_source()
-    lines = text.count("\n")
-    print(
-        f"{'attention':<10} {'fp32':<9} {'any':>3} {'both':<9} {lines:>6}  {path} (not generated)"
-    )
+    rows = [{"layer": "attention", "precision": "fp32", "head_size": None, "kernel": "both",
+             "lines": text.count("\n"), "file": str(path), "generated": False}]  # fmt: skip
     for precision in kernel_sources.GENERATED:
         for E in kernel_sources.head_sizes(precision):
             for kernel, text in kernel_sources.attention_modules(precision, E).items():
                 name = kernel_sources.file_name(precision, E, kernel)
-                lines = text.count("\n")
-                print(f"{'attention':<10} {precision:<9} {E:>3} {kernel:<9} {lines:>6}  {name}")
+                rows.append({"layer": "attention", "precision": precision, "head_size": E,
+                             "kernel": kernel, "lines": text.count("\n"), "file": name,
+                             "generated": True})  # fmt: skip
+    return rows
 
 
 @kernels_app.command()

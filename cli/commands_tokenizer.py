@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from euler.cli import json_output
 from euler.cli.commands_data import MAX_THREADS, check_int
+from euler.cli.json_output import JsonOut
 
 from euler import ownership
 from euler.errors import EulerError
@@ -133,18 +135,21 @@ def stats(
     tokenizer: TokenizerOpt,
     inputs: Annotated[list[Path], typer.Argument(help="Text files to measure.")],
     top: Annotated[int, typer.Option(help="How many of the most frequent tokens to list.")] = 20,
+    json_out: JsonOut = None,
 ) -> None:
     """Bytes per token on each file, and the most frequent tokens over all of them."""
     import numpy as np
-    from rich.console import Console
     from rich.table import Table
 
     check_int(top, "--top", 0, MAX_VOCAB_LISTED)
+    json_output.claim(json_out, "tokenizer stats", [("input", p) for p in inputs])
     tok = _load(tokenizer)
+    files, frequent = [], []
     counts = np.zeros(tok.vocab_size, np.int64)
     table = Table(title=f"tokenizer {tokenizer} (vocab {tok.vocab_size})")
-    for col in ("file", "bytes", "tokens", "bytes/token"):
-        table.add_column(col, justify="left" if col == "file" else "right")
+    table.add_column("file", overflow="fold")  # folded at 80 columns, never cut
+    for col in ("bytes", "tokens", "bytes/token"):
+        table.add_column(col, justify="right", no_wrap=True)
     for path in inputs:
         text = _read(path)
         ids = tok.encode_batch([text])[0]
@@ -152,18 +157,27 @@ def stats(
         counts += np.bincount(ids, minlength=tok.vocab_size)
         ratio = n_bytes / max(len(ids), 1)
         table.add_row(str(path), f"{n_bytes:,}", f"{len(ids):,}", f"{ratio:.3f}")
+        files.append({"file": str(path), "bytes": n_bytes, "tokens": len(ids),
+                      "bytes_per_token": ratio})  # fmt: skip
     freq = Table(title=f"{top} most frequent tokens")
-    for col in ("id", "token", "count", "share"):
-        freq.add_column(col, justify="left" if col == "token" else "right")
+    freq.add_column("id", justify="right", no_wrap=True)
+    freq.add_column("token", overflow="fold")
+    for col in ("count", "share"):
+        freq.add_column(col, justify="right", no_wrap=True)
     total = max(int(counts.sum()), 1)
     for i in np.argsort(-counts, kind="stable")[:top]:
         if counts[i] == 0:
             break
         shown = repr(tok.token_bytes(int(i)).decode("utf-8", "replace"))
         freq.add_row(str(i), shown, f"{counts[i]:,}", f"{counts[i] / total:.2%}")
-    console = Console()
+        frequent.append({"id": int(i), "bytes": tok.token_bytes(int(i)).hex(),
+                         "count": int(counts[i]), "share": float(counts[i] / total)})  # fmt: skip
+    console = json_output.console(json_out)
     console.print(table)
     console.print(freq)
+    doc = {"tokenizer": str(tokenizer), "vocab_size": tok.vocab_size, "files": files,
+           "frequent": frequent}  # fmt: skip
+    json_output.emit(json_out, "tokenizer stats", doc)
 
 
 def register(app: typer.Typer) -> None:

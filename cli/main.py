@@ -7,6 +7,7 @@ import sys
 import typing
 
 import typer
+from euler.cli.json_output import JsonOut
 
 from euler.errors import EulerError
 
@@ -37,14 +38,18 @@ def _root(
 
 
 @app.command()
-def info(preset: str = typer.Option("small", help="Preset name: tiny, small or gpu.")) -> None:
+def info(
+    preset: str = typer.Option("small", help="Preset name: tiny, small or gpu."),
+    json_out: JsonOut = None,
+) -> None:
     """Print a preset's configuration and its exact parameter count."""
-    from rich.console import Console
+    from euler.cli import json_output
     from rich.table import Table
 
     from euler.model.config import get_preset
     from euler.model.params import param_table
 
+    json_output.claim(json_out, "info")
     cfg = get_preset(preset)
     table = Table(title=f"preset {preset}")
     table.add_column("field")
@@ -53,9 +58,13 @@ def info(preset: str = typer.Option("small", help="Preset name: tiny, small or g
         table.add_row(k, str(v))
     table.add_row("head_size (E)", str(cfg.head_size))
     table.add_row("tensors", str(len(param_table(cfg))))
-    console = Console()
+    console = json_output.console(json_out)
     console.print(table)
     console.print(f"parameters: {cfg.n_params():,}")
+    json_output.emit(json_out, "info", {"preset": preset, "config": cfg.to_dict(),
+                                        "head_size": cfg.head_size,
+                                        "tensors": len(param_table(cfg)),
+                                        "parameters": cfg.n_params()})  # fmt: skip
 
 
 @functools.cache

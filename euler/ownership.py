@@ -12,6 +12,8 @@ Every output says what it is, by a marker or its own header:
     HF tokenizer    JSON with model and added_tokens             euler tokenizer train --hf
     eval report     JSON with "report": "euler eval"             euler eval --json
     bench report    JSON with "report": "euler bench"            euler bench --json
+    COMMAND report  JSON with "report": "euler COMMAND"          euler COMMAND --json
+                    (info, data prepare, tokenizer stats, ...: report_kind)
     loss plot       PNG with the text chunk Software: euler plot euler plot
     pipeline        a folder with pipeline.json whose report is  euler pipeline
                     "euler pipeline"
@@ -64,6 +66,12 @@ PLOT = Kind("loss plot", "euler plot")
 PIPELINE = Kind("pipeline folder", "euler pipeline")
 
 FOLDER_KINDS = (RUN, PRETRAIN_DATA, SFT_DATA, EXPORT, PIPELINE)
+
+
+def report_kind(command: str) -> Kind:
+    """The kind of the JSON that `euler COMMAND --json` writes (its "report" names it):
+    EVAL_REPORT is report_kind("eval")."""
+    return Kind(f"{command} report", f"euler {command} --json")
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,9 @@ def _identify_json(doc: dict) -> Found:
         return Found(EVAL_REPORT, _article(EVAL_REPORT.name))
     if report == "euler bench" or {"meta", "peak", "step"} <= doc.keys():
         return Found(BENCH_REPORT, _article(BENCH_REPORT.name))
+    if isinstance(report, str) and report.startswith("euler ") and report != "euler pipeline":
+        kind = report_kind(report.removeprefix("euler "))
+        return Found(kind, _article(kind.name))
     if doc.get("format") == MANIFEST_FORMAT:
         return Found(None, "a data folder's manifest")
     if {"run_id", "train", "model"} <= doc.keys():
