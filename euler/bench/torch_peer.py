@@ -9,7 +9,7 @@ same dict as `ParamLayout(cfg).views(flat)`.
 
 Run as a script to time eager training steps (forward, backward, clipping, AdamW):
 
-    python -m euler.bench.torch_peer --preset small --batch 16 --seq 128 --threads 2
+    python -m euler.bench.torch_peer --preset small --batch-size 16 --seq-len 128 --threads 2
 """
 
 from __future__ import annotations
@@ -298,10 +298,12 @@ def main(
     preset: Annotated[
         str, typer.Option(help="model preset from euler.model.config.PRESETS")
     ] = "small",
-    batch: Annotated[int, typer.Option(help="sequences per step (B)")] = 16,
-    seq: Annotated[int, typer.Option(help="tokens per sequence (T)")] = 128,
+    batch: Annotated[int, typer.Option("--batch-size", help="B: sequences per step")] = 16,
+    seq: Annotated[int, typer.Option("--seq-len", help="T: tokens per sequence")] = 128,
     steps: Annotated[int, typer.Option(help="timed training steps")] = 20,
-    warmup: Annotated[int, typer.Option(help="untimed steps first (allocator, thread pool)")] = 3,
+    warmup: Annotated[
+        int, typer.Option("--untimed-steps", help="Untimed steps first (allocator, thread pool)")
+    ] = 3,
     threads: Annotated[int, typer.Option(help="torch.set_num_threads")] = 2,
     optimizer: Annotated[
         str, typer.Option(help="AdamW implementation: fused, foreach, for-loop")
