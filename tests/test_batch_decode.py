@@ -111,3 +111,22 @@ def test_the_thread_count_changes_no_bit_and_is_restored(params):
     assert numba.get_num_threads() == most  # the caller's own setting, back after the call
     with pytest.raises(EulerError, match="threads must be in"):
         BatchDecoder(CFG, params, 1, threads=most + 1)
+
+
+def test_a_feed_runs_the_training_forward_with_a_cache(monkeypatch, params):
+    """One schedule: the decoder has no forward of its own, each feed is one Model.layers
+    over all its rows with a KV cache, and its hidden rows are the training forward's."""
+    calls = []
+    real = Model.layers
+
+    def spy(self, a, cache=None):
+        calls.append((a.T, cache is not None))
+        real(self, a, cache)
+
+    monkeypatch.setattr(Model, "layers", spy)
+    dec = BatchDecoder(CFG, params, 2)
+    rows = dec.feed([(0, [1, 2, 3]), (1, [4])])
+    assert calls == [(4, True)]
+    model = Model(CFG, flat_params=params)
+    model.forward(np.array([[1, 2, 3]]))
+    np.testing.assert_allclose(rows[0], model.be.to_host(model.acts.xf), rtol=1e-5, atol=1e-5)
