@@ -341,7 +341,7 @@ def run(
 
     check_out(s)
     # the commands run inside the staging folder: the raw data's path must not be relative
-    s = dataclasses.replace(s, raw=Path(s.raw).absolute(), out=Path(s.out).absolute())
+    s = dataclasses.replace(s, raw=Path(s.raw).resolve(), out=Path(s.out).absolute())
     cfg = get_preset(s.preset)
     p = Pipeline(s)
     with staging(s) as folder:

@@ -6,34 +6,17 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from euler import ownership
 from euler.pipeline import BUDGET_SAFETY, budgeted_counts, split_budget
-from tests.train_helpers import WORDS, run_cli, sentences
+from tests.train_helpers import raw_data, run_cli
 
 SECTIONS = ("Summary", "Stages", "Data", "Training", "Held-out text", "Instructions",
             "Sample answers", "Loss curves", "Machine", "Versions", "Commands")  # fmt: skip
 STAGES = ("data", "sft data", "pretrain", "sft", "eval text", "eval instructions", "plot")
 NUMBER = r"\d[\d,]*\.\d+"
-
-
-def raw_data(root: Path) -> Path:
-    """A raw-data folder shaped like ../shared/data: four books, web text, instructions."""
-    docs = sentences(300, seed=1)
-    (root / "books").mkdir(parents=True)
-    (root / "web").mkdir()
-    (root / "instructions").mkdir()
-    for i in range(4):
-        (root / "books" / f"b{i}.txt").write_text("\n\n".join(docs[i * 10 : (i + 1) * 10]))
-    (root / "web" / "c4.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    records = [
-        {"instruction": f"Say {w} twice.", "input": "", "output": f"{w} {w}."} for w in WORDS
-    ]
-    (root / "instructions" / "alpaca.json").write_text(json.dumps(records))
-    return root
 
 
 TINY = ("--preset", "tiny", "--vocab-size", "300", "--batch-size", "4", "--tokens", "480",

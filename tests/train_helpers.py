@@ -91,3 +91,19 @@ def run_cli(monkeypatch, capsys, *args: str, stdin: bytes | None = None) -> tupl
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def raw_data(root: Path) -> Path:
+    """A raw-data folder shaped like ../shared/data, small: books/ (four .txt books), web/
+    (a JSONL file of 300 documents) and instructions/alpaca.json (one record a word)."""
+    docs = sentences(300, seed=1)
+    for sub in ("books", "web", "instructions"):
+        (root / sub).mkdir(parents=True)
+    for i in range(4):
+        (root / "books" / f"b{i}.txt").write_text("\n\n".join(docs[i * 10 : (i + 1) * 10]))
+    (root / "web" / "c4.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    records = [
+        {"instruction": f"Say {w} twice.", "input": "", "output": f"{w} {w}."} for w in WORDS
+    ]
+    (root / "instructions" / "alpaca.json").write_text(json.dumps(records))
+    return root
