@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         /v1/completions, /v1/models), /health, and a chat page at /. Needs the serve extra
         (pip install -e '.\\[serve]')."""  # \\[: Rich would read [serve] as markup
         from euler.serve.protocol import Limits, ServeConfig
-        from euler.serve.run import is_loopback, serve
+        from euler.serve.run import is_loopback, model_id, serve
         from euler.threads import pick_threads
 
         check_int(port, "--port", 0, 65535)
@@ -88,8 +88,7 @@ def register(app: typer.Typer) -> None:
             raise EulerError("--api-key is empty")
         if model_name is not None and not model_name.strip():
             raise EulerError("--model-name is empty")
-        run = checkpoint.parent if checkpoint.is_file() else checkpoint
-        name = model_name or run.resolve().name or "euler"
+        name = model_name or model_id(checkpoint)
         cfg = ServeConfig(
             name, api_key, slots, max_queue, prefill_chunk, Limits(max_tokens=max_tokens), debug,
             pick_threads(threads) if threads is not None else 1, access_log=not quiet,

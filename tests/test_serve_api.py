@@ -17,6 +17,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from euler.data.chat_template import encode_prompt  # noqa: E402
+from euler.serve.run import model_id  # noqa: E402
 from euler.training import checkpoint  # noqa: E402
 from tests.serve_helpers import Server, tiny_checkpoint  # noqa: E402
 from tests.train_helpers import run_cli  # noqa: E402
@@ -89,6 +90,20 @@ def test_models_and_health(client, server):
     assert client.models.retrieve(MODEL).id == MODEL
     status, body = server.request("GET", "/health")  # open without the key
     assert status == 200 and body["status"] == "ok" and body["slots"] == 4
+
+
+def test_the_model_id_is_the_run_s_name(tmp_path):
+    """A run folder or its checkpoint files serve as the folder's name; any other file (what
+    `euler import --out runs/smol` writes when runs/smol is not a folder) as its stem."""
+    run = tmp_path / "sft"
+    run.mkdir()
+    for name in (checkpoint.CHECKPOINT_NAME, "checkpoint-step100.safetensors", "best.safetensors"):
+        (run / name).touch()
+    (tmp_path / "smol").touch()
+    assert {model_id(run), model_id(run / checkpoint.CHECKPOINT_NAME),
+            model_id(run / "checkpoint-step100.safetensors")} == {"sft"}  # fmt: skip
+    assert model_id(run / "best.safetensors") == "best"
+    assert model_id(tmp_path / "smol") == "smol"
 
 
 def test_the_api_key_is_required(server):

@@ -21,6 +21,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def model_id(checkpoint: Path) -> str:
+    """The served model's id: a run folder's name, also for a run's own checkpoint-*.safetensors
+    file; any other file's name without its suffix, so that `euler import --out runs/smol`
+    (a file) serves as 'smol', the name its folder would give, not 'runs'."""
+    path = checkpoint.resolve()
+    if path.is_file() and path.name.startswith("checkpoint"):
+        path = path.parent
+    return (path.name if path.is_dir() else path.stem) or "euler"
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one); EulerError if refused."""
     try:
