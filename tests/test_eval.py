@@ -122,6 +122,28 @@ def test_head_0_is_the_headline_and_the_mtp_mean_its_neighbour(tmp_path):
     assert row["nats_per_token_mtp_mean"] != pytest.approx(row["nats_per_token"], rel=1e-3)
 
 
+def test_a_long_context_scores_fewer_windows_a_forward(tmp_path):
+    """At most max_tokens tokens a forward (an imported model's context of 2,048 would
+    otherwise hold 16 windows' activations at once): the same windows, scored the same."""
+    from euler.eval.text import EVAL_BATCH, Stream
+
+    ck = ckpt.load(_checkpoint(tmp_path / "r.safetensors", random=True))
+    T = ck.cfg.context
+    stream = np.random.default_rng(0).integers(0, TOK.vocab_size, 9 * T + 1).astype(np.int32)
+    src = [Stream("s", [stream], 9 * T, 1)]
+    runs = {}
+    for max_tokens in (EVAL_BATCH * T, 2 * T, T // 2):
+        batches = []
+        row = evaluate_text(ck, src, CpuBackend(), on_batch=batches.append,
+                            max_tokens=max_tokens)["overall"]  # fmt: skip
+        runs[max_tokens] = (batches, row)
+    assert [b for b, _ in runs.values()] == [[9], [2, 2, 2, 2, 1], [1] * 9]
+    rows = [r for _, r in runs.values()]
+    assert {r["tokens"] for r in rows} == {9 * T}
+    for r in rows[1:]:
+        assert r["nats_per_token"] == pytest.approx(rows[0]["nats_per_token"], rel=1e-6)
+
+
 def test_prepared_folder_scores_its_val_split_as_its_text(tmp_path):
     """A prepared folder's val split scores as its held-out documents given as text do:
     with the folder's tokenizer (its shards as they are) and with another (decoded and

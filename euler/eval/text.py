@@ -35,7 +35,10 @@ import numpy as np
 
 from euler.errors import EulerError
 
-EVAL_BATCH = 16  # windows per forward
+EVAL_BATCH = 16  # windows per forward, at most
+# tokens per forward, at most: a forward keeps every layer's activations (SmolLM2-135M: 1.25
+# MB a token, 41 GB for 16 windows of 2,048), so a long context scores fewer windows at once
+EVAL_TOKENS = 8192
 
 
 @dataclass
@@ -134,16 +137,20 @@ def window_starts(n_tokens: int, T: int) -> range:
 
 
 def score_stream(
-    model, stream: np.ndarray, T: int, on_batch: Callable[[int], None] | None = None
+    model,
+    stream: np.ndarray,
+    T: int,
+    on_batch: Callable[[int], None] | None = None,
+    max_tokens: int = EVAL_TOKENS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per head k: (sum of its cross-entropies in nats, number of tokens it predicted), two
     (K,) arrays, over one stream in windows of T + 1 tokens at stride T, EVAL_BATCH windows
-    per forward of `model`; on_batch(windows) after each forward. Head 0 (next token)
-    predicts every token after the first once; head k the tokens k + 1 places ahead within
-    a window."""
+    per forward of `model` but at most max_tokens // T (at least one); on_batch(windows)
+    after each forward. Head 0 (next token) predicts every token after the first once; head
+    k the tokens k + 1 places ahead within a window."""
     from euler.model.transformer import make_targets
 
-    B, K = EVAL_BATCH, model.cfg.n_mtp
+    B, K = max(1, min(EVAL_BATCH, max_tokens // T)), model.cfg.n_mtp
     starts = list(window_starts(len(stream), T))
     total, count = np.zeros(K), np.zeros(K, np.int64)
     for i in range(0, len(starts), B):
@@ -185,9 +192,10 @@ def evaluate_text(
     backend,
     precision: str = "fp32",
     on_batch: Callable[[int], None] | None = None,
+    max_tokens: int = EVAL_TOKENS,
 ) -> dict:
     """Bits per byte of checkpoint ck on each source and overall (the module's rule);
-    on_batch(windows) after each forward."""
+    on_batch(windows) after each forward of at most max_tokens tokens (score_stream)."""
     from euler.model.transformer import Model
 
     T = ck.cfg.context
@@ -197,7 +205,7 @@ def evaluate_text(
     for src in sources:
         s_nats, s_tokens = np.zeros(K), np.zeros(K, np.int64)
         for stream in src.streams:
-            a, b = score_stream(model, stream, T, on_batch)
+            a, b = score_stream(model, stream, T, on_batch, max_tokens)
             s_nats, s_tokens = s_nats + a, s_tokens + b
         rows.append(_row(src.name, s_nats, s_tokens, src.text_bytes, src.documents))
         nats, tokens, n_bytes = nats + s_nats, tokens + s_tokens, n_bytes + src.text_bytes
