@@ -20,9 +20,10 @@ as `euler eval --instructions` renders it) answered greedily by our decoder
 transformers' `generate(do_sample=False)` on the same prompt ids, both stopping at
 <|im_end|> or after --max-tokens; equal when the token lists are equal.
 
-bpb: `euler eval RUN --text FILE --json` (run as a command) against transformers' nats
-over the same token stream and windows (bench/eval_hf_check.py's hf_nats: windows of
-T + 1 tokens at stride T, T the checkpoint's context), bits per byte = nats / ln 2 / bytes.
+bpb: `euler eval --checkpoint RUN --text FILE --json` (run as a command) against
+transformers' nats over the same token stream and windows (bench/eval_hf_check.py's
+hf_nats: windows of T + 1 tokens at stride T, T the checkpoint's context), bits per byte =
+nats / ln 2 / bytes.
 
 decode: transformers' greedy `generate` at batch B (random 16-token prompts, no stop
 token), tokens/s = B * steps / (time of generate(1 + steps new tokens) - time of
@@ -141,8 +142,8 @@ def bpb(args, hf) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "eval.json"
         t0 = time.perf_counter()
-        subprocess.run(["euler", "eval", str(args.checkpoint), "--text", str(args.text),
-                        "--json", str(out)], check=True)  # fmt: skip
+        subprocess.run(["euler", "eval", "--checkpoint", str(args.checkpoint), "--text",
+                        str(args.text), "--json", str(out)], check=True)  # fmt: skip
         t_ours = time.perf_counter() - t0
         ours = json.loads(out.read_text())
     ck = ckpt.load(args.checkpoint)
@@ -198,7 +199,7 @@ def decode(args, hf) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("what", choices=("answers", "bpb", "decode"))
     ap.add_argument("--gguf")
     ap.add_argument("--hf", type=Path, help="transformers loads this folder instead of the GGUF")
@@ -225,8 +226,10 @@ def main() -> int:
               "machine": machine(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               **measure(args, hf)}  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    if args.json:  # a temporary file, then renamed: never a half-written report
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        tmp.replace(args.json)
     return 0
 
 
