@@ -16,7 +16,7 @@ in one dynamic shared-memory array, and a product step reads it 16 bytes at a ti
 (vector.load4_shared, LDS.128): 3 loads for 32 FMAs. The kernels these replaced read
 4 + 8 scalars for the same 32 FMAs and were bound by shared-memory bandwidth: on the H200
 (B=32, H=12, G=4, E=64, T=512, launch-free) forward 0.615 -> 0.459 ms, backward 1.897 ->
-1.117 (results/attention-exact-variants-h200-2026-11-30.json).
+1.117 (results/attention-exact-fp32-h200-2026-11-30.json, `variants`).
 
 A product C[m][n] += sum_k A[m][k] B[k][n] reads each operand one of two ways:
 - "mk", the tile stored [m][k] (rows `ld` floats apart): a thread reads 4 consecutive k of

@@ -31,8 +31,8 @@ from euler.gpu.backend import GpuBackend  # noqa: E402
 # (forward, dkv), 4 -> 167 and 254; the forward fits 3 blocks a multiprocessor under 168,
 # the dkv's shared memory (107 KB) 2 whatever its registers. A launch bound of 3 blocks
 # (160 and 168 registers, the dkv spilling 212 bytes) timed as kstep 4 did, so the
-# generator sets none. H200 (results/attention-exact-variants-h200-2026-11-30.json), T=512:
-# 8 -> 0.459 and 1.117 ms, 4 -> 0.467 and 1.156.
+# generator sets none. H200, T=512: 8 -> 0.459 and 1.117 ms, 4 -> 0.467 and 1.156
+# (results/attention-exact-fp32-h200-2026-11-30.json, `variants`).
 VARIANTS = [attention_tiles.TileOptions(), attention_tiles.TileOptions(kstep=4)]
 
 
