@@ -32,7 +32,7 @@ bench() {
     local json="$OUT/$1-$2-$3.json"
     (cd /tmp && PYTHONPATH=$path timeout 240 python3 -m euler.cli bench --device cuda \
         --preset gpu --precision "$2" --steps 20 --no-peer --json "$json") 2>&1 |
-        grep -v Warning | tee -a "$OUT/log.txt"
+        grep --line-buffered -v Warning | tee -a "$OUT/log.txt"
     python3 - "$json" "$1" "$2" "$3" >>"$OUT/before-after.jsonl" <<'EOF'
 import json, sys
 path, tree, precision, rnd = sys.argv[1:]
@@ -46,7 +46,7 @@ EOF
 }
 
 for r in $(seq 1 "${ROUNDS:-2}"); do
-    for p in bf16 tf32; do
+    for p in ${PRECISIONS:-bf16 tf32}; do
         bench before "$p" "$r"
         bench after "$p" "$r"
     done
@@ -54,6 +54,6 @@ done
 if [ -f bench/attention_exact_gpu.py ]; then
     log "readable FlashAttention beside the exact tiles and the tensor cores"
     PYTHONPATH=/tmp/site timeout 150 python3 bench/attention_exact_gpu.py \
-        --json "$OUT/attention-exact.json" 2>&1 | grep -v Warning | tee -a "$OUT/log.txt"
+        --json "$OUT/attention-exact.json" 2>&1 | grep --line-buffered -v Warning | tee -a "$OUT/log.txt"
 fi
 log done
