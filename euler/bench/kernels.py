@@ -98,9 +98,11 @@ def layer_cases(
     be.attention_forward(att, lse, qkv, H, G, E)
     return {
         "embedding_forward": lambda: be.embedding_forward(x, tokens, wte),
-        "embedding_backward": lambda: be.embedding_backward(dwte, dx, tokens, False),
+        "embedding_backward": lambda: be.embedding_backward(dwte, dx, tokens, accumulate=False),
         "rmsnorm_forward": lambda: be.rmsnorm_forward(xn, rstd, x, w, 1e-5),
-        "rmsnorm_backward": lambda: be.rmsnorm_backward(dx, dw, dxn, dx, x, w, rstd, False),
+        "rmsnorm_backward": lambda: be.rmsnorm_backward(
+            dx, dw, dxn, dx, x, w, rstd, accumulate=False
+        ),
         "rope_forward": lambda: be.rope_forward(qkv, cos, sin, H, G, E),
         "rope_backward": lambda: be.rope_backward(dqkv, cos, sin, H, G, E, out=dqkv_lp),
         "attention_forward": lambda: be.attention_forward(att, lse, qkv, H, G, E),

@@ -40,8 +40,8 @@ def _padded(n, limit):
 
 
 @njit(nogil=True, cache=True)
-def _causal(pa, lda, trans_a, pb, ldb, trans_b, pc, ldc, T, n, item, scores):
-    """Rows of a causal product C (T, n) = op(A) op(B) in two BLAS calls, split at h = T/2.
+def _causal(pa, lda, pb, ldb, pc, ldc, T, n, item, trans_b=False, scores=False):
+    """Rows of a causal product C (T, n) = A op(B) in two BLAS calls, split at h = T/2.
 
     scores (C = S Q K^T-like, n = T): rows before h against the first h columns, the
     rest whole. Otherwise A is a (T, T) matrix zero above its diagonal applied to B (T, n):
@@ -49,13 +49,13 @@ def _causal(pa, lda, trans_a, pb, ldb, trans_b, pc, ldc, T, n, item, scores):
     h = T // 2
     double = item == 8
     if scores:
-        gemm(trans_a, trans_b, h, h, n, pa, lda, pb, ldb, 0.0, pc, ldc, double)
-        gemm(trans_a, trans_b, T - h, T, n, pa + item * h * lda, lda, pb, ldb, 0.0,
-             pc + item * h * ldc, ldc, double)  # fmt: skip
+        gemm(h, h, n, pa, lda, pb, ldb, 0.0, pc, ldc, double, trans_b=trans_b)
+        gemm(T - h, T, n, pa + item * h * lda, lda, pb, ldb, 0.0, pc + item * h * ldc, ldc,
+             double, trans_b=trans_b)  # fmt: skip
     else:
-        gemm(trans_a, trans_b, h, n, h, pa, lda, pb, ldb, 0.0, pc, ldc, double)
-        gemm(trans_a, trans_b, T - h, n, T, pa + item * h * lda, lda, pb, ldb, 0.0,
-             pc + item * h * ldc, ldc, double)  # fmt: skip
+        gemm(h, n, h, pa, lda, pb, ldb, 0.0, pc, ldc, double, trans_b=trans_b)
+        gemm(T - h, n, T, pa + item * h * lda, lda, pb, ldb, 0.0, pc + item * h * ldc, ldc,
+             double, trans_b=trans_b)  # fmt: skip
 
 
 @njit(nogil=True, fastmath=FAST, error_model="numpy")
@@ -119,11 +119,11 @@ def attention_forward(out, lse, qkv, H, G, E):
         s = np.empty((Tn, Tn), qkv.dtype)
         inv = np.empty(Tn, qkv.dtype)
         base = qkv[b].ctypes.data
-        _causal(base + item * h * E, QKV, False, base + item * (H + g) * E, QKV, True,
-                s.ctypes.data, Tn, Tn, E, item, True)  # fmt: skip
+        _causal(base + item * h * E, QKV, base + item * (H + g) * E, QKV, s.ctypes.data, Tn,
+                Tn, E, item, trans_b=True, scores=True)  # fmt: skip
         _softmax_rows(s, inv, lse[b, h], scale)
-        _causal(s.ctypes.data, Tn, False, base + item * (H + G + g) * E, QKV, False,
-                out[b].ctypes.data + item * h * E, H * E, Tn, E, item, False)  # fmt: skip
+        _causal(s.ctypes.data, Tn, base + item * (H + G + g) * E, QKV,
+                out[b].ctypes.data + item * h * E, H * E, Tn, E, item)  # fmt: skip
         o = out[b, :, h * E : (h + 1) * E]
         for i in range(Tn):
             f = inv[i]
@@ -137,9 +137,9 @@ def _transposed_causal(pa, lda, pb, ldb, pc, ldc, T, n, item, beta):
     columns) from h = T/2 on need only A's rows from h on."""
     h = T // 2
     double = item == 8
-    gemm(True, False, h, n, T, pa, lda, pb, ldb, beta, pc, ldc, double)
-    gemm(True, False, T - h, n, T - h, pa + item * (h * lda + h), lda, pb + item * h * ldb, ldb,
-         beta, pc + item * h * ldc, ldc, double)  # fmt: skip
+    gemm(h, n, T, pa, lda, pb, ldb, beta, pc, ldc, double, trans_a=True)
+    gemm(T - h, n, T - h, pa + item * (h * lda + h), lda, pb + item * h * ldb, ldb, beta,
+         pc + item * h * ldc, ldc, double, trans_a=True)  # fmt: skip
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -163,14 +163,14 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E):
         for r in range(rep):
             h = g * rep + r
             pdo = dout[b].ctypes.data + item * h * E
-            _causal(base + item * h * E, QKV, False, base + k_off, QKV, True, s.ctypes.data,
-                    Tn, Tn, E, item, True)  # fmt: skip
-            _causal(pdo, HE, False, base + v_off, QKV, True, dp.ctypes.data, Tn, Tn, E, item,
-                    True)  # fmt: skip
+            _causal(base + item * h * E, QKV, base + k_off, QKV, s.ctypes.data, Tn, Tn, E,
+                    item, trans_b=True, scores=True)  # fmt: skip
+            _causal(pdo, HE, base + v_off, QKV, dp.ctypes.data, Tn, Tn, E, item, trans_b=True,
+                    scores=True)  # fmt: skip
             _softmax_grad_rows(s, dp, lse[b, h], dout[b, :, h * E : (h + 1) * E],
                                out[b, :, h * E : (h + 1) * E], scale)  # fmt: skip
-            _causal(dp.ctypes.data, Tn, False, base + k_off, QKV, False,
-                    dbase + item * h * E, QKV, Tn, E, item, False)  # fmt: skip
+            _causal(dp.ctypes.data, Tn, base + k_off, QKV, dbase + item * h * E, QKV, Tn, E,
+                    item)  # fmt: skip
             beta = 0.0 if r == 0 else 1.0
             _transposed_causal(s.ctypes.data, Tn, pdo, HE, dbase + v_off, QKV, Tn, E, item, beta)
             _transposed_causal(dp.ctypes.data, Tn, base + item * h * E, QKV, dbase + k_off, QKV,

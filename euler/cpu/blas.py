@@ -128,9 +128,10 @@ def _ld(a):
 
 
 @njit(nogil=True, cache=True)
-def gemm(trans_a, trans_b, m, n, k, pa, lda, pb, ldb, beta, pc, ldc, double):
+def gemm(m, n, k, pa, lda, pb, ldb, beta, pc, ldc, double, trans_a=False, trans_b=False):
     """C (m, n) = op(A) op(B) + beta C on one thread, at raw addresses pa, pb, pc (row-major,
-    leading dimensions in elements); float64 if double, else float32."""
+    leading dimensions in elements); float64 if double, else float32; op transposes where
+    trans_a, trans_b say."""
     ta = _TRANS if trans_a else _NO_TRANS
     tb = _TRANS if trans_b else _NO_TRANS
     if double:
@@ -152,11 +153,11 @@ def _block(out, a, b, trans_a, trans_b, beta, mb, nb, kb, partial, i):
     dst = out if k == 0 else partial[k - 1]
     item = out.itemsize
     lda, ldb, ldc = _ld(a), _ld(b), _ld(dst)
-    gemm(trans_a, trans_b, r1 - r0, c1 - c0, k1 - k0,
+    gemm(r1 - r0, c1 - c0, k1 - k0,
          a.ctypes.data + item * (k0 * lda + r0 if trans_a else r0 * lda + k0), lda,
          b.ctypes.data + item * (c0 * ldb + k0 if trans_b else k0 * ldb + c0), ldb,
          beta if k == 0 else 0.0, dst.ctypes.data + item * (r0 * ldc + c0), ldc,
-         item == 8)  # fmt: skip
+         item == 8, trans_a=trans_a, trans_b=trans_b)  # fmt: skip
 
 
 @njit(nogil=True, cache=True)

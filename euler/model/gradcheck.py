@@ -120,7 +120,7 @@ def _layer_checks(cfg: ModelConfig, be, rng: np.random.Generator, samples: int) 
 
     def emb_b(i, dy):
         d = np.empty((V, D))
-        be.embedding_backward(d, dy, tokens, False)
+        be.embedding_backward(d, dy, tokens, accumulate=False)
         return {"tok_emb": d}
 
     rows += check_layer("embedding", {"tok_emb": randn(V, D)}, emb_f, emb_b, rng, samples)
@@ -134,7 +134,7 @@ def _layer_checks(cfg: ModelConfig, be, rng: np.random.Generator, samples: int) 
         y, r = np.empty((N, D)), np.empty(N)
         be.rmsnorm_forward(y, r, i["x"], i["w"], cfg.norm_eps)
         dx, dw = np.empty((N, D)), np.empty(D)
-        be.rmsnorm_backward(dx, dw, dy, np.zeros((N, D)), i["x"], i["w"], r, False)
+        be.rmsnorm_backward(dx, dw, dy, np.zeros((N, D)), i["x"], i["w"], r, accumulate=False)
         return {"x": dx, "w": dw}
 
     rows += check_layer("rmsnorm", {"x": randn(N, D), "w": randn(D)}, norm_f, norm_b, rng, samples)

@@ -316,7 +316,7 @@ class _Shape:
         else:
             choice = {"index": 0, "text": text}
         choice |= {"logprobs": None, "finish_reason": done.finish_reason}
-        return {**self._head(False), "choices": [choice], "usage": self.usage(done)}
+        return {**self._head(chunk=False), "choices": [choice], "usage": self.usage(done)}
 
     def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict:
         if self.chat:
@@ -327,10 +327,10 @@ class _Shape:
         else:
             choice = {"index": 0, "text": text or ""}
         choice |= {"logprobs": None, "finish_reason": finish}
-        return {**self._head(True), "choices": [choice]}
+        return {**self._head(chunk=True), "choices": [choice]}
 
     def usage_chunk(self, done: Done) -> dict:
-        return {**self._head(True), "choices": [], "usage": self.usage(done)}
+        return {**self._head(chunk=True), "choices": [], "usage": self.usage(done)}
 
 
 def _sse(obj: dict | str) -> str:
