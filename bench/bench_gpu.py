@@ -312,11 +312,12 @@ def bench_attention(be: GpuBackend, T: int, args) -> dict:
     }
 
 
-def kernel_resources() -> list[dict]:
-    """Registers and local (spilled) memory per thread of every attention kernel compiled."""
+def kernel_resources(E: int = 64) -> list[dict]:
+    """Registers and local (spilled) memory per thread of the readable attention kernels at
+    head size E and their own tiles, as bench_attention compiled them."""
     from euler.gpu import attention
 
-    kernels = [k for ks in attention._KERNELS.values() for k in ks]
+    kernels = attention.kernels(E, *attention.tiles(E))
     out = []
     for disp in kernels:
         for kern in disp.overloads.values():

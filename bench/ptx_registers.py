@@ -55,7 +55,7 @@ def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
         lambda *args: calls.append((self, args))
     )
     attention._raise_shared_limit = lambda *a: None  # needs a loaded module, so a GPU
-    tc_launch._flags = lambda n, stream: np.zeros(n, np.int32)  # and so does a memset
+    tc_launch._zero_flags = lambda flags, stream: None  # and so does a memset
     f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     B, T, H, G = 2, 3, 4, 2
     qkv, out, lse = f32(B, T, (H + 2 * G) * E), f32(B, T, H * E), f32(B, H, T)
@@ -63,7 +63,9 @@ def launches(kind: str, E: int, fields: dict[str, int]) -> list[tuple]:
         opts = attention_tc.TcOptions(E, **fields)
         attention_tc.attention_forward(out, lse, qkv, H, G, E, options=opts)
         dqkv = f32(*qkv.shape)
-        attention_tc.attention_backward(dqkv, out, qkv, out, lse, H, G, E, lse, options=opts)
+        flags = np.zeros(attention_tc.flag_count(B, H, T), np.int32)
+        attention_tc.attention_backward(dqkv, out, qkv, out, lse, H, G, E, lse, options=opts,
+                                        flags=flags)  # fmt: skip
     elif kind == "tiled":  # the lab's register-tiled kernels, as its launchers start them
         fwd, dkv = attention_tiles.kernels(E, attention_tiles.TileOptions(**fields))
         scale = np.float32(1.0 / np.sqrt(E))

@@ -394,6 +394,28 @@ else:
             with pytest.raises(ValueError, match=f"gemm_candidates: 1 to 8, not {bad}"):
                 GpuOptions(gemm_candidates=bad)
 
+    def test_each_backend_owns_its_attention_flags(monkeypatch) -> None:
+        """The tensor-core backward's prep flags are a buffer of the backend that launches
+        it: two backends pass two buffers, each its own at every call, zeroed before the
+        launch (recorded, not run: the buffers are what is checked)."""
+        from euler.gpu import attention
+        from euler.gpu.backend import GpuBackend
+
+        flags = []  # the dkv kernel's flags argument, launch by launch
+        record = lambda kernel, grid, threads, stream, nbytes, *args: flags.append(args[9])  # noqa: E731
+        monkeypatch.setattr(attention, "launch_dynamic", record)
+        B, T, H, G, E = 1, 64, 2, 1, 8  # T a multiple of 64: the prep row and its flags
+        first, second = (GpuBackend(threads=32, blas=NumpyBlas()) for _ in range(2))
+        for be in (first, second, first):
+            qkv, dqkv = (be.zeros((B, T, (H + 2 * G) * E), np.float32) for _ in range(2))
+            out, dout = (be.zeros((B, T, H * E), np.float32) for _ in range(2))
+            lse = be.zeros((B, H, T), np.float32)
+            if flags:
+                flags[0].copy_to_device(np.ones(flags[0].shape, np.int32))
+            be.attention_backward(dqkv, dout, qkv, out, lse, H, G, E)
+        assert flags[0] is not flags[1] and flags[2] is flags[0]
+        assert flags[0].shape == (B * H,) and not flags[0].copy_to_host().any()
+
     # the 16-byte paths (D, F, E/2 multiples of 4), then the scalar ones
     TWIN_SIZES = {
         "vector": SimpleNamespace(B=1, T=6, D=12, F=8, V=16, H=4, G=2, E=8, K=3),

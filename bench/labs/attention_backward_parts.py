@@ -57,7 +57,8 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     grid = (B * G, (T + 63) // 64)  # kv heads on the fast axis, heaviest key tiles first
     nbytes = attention_tc.shared_bytes(OPTIONS)["dkv"]
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale, out)
-    unfused = (tc_launch._flags(1, None), 0)  # no prep row: no flag read
+    flags = be.zeros((attention_tc.flag_count(B, H, T),), np.int32)
+    unfused = (flags, 0)  # no prep row: no flag read
 
     def launch(kernel, grid, *more):
         attention.launch_dynamic(kernel, grid, tc_launch.THREADS, s, nbytes, *args, *more)
@@ -65,14 +66,12 @@ def calls_at(be, B: int, T: int, dkv, dkv_ablated) -> dict:
     return {
         "forward": lambda: attention_tc.attention_forward(out, lse, qkv, H, G, E, s),
         "backward": lambda: attention_tc.attention_backward(
-            dqkv, dout, qkv, out, lse, H, G, E, dsum, s
+            dqkv, dout, qkv, out, lse, H, G, E, dsum, s, flags=flags
         ),
         "prep": lambda: attention.backward_prep(dqkv, dsum, dout, out, H, E, s),
         "dkv": lambda: launch(dkv, grid, *unfused),
         "dkv no atomics": lambda: launch(dkv_ablated, grid, *unfused),
-        "prep blocks alone": lambda: launch(
-            dkv, (grid[0], 1), tc_launch._flags(B * H * grid[1], s), 1
-        ),
+        "prep blocks alone": lambda: launch(dkv, (grid[0], 1), flags, 1),  # raise, never wait
     }
 
 

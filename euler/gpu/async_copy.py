@@ -37,7 +37,7 @@ in both.
 
 from __future__ import annotations
 
-from numba import cuda, float32, types
+from numba import config, cuda, float32, types
 from numba.core.errors import TypingError
 
 from euler.gpu.reduce import SIMULATOR
@@ -50,7 +50,7 @@ def check_aligned(*arrays) -> None:
         if not (a.flags["C_CONTIGUOUS"] and a.ndim == 3 and a.shape[2] % 4 == 0):
             raise ValueError(f"cp.async: an array of shape {a.shape} is not C-contiguous "
                              "(B, T, C) with C a multiple of 4")  # fmt: skip
-        if not SIMULATOR:  # whose arrays have no device address
+        if not config.ENABLE_CUDASIM:  # whose arrays have no device address
             face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
             if face["data"][0] % 16:
                 raise ValueError(f"cp.async: an array of shape {a.shape} starts off 16 bytes")

@@ -64,20 +64,19 @@ file). The end of this file holds two helpers the tensor-core launchers share:
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numba
 from numba import cuda, float32
 
 from euler.backend import check_shapes
 from euler.gpu.async_copy import check_aligned
-from euler.gpu.reduce import MAX_THREADS, SIMULATOR, group_sum
+from euler.gpu.reduce import MAX_THREADS, group_sum
 from euler.gpu.vector import load4_3d, store4_3d
 from euler.layer_math import exp_, online_softmax_rescale, softmax_grad
 
 ROWS = 64  # rows a block owns, one a thread
 SHARED_BYTES = 48 * 1024  # static shared memory a block gets without opting in
-_KERNELS: dict = {}
-_SHARED_RAISED: set = set()  # (kernel, signature) whose dynamic shared limit is raised
 
 
 def shared_bytes(E: int, rows: int, keys: int) -> int:
@@ -300,12 +299,11 @@ def _build(E: int, R: int, K: int):
     return forward_kernel, backward_dq_kernel, backward_dkv_kernel
 
 
+@cache
 def kernels(E: int, rows: int, keys: int):
-    """The (forward, dq, dkv) kernels for these sizes, built once."""
-    key = (E, rows, keys)
-    if key not in _KERNELS:
-        _KERNELS[key] = _build(E, rows, keys)
-    return _KERNELS[key]
+    """The (forward, dq, dkv) kernels for these sizes, built once for the process (compiled
+    code is a pure function of the sizes)."""
+    return _build(E, rows, keys)
 
 
 def _check(qkv, H, G, E, tile) -> tuple[int, int, int, int]:
@@ -351,27 +349,26 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, dsum, stream=0, tile:
     # ------------------------------------------------ shared with the tensor-core launchers
 
 
-def _raise_shared_limit(kernel, args, nbytes: int) -> None:
-    """Let kernel (compiled for args' types) use nbytes of dynamic shared memory.
+@cache
+def _raise_shared_limit(kernel, sig: tuple, nbytes: int) -> None:
+    """Let kernel, compiled for the argument types sig, use nbytes of dynamic shared memory.
 
-    Over 48 KB a kernel must opt in (cuKernelSetAttribute) once per compiled signature.
+    Over 48 KB a kernel must opt in (cuKernelSetAttribute), once per compiled function:
+    the attribute belongs to the compiled code, which lives as long as the process.
     """
-    sig = tuple(numba.typeof(a) for a in args)
-    if (kernel, sig) in _SHARED_RAISED:
-        return
     from numba.cuda.cudadrv.driver import binding, driver
 
     fn = kernel.compile(sig)._codelibrary.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
-    _SHARED_RAISED.add((kernel, sig))
 
 
 def launch_dynamic(kernel, grid, threads: int, stream, nbytes: int, *args) -> None:
     """Launch a kernel with nbytes of dynamic shared memory (0: its array is static),
-    raising its limit first where nbytes is over the 48 KB a kernel gets unasked."""
-    if not SIMULATOR and nbytes > 48 * 1024:
-        _raise_shared_limit(kernel, args, nbytes)
+    raising its limit first where nbytes is over the 48 KB a kernel gets unasked (not in the
+    simulator, which has no limit to raise)."""
+    if not numba.config.ENABLE_CUDASIM and nbytes > SHARED_BYTES:
+        _raise_shared_limit(kernel, tuple(numba.typeof(a) for a in args), nbytes)
     kernel[grid, threads, stream, nbytes](*args)
 
 
@@ -384,12 +381,9 @@ def backward_prep_kernel(dqkv, dsum, dout, out, shift, per):
     float32, E / 4 = 2^shift lanes a head (at most 32). Grid (T, B, H E / 4 / per), blocks
     of per (rounded up to whole warps) threads: thread k of block z takes 16-byte chunk
     z per + k of row (b, t), so its head is a shift away and no index is divided; the
-    E / 4 lanes of a head sum by shuffles.
-
-    On the H200 at T=512 this took 0.040 ms (3.8 TB/s) where a 1-d grid, with six 64-bit
-    divisions a thread, took 0.059 (bench/labs/prep_variants.py; 4 rows a thread: no faster).
-    A warp a row with 4-byte accesses took 0.126; zeroing dQ in a kernel of its own, 0.101
-    with the reads (bench/labs/attention_backward_parts.py)."""
+    E / 4 lanes of a head sum by shuffles. The 3-d grid spares the 64-bit index divisions
+    of a 1-d one, which took half as long again (bench/labs/prep_variants.py;
+    docs/measurements.md)."""
     T = out.dtype.type
     buf = cuda.shared.array(MAX_THREADS, float32)
     tid = cuda.threadIdx.x

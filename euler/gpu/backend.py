@@ -6,8 +6,9 @@ only to_host, synchronize and float() of a returned DeviceScalar wait for the de
 The exception is matmul_pair's second product (a weight gradient): it goes to a side
 stream with its own cuBLAS handle, forked from the stream and joined back by events
 (wait_deferred), so it runs beside the backward's next kernels.
-Scratch buffers (norm partials, attention's D_i) are allocated on first use at a given
-size and reused, so steps after the first allocate nothing.
+Scratch buffers (norm partials, attention's D_i and prep flags) belong to the backend,
+allocated on first use at a given size and reused, so steps after the first allocate
+nothing.
 Capabilities: CUDA graphs (capture) on a real GPU with the real cuBLAS; KV-cache decoding
 in float32 (the decode_* methods, euler/gpu/decode.py), batched across sequences as on the
 CPU; bf16 decoding recomputes the context through the training forward instead
@@ -439,10 +440,10 @@ class GpuBackend:
             blas.gemm(out, a, b, trans_a, trans_b, accumulate)
         elif out.shape[1] <= out.shape[0]:  # b (K, N) is the narrower: b^T (N, K)
             self.k_transpose.transpose(scratch, b, stream)
-            blas.gemm(out, a, scratch, True, True, accumulate)
+            blas.gemm(out, a, scratch, trans_a=True, trans_b=True, accumulate=accumulate)
         else:  # a (K, M): a^T (M, K)
             self.k_transpose.transpose(scratch, a, stream)
-            blas.gemm(out, scratch, b, False, False, accumulate)
+            blas.gemm(out, scratch, b, accumulate=accumulate)
 
     def wait_deferred(self, keep: int = 0) -> None:
         """Later launches on the stream wait for the deferred products but the last `keep`
@@ -504,8 +505,10 @@ class GpuBackend:
             from euler.gpu import attention_tc
 
             tc = self.options.tc_options(E, is_bf16(qkv))
+            B, T = qkv.shape[:2]
+            flags = self.scratch("attention_flags", (attention_tc.flag_count(B, H, T),), np.int32)
             attention_tc.attention_backward(
-                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, tc
+                dqkv, dout, qkv, out, lse, H, G, E, dsum, self.stream, tc, flags=flags
             )
             return
         self.k_attention.attention_backward(

@@ -18,7 +18,6 @@ import numba
 from numba import cuda
 
 from euler.cache import cache_root
-from euler.gpu.reduce import SIMULATOR
 
 
 class Source:
@@ -65,6 +64,6 @@ def compile_generated(name: str, src: str, header: str, **jit_options):
     spec = importlib.util.spec_from_file_location(f"euler_generated_{name}_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if not SIMULATOR:
+    if not numba.config.ENABLE_CUDASIM:  # the simulator runs Python: nothing to cache
         jit_options["cache"] = True
     return cuda.jit(**jit_options)(getattr(module, name))

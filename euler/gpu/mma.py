@@ -1,82 +1,51 @@
-"""TF32 tensor-core matrix products for numba.cuda kernels: one warp-wide mma.sync.
+"""Tensor-core matrix products for numba.cuda kernels: one warp-wide mma.sync.
 
-numba.cuda exposes no tensor cores, so `mma_tf32` emits the PTX instruction
+numba.cuda exposes no tensor cores, so these functions emit the PTX instructions through
+llvmlite inline assembly:
 
-    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32  D = A B + C
+    mma_tf32     mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32    D = A B + C
+                 (A 16 x 8, B 8 x 8, C and D 16 x 8, all float32 registers)
+    mma_bf16     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   D = A B + C
+                 (A 16 x 16, B 16 x 8 in bf16 pairs, one .b32 each; C, D float32)
+    ldmatrix_x4, ldmatrix_x4_b16, ldmatrix_x4_trans_b16   four B (or A) fragments from a
+                 shared tile in one instruction (rows must start on 16 bytes)
+    tf32, tf32_operand, tf32_finite, pack_bf16x2, bf16x2_lo, bf16x2_hi   operand rounding
 
-(A 16 x 8, B 8 x 8, C and D 16 x 8 in float32) through llvmlite inline assembly, and `tf32`
-emits `cvt.rna.tf32.f32` (round to the nearest TF32 value, ties away from zero: 10 explicit
-mantissa bits, the low 13 bits of the float32 cleared). `tf32_operand` rounds the same way
-for a value that only feeds mma_tf32, in one integer add: half a TF32 unit (0x1000) added
-to the bits, whose low 13 bits the tensor core then ignores. ptxas compiles a cvt.rna that
-feeds an mma to that add too, behind a test for inf and NaN (FSETP, then a predicated
-IADD: docs/gpu.md). The add alone gives the same operand for every finite value
-and for inf (inf + 0x1000 truncates back to inf), one instruction instead of two; only a
-NaN whose payload lies in the low 13 bits would enter as inf. `tf32_finite` is tf32 for a
-finite value in two integer instructions (the add, then the low bits cleared), with no test
-for inf and NaN: for the softmax's probabilities, which are summed as well. Every lane of a
-warp calls mma_tf32 with its own fragments; the product needs all 32 lanes converged, so
-calls must sit outside lane-divergent branches.
-
-Fragment layout per lane (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), with
+Every lane of a warp calls an mma with its own fragments; the product needs all 32 lanes
+converged, so calls must sit outside lane-divergent branches. Fragments per lane (PTX ISA,
+"Matrix Fragments for mma.m16n8k8" and "... m16n8k16 with floating point type"), with
 g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group), as (row, column):
 
-    A (row-major, 16 x 8):  a0 (g, t)    a1 (g + 8, t)    a2 (g, t + 4)    a3 (g + 8, t + 4)
-    B (column-major, 8 x 8): b0 (k = t, n = g)    b1 (k = t + 4, n = g)
-    C, D (16 x 8):  c0 (g, 2t)    c1 (g, 2t + 1)    c2 (g + 8, 2t)    c3 (g + 8, 2t + 1)
+    m16n8k8 tf32:  A  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
+                   B  b0 (k = t, n = g)   b1 (k = t + 4, n = g)
+    m16n8k16 bf16: A  a0 (g, 2t..2t+1)   a1 (g + 8, 2t..2t+1)
+                      a2 (g, 2t+8..2t+9) a3 (g + 8, 2t+8..2t+9)
+                   B  b0 (k = 2t..2t+1, n = g)   b1 (k = 2t+8..2t+9, n = g)
+    both:          C, D  c0 (g, 2t)   c1 (g, 2t + 1)   c2 (g + 8, 2t)   c3 (g + 8, 2t + 1)
 
-`ldmatrix_x4` loads four such B fragments at once from a [n][k] tile in shared memory
-(ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 8 matrices of 16-bit values, which are
-8 rows of 4 words for 32-bit data): lane l gives the address of row l % 8 of matrix l // 8,
-and lane (g, t) receives word t of row g of each, which is b0 (k = t, n = g) of an 8 x 8
-block whose row n starts at that address, or b1 if the address is 4 words on. One
-instruction replaces four 32-bit shared loads; rows must start on 16 bytes.
-
-bf16 (`mma_bf16`): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, D = A B + C with A
-16 x 16 and B 16 x 8 in bf16, C and D 16 x 8 in float32. A register (.b32) holds two bf16,
-the lower-numbered column (of A) or k (of B) in its low 16 bits; per lane (PTX ISA,
-"Matrix Fragments for mma.m16n8k16 with floating point type"):
-
-    A (row-major, 16 x 16, 4 .b32):  a0 (g, 2t..2t+1)   a1 (g + 8, 2t..2t+1)
-                                     a2 (g, 2t+8..2t+9) a3 (g + 8, 2t+8..2t+9)
-    B (column-major, 16 x 8, 2 .b32): b0 (k = 2t..2t+1, n = g)   b1 (k = 2t+8..2t+9, n = g)
-    C, D (16 x 8, 4 floats): as m16n8k8's, c0 (g, 2t)  c1 (g, 2t + 1)  c2 (g + 8, 2t)
-                             c3 (g + 8, 2t + 1)
-
-So the C fragments of two adjacent 8-column blocks n = 2j, 2j + 1 are, packed in pairs,
-the A fragment of columns 16j..16j+15 of the next product: a0 = (c0, c1) and a1 = (c2, c3)
-of block 2j, a2 and a3 the same of block 2j + 1 (FlashAttention-2's P in registers).
-`pack_bf16x2(lo, hi)` rounds two floats to bf16, nearest even, into one .b32
-(cvt.rn.bf16x2.f32: one instruction; a NaN becomes 0x7FFF where bf16_round gives 0x7FC0);
-`bf16x2_lo`/`bf16x2_hi` widen its halves back (a shift, a mask). ldmatrix of 16-bit data
-gives these fragments directly from bf16 tiles in shared memory (a uint16 array): in
-`ldmatrix_x4_b16` lane l gives the address of row l % 8 of matrix l // 8 (8 bf16, 16
-bytes) and lane (g, t) receives elements 2t, 2t + 1 of row g of each matrix (an A
-fragment of a [row][k] tile, a B fragment of an [n][k] tile); `ldmatrix_x4_trans_b16`
-(.trans) gives elements (2t, g) and (2t + 1, g) instead (a B fragment of a [k][n] tile).
+A bf16 pair holds the lower-numbered column (of A) or k (of B) in its low 16 bits. So the
+C fragments of two adjacent 8-column blocks, packed in pairs, are the A fragment of the
+next product's 16 columns: FlashAttention-2 keeps P in registers this way.
 
 The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run inline assembly, so there the same
-two functions, picked at import time, emulate the instruction: each lane puts its fragments
-in a block-shared scratch, a barrier, each lane computes its four outputs from the whole
-warp's fragments, a barrier. The simulator has no warp barrier, so it uses the block's:
-in the simulator every thread of the block must make the same sequence of calls (the
-kernels here do). ldmatrix_x4 is emulated the same way, the lanes' addresses meeting in
-shared scratch. The emulation reads only the TF32 part of each operand (the hardware
-ignores the low 13 bits), forms the exact products and rounds their sum with C once to
-float32; the hardware's summation order is unspecified, so the two agree to float32
-rounding of the sum, not bit for bit. The bf16 product is emulated the same way: the
-products of bf16 values (8-bit significands) are exact in float64, and so is their sum
-unless the 16 terms span more than about 37 binades; the sum with C is rounded once.
+functions, picked at import, emulate the instructions: each lane puts its fragments (or
+its ldmatrix address) in block-shared scratch, a barrier, each lane computes its outputs
+from the whole warp's, a barrier. The simulator has no warp barrier, so every thread of
+the block must make the same sequence of calls (the kernels here do). The emulated
+products read only the TF32 (bf16) part of each operand, form the exact products and
+round their sum with C once to float32; the hardware's summation order is unspecified,
+so the two agree to float32 rounding of the sum, not bit for bit.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import config, cuda, types
+from numba import cuda, types
 from numba.core.errors import TypingError
 
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+from euler.gpu.reduce import SIMULATOR  # read at import, as numba.cuda is chosen (reduce.py)
+
 TF32_MASK = 0xFFFFE000  # the bits of a float32 that a TF32 value keeps
 HALF_TF32_UNIT = 0x1000  # added to the bits, then truncated: round to nearest, ties away
 LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
@@ -120,7 +89,12 @@ if not SIMULATOR:
     @intrinsic
     def tf32_operand(typingctx, x):
         """x (float32) as an mma_tf32 operand rounded to TF32: its bits plus 0x1000, the
-        low 13 bits left for the tensor core to ignore (not a rounded float32 itself)."""
+        low 13 bits left for the tensor core to ignore (not a rounded float32 itself).
+
+        The same operand as tf32(x) for every finite x and for inf (inf + 0x1000 truncates
+        back to inf); only a NaN whose payload lies in the low 13 bits enters as inf. One
+        integer add, where ptxas compiles a cvt.rna feeding an mma to that add behind a
+        test for inf and NaN (docs/gpu.md)."""
         if x != types.float32:
             raise TypingError(f"tf32_operand takes a float32, not {x}")
 
@@ -132,7 +106,8 @@ if not SIMULATOR:
     @intrinsic
     def tf32_finite(typingctx, x):
         """x (a finite float32) rounded to TF32 as tf32 rounds it: (bits + 0x1000) with the
-        low 13 bits cleared."""
+        low 13 bits cleared, two integer instructions and no test for inf and NaN (for the
+        softmax's probabilities, which are summed as well as multiplied)."""
         if x != types.float32:
             raise TypingError(f"tf32_finite takes a float32, not {x}")
 
@@ -146,7 +121,12 @@ if not SIMULATOR:
     @intrinsic
     def ldmatrix_x4(typingctx, sm, i):
         """(r0, r1, r2, r3) (float32): word t of row g of each of four 8 x 4-word matrices
-        of the shared array sm, this lane giving sm[i] as row lane % 8 of matrix lane // 8."""
+        of the shared array sm, this lane giving sm[i] as row lane % 8 of matrix lane // 8.
+
+        ldmatrix.sync.aligned.m8n8.x4.shared.b16 moves 8 x 8 matrices of 16-bit values,
+        which are 8 rows of 4 words for 32-bit data: from an [n][k] tile, b0 of an 8 x 8
+        block whose row n starts at the address, or b1 if the address is 4 words on. One
+        instruction replaces four 32-bit shared loads."""
         ok = isinstance(sm, types.Array) and sm.ndim == 1 and sm.dtype == types.float32
         if not ok or not isinstance(i, types.Integer):
             raise TypingError("ldmatrix_x4 takes a 1-d float32 shared array and an index")
@@ -191,7 +171,8 @@ if not SIMULATOR:
     @intrinsic
     def pack_bf16x2(typingctx, lo, hi):
         """lo, hi (float32) rounded to bf16 (nearest even) in one .b32 (uint32), lo in the
-        low half: cvt.rn.bf16x2.f32, whose first source goes to the high half."""
+        low half: cvt.rn.bf16x2.f32, whose first source goes to the high half (a NaN
+        becomes 0x7FFF, where layer_math.bf16_round gives 0x7FC0)."""
         if lo != types.float32 or hi != types.float32:
             raise TypingError(f"pack_bf16x2 takes two float32, not {lo}, {hi}")
 
@@ -222,8 +203,8 @@ if not SIMULATOR:
         widen.__doc__ = f"The {'high' if high else 'low'} bf16 of a .b32 pair, as a float32."
         return intrinsic(widen)
 
-    bf16x2_lo = _widen_half(False)
-    bf16x2_hi = _widen_half(True)
+    bf16x2_lo = _widen_half(high=False)
+    bf16x2_hi = _widen_half(high=True)
 
     def _ldmatrix_b16(ptx: str):
         def load(typingctx, sm, i):
@@ -249,11 +230,13 @@ if not SIMULATOR:
     def ldmatrix_x4_b16(typingctx, sm, i):
         """(r0, r1, r2, r3) (uint32): elements 2t, 2t + 1 of row g of each of four 8 x 8
         bf16 matrices of the shared uint16 array sm, this lane giving sm[i] as row lane % 8
-        of matrix lane // 8."""
+        of matrix lane // 8: an A fragment of a [row][k] tile, a B fragment of an [n][k]
+        one."""
         return _ldmatrix_b16(LDMATRIX_PTX)(typingctx, sm, i)
 
     def ldmatrix_x4_trans_b16(typingctx, sm, i):
-        """ldmatrix_x4_b16 with .trans: elements (2t, g) and (2t + 1, g) of each matrix."""
+        """ldmatrix_x4_b16 with .trans: elements (2t, g) and (2t + 1, g) of each matrix (a B
+        fragment of a [k][n] tile)."""
         return _ldmatrix_b16(LDMATRIX_TRANS_PTX)(typingctx, sm, i)
 
     ldmatrix_x4_b16 = intrinsic(ldmatrix_x4_b16)
@@ -396,12 +379,12 @@ else:
     @cuda.jit(device=True)
     def ldmatrix_x4_b16(sm, i):
         """The simulator's ldmatrix_x4_b16: the warp's row addresses meet in shared scratch."""
-        return _ldmatrix_b16_sim(sm, i, False)
+        return _ldmatrix_b16_sim(sm, i, trans=False)
 
     @cuda.jit(device=True)
     def ldmatrix_x4_trans_b16(sm, i):
         """The simulator's ldmatrix_x4_trans_b16."""
-        return _ldmatrix_b16_sim(sm, i, True)
+        return _ldmatrix_b16_sim(sm, i, trans=True)
 
     def _pairs(words) -> np.ndarray:
         """(..., 2) float64: the low and high bf16 of each uint32 of words."""
@@ -411,7 +394,9 @@ else:
 
     @cuda.jit(device=True)
     def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """The simulator's warp-wide m16n8k16 bf16 product (see the module docstring)."""
+        """The simulator's warp-wide m16n8k16 bf16 product (see the module docstring): the
+        products of bf16 values (8-bit significands) are exact in float64, and so is their
+        sum unless the 16 terms span more than about 37 binades."""
         frag = cuda.shared.array((_MAX_THREADS, 6), np.uint32)
         tid = cuda.threadIdx.x + cuda.blockDim.x * (
             cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z

@@ -5,8 +5,9 @@ functions reduce through shared memory instead (a global constant picks the path
 compiled kernels carry only the shuffle path's cost). The constant is read at import, as
 numba.cuda itself is chosen then (the simulator replaces the module; the variable must be
 set before numba.cuda is imported), so it cannot disagree with the kernels' numba.cuda;
-host code that depends on the simulator reads numba.config.ENABLE_CUDASIM when it runs
-(GpuBackend). Block sizes must be multiples of 32.
+the other device modules (mma.py, vector.py, async_copy.py, ...) choose their definitions
+by it too. Host code that depends on the simulator reads numba.config.ENABLE_CUDASIM when
+it runs (GpuBackend, the attention launchers). Block sizes must be multiples of 32.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 WARP = 32
 MAX_THREADS = 1024  # shared scratch of this many slots serves any block size
 FULL_MASK = 0xFFFFFFFF
+SUM, MAX = False, True  # _through_shared's take_max (the simulator's kernels take no keywords)
 
 
 @cuda.jit(device=True, inline=True)
@@ -61,7 +63,7 @@ def group_sum(v, buf, zero, width):
     """
     if SIMULATOR:
         lo = cuda.threadIdx.x - cuda.threadIdx.x % width
-        return _through_shared(v, buf, zero, lo, lo + width, False)
+        return _through_shared(v, buf, zero, lo, lo + width, SUM)
     off = width // 2
     while off > 0:
         v += cuda.shfl_xor_sync(FULL_MASK, v, off)
@@ -81,7 +83,7 @@ def warp_max_all(v, buf, lowest):
     The same calling rule as group_sum."""
     if SIMULATOR:
         lo = cuda.threadIdx.x - cuda.threadIdx.x % WARP
-        return _through_shared(v, buf, lowest, lo, lo + WARP, True)
+        return _through_shared(v, buf, lowest, lo, lo + WARP, MAX)
     return warp_max(v)
 
 
@@ -94,7 +96,7 @@ def block_sum(v, buf, zero):
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     if SIMULATOR:
-        return _through_shared(v, buf, zero, 0, n, False)
+        return _through_shared(v, buf, zero, 0, n, SUM)
     v = warp_sum(v)
     if tid % WARP == 0:
         buf[tid // WARP] = v
@@ -112,7 +114,7 @@ def block_max(v, buf, lowest):
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
     if SIMULATOR:
-        return _through_shared(v, buf, lowest, 0, n, True)
+        return _through_shared(v, buf, lowest, 0, n, MAX)
     v = warp_max(v)
     if tid % WARP == 0:
         buf[tid // WARP] = v

@@ -1,60 +1,31 @@
-"""16-byte loads and stores (ld.global.v4.f32 / st.global.v4.f32) for numba.cuda kernels.
+"""16-byte loads and stores (ld.global.v4 / st.global.v4) and vector atomics for numba.cuda.
 
 The memory-bound kernels (RMSNorm, SwiGLU, RoPE, the residual add) need many bytes in
 flight per multiprocessor to reach the memory's bandwidth (Little's law: bandwidth x
 latency / multiprocessors, tens of KB on a Hopper GPU), more than warps issuing one 4-byte
-load per thread and step keep in flight. Numba emits only scalar loads,
-so these intrinsics load and store 4 consecutive float32 as one LLVM <4 x float> access
-with 16-byte alignment, which NVPTX lowers to the vector instructions:
+load per thread and step keep in flight. Numba emits only scalar accesses, so these
+intrinsics move 4 consecutive float32 as one LLVM <4 x float> access with 16-byte
+alignment, which NVPTX lowers to the vector instructions:
 
-    a0, a1, a2, a3 = load4(ary, i)       ary[i : i + 4] of a 1-d float32 array
-    store4(ary, i, a0, a1, a2, a3)       ary[i : i + 4] = a0, a1, a2, a3
-    a0, .., a3 = load4_3d(ary, i0, i1, i2)         ary[i0, i1, i2 : i2 + 4] of a 3-d array
-    store4_3d(ary, i0, i1, i2, a0, a1, a2, a3)     ary[i0, i1, i2 : i2 + 4] = a0, .., a3
-    store4_flat(ary, k, a0, a1, a2, a3)  the same at element k in C order (C-contiguous ary)
+    float32           load4, store4 (1-d), load4_3d, store4_3d (3-d, along the last axis),
+                      store4_flat (element k of a C-contiguous array)
+    float32, shared   load4_shared (ld.shared.v4.f32, LDS.128), load2_shared (.v2)
+    atomic adds       atomic_add2, atomic_add4 (3-d), atomic_add2_flat, atomic_add4_flat:
+                      one red.global.add.v2.f32 or .v4.f32 (sm_90) for 2 or 4 elements,
+                      each element's add atomic
+    bf16 bits         load4_u32, store4_u32, load2_u32, store2_u32, load4_u32_3d,
+                      store4_u32_3d: 8 (or 4) elements as uint32 words, word k holding
+                      element 2k in its low half and 2k + 1 in its high half
+    bf16 as float32   load8_bf16, store8_bf16, load4_bf16, store4_bf16, load8_bf16_3d,
+                      store8_bf16_3d: the words widened by layer_math.bf16_widen (NVVM folds
+                      it to a shift or a mask) or rounded to nearest even by bf16_round
 
-    atomic_add2(ary, i0, i1, i2, a0, a1)    ary[i0, i1, i2 : i2 + 2] += a0, a1 atomically
-    atomic_add4(ary, i0, i1, i2, a0, .., a3)
-
-    atomic_add2_flat(ary, k, a0, a1)        the same at ary's element k in C order
-    atomic_add4_flat(ary, k, a0, .., a3)
-
-are one red.global.add.v2.f32 or .v4.f32 (sm_90) on a 3-d float32 array, aligned at i2 to
-8 or 16 bytes: one atomic request for 2 or 4 elements (each element's add is atomic).
-
-    a0, a1, a2, a3 = load4_shared(sm, i)    sm[i : i + 4] of a 1-d float32 shared array
-
-is one ld.shared.v4.f32 (LDS.128): the register-tiled attention reads its operands four
-at a time with it, a quarter of the shared-memory instructions of scalar loads;
-
-    a0, a1 = load2_shared(sm, i)            sm[i : i + 2], i even: one ld.shared.v2.f32
-
-The element pointer is computed without numba's negative-index wraparound; i must be a
-multiple of 4 and the array's data 16-byte aligned (launchers check with `aligned4`, or
-async_copy.check_aligned for the 3-d arrays, whose rows must hold a multiple of 4 too).
-In the CUDA simulator they are plain element loops.
-
-bf16 tensors are uint16 arrays of their bits (euler.precision). Their 16-byte accesses move
-8 elements as 4 uint32 words (ld.global.v4.u32 / st.global.v4.u32), word k holding element
-2k in its low half and 2k + 1 in its high half; the 8-byte forms 4 elements as 2 words:
-
-    w0, .., w3 = load4_u32(ary, i)           the bits of ary[i : i + 8] (1-d uint16 array)
-    store4_u32(ary, i, w0, .., w3)           and back (a copy: transpose)
-    load2_u32 / store2_u32(ary, i, w0, w1)   ary[i : i + 4], 8 bytes
-    load4_u32_3d / store4_u32_3d(ary, i0, i1, i2, ...)    ary[i0, i1, i2 : i2 + 8]
-
-and as float32, widened by layer_math.bf16_widen (NVVM folds it to a shift for a low half,
-a mask for a high one) or rounded to nearest even by layer_math.bf16_round and packed:
-
-    v0, .., v7 = load8_bf16(ary, i)          ary[i : i + 8] as 8 float32, 16 bytes
-    store8_bf16(ary, i, v0, .., v7)          ary[i : i + 8] = bf16(v0 .. v7), 16 bytes
-    load4_bf16 / store4_bf16(ary, i, ...)    4 elements, 8 bytes (4 float32 of one load4)
-    load8_bf16_3d / store8_bf16_3d(ary, i0, i1, i2, ...)  ary[i0, i1, i2 : i2 + 8]
-
-i (i2) must be a multiple of 8 (of 4 for the 8-byte forms) and the data 16-byte aligned
-(launchers check with `aligned8_bf16`; 3-d rows a multiple of 8 elements). In the
-simulator the word accesses are element loops and the widening and packing run as
-they are, so the simulator checks them.
+bf16 tensors are uint16 arrays of their bits (euler.precision). An index must be a multiple
+of 4 elements (of 8 for a 16-byte bf16 access) and the data 16-byte aligned: launchers
+check with `aligned4`, `aligned8_bf16`, or async_copy.check_aligned for 3-d arrays, whose
+rows must hold a whole number of 16 bytes. The element pointer is computed without numba's
+negative-index wraparound. In the CUDA simulator every access is an element loop and the
+widening and packing run as they are, so the simulator checks them.
 """
 
 from __future__ import annotations

@@ -289,9 +289,9 @@ def dkv_source(options: TcOptions) -> str:
                     for i in (j, j + 2):
                         w(f"s{n}_{i} = exp2_approx(s{n}_{i}{gen.scale} - lq)")
                         dsc = f"softmax_grad(s{n}_{i}, p{n}_{i}, dd)"  # the CPU kernel's dS
-                        w(f"p{n}_{i} = {gen.rnd(dsc, True)}")
+                        w(f"p{n}_{i} = {gen.rnd(dsc, finite=True)}")
                         if not bf16:
-                            w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', True)}")
+                            w(f"s{n}_{i} = {gen.rnd(f's{n}_{i}', finite=True)}")
             gen.operands("s", cols)
             gen.operands("p", cols)
             for n in cols:  # dS^T [key][query] for dQ

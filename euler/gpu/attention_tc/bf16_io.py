@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda, types
 from numba.core.errors import TypingError
 
-from euler.gpu.mma import SIMULATOR
+from euler.gpu.reduce import SIMULATOR
 
 
 def _u16(a, ndim: int) -> bool:

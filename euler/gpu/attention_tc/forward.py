@@ -47,7 +47,8 @@ def _online_softmax(gen: Gen, s: str, o: str, cols) -> None:
         w(f"mn = max({m}, mx{r}{sc})", f"al = exp2_approx({m} - mn)")
         for n in cols:
             p = (
-                f"{s}{n}_{k} = {gen.rnd(f'exp2_approx({s}{n}_{k}{sc} - mn)', True)}" for k in (i, j)
+                f"{s}{n}_{k} = {gen.rnd(f'exp2_approx({s}{n}_{k}{sc} - mn)', finite=True)}"
+                for k in (i, j)
             )
             w(*p)
         w(f"{l} = {l} * al + " + " + ".join(f"{s}{n}_{k}" for n in cols for k in (i, j)))

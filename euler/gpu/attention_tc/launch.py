@@ -3,16 +3,18 @@
 The sources go through generated.compile_generated (written to a file named by their
 digest, so Numba's disk cache serves the next process). Both kernels take their shared
 memory at launch (shared_bytes: two buffers are over the 48 KB of a static array at E = 64;
-attention.launch_dynamic raises the limit).
+attention.launch_dynamic raises the limit). The compiled kernels are cached for the
+process; the backward's flag buffer is the caller's (GpuBackend keeps one per backend).
 """
 
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32
+from numba import config, cuda, float32
 from numba.cuda.cudadrv.driver import device_memset
 
 from euler.gpu import attention
@@ -24,7 +26,6 @@ from euler.gpu.attention_tc.fragments import SIM_RED, THREADS, TILE, layout
 from euler.gpu.attention_tc.fragments_bf16 import BF16_HEAD_SIZES, layout_bf16
 from euler.gpu.attention_tc.options import HEAD_SIZES, TcOptions
 from euler.gpu.generated import compile_generated
-from euler.gpu.mma import SIMULATOR
 from euler.precision import BF16, is_bf16
 
 HEADER = """import math
@@ -63,10 +64,6 @@ class TcKernels(NamedTuple):
     dkv: object  # backward_dkv_tc_kernel's
 
 
-_BUILT: dict[TcOptions, TcKernels] = {}
-_FLAGS: dict[int, object] = {}
-
-
 def supports(E: int, bf16: bool = False) -> bool:
     """Head sizes these kernels are generated for (E divides the 128 threads' copies; in
     bf16 a multiple of the mma's k = 16)."""
@@ -95,14 +92,15 @@ def compile_kernel(name: str, src: str, bf16: bool = False):
     return compile_generated(name, src, HEADER_BF16 if bf16 else HEADER)
 
 
+@cache
 def kernels(options: TcOptions) -> TcKernels:
-    """The kernels of options, generated and compiled on first use."""
-    if options.simulator != SIMULATOR:
+    """The kernels of options, generated and compiled on first use and kept for the process
+    (compiled code is a pure function of the frozen options; device buffers are not, so
+    none is kept here)."""
+    if options.simulator != bool(config.ENABLE_CUDASIM):
         raise ValueError(f"TcOptions.simulator: {options.simulator}, but numba.cuda's is not")
-    if options not in _BUILT:
-        built = (compile_kernel(n, s, options.bf16) for n, s in sources(options).items())
-        _BUILT[options] = TcKernels(*built)
-    return _BUILT[options]
+    built = (compile_kernel(n, s, options.bf16) for n, s in sources(options).items())
+    return TcKernels(*built)
 
 
 def _options(E: int, options: TcOptions | None, qkv) -> TcOptions:
@@ -167,18 +165,26 @@ def attention_forward(
                              out, lse, qkv, H, G, scale)  # fmt: skip
 
 
+def flag_count(B: int, H: int, T: int) -> int:
+    """Elements of attention_backward's flags: one a (b, h, 64-query tile) unit."""
+    return B * H * ((T + TILE - 1) // TILE)
+
+
 def attention_backward(
     dqkv, dout, qkv, out, lse, H: int, G: int, E: int, dsum, stream=0,
-    options: TcOptions | None = None,
+    options: TcOptions | None = None, flags=None,
 ) -> None:  # fmt: skip
     """dqkv (B, T, (H + 2G) E), assigned, from dout (B, T, H E) and the saved out and lse.
 
     dsum (B, H, T) is scratch for D_i = rowsum(dO * O); the kv heads' gradients sum over
     the query heads of their group. Same math as attention.attention_backward. T a multiple
-    of 64: the dkv grid's first row prepares dsum and dQ's zeros (prep.py); else
-    attention.backward_prep does, before it. bf16 qkv: dout and out bf16 too, dqkv, lse
-    and dsum float32 (dQ's atomic adds are float), and T a multiple of 64 (the prep blocks
-    alone read bf16 dO and O).
+    of 64: the dkv grid's first row prepares dsum and dQ's zeros (prep.py), each unit's
+    behind a flag in flags, (flag_count(B, H, T),) int32 scratch that this call zeroes on
+    stream (None: one allocated for this call, which a captured step could not do;
+    GpuBackend passes its own). Else attention.backward_prep prepares them, before it, and
+    no flag is read. bf16 qkv: dout and out bf16 too, dqkv, lse and dsum float32 (dQ's
+    atomic adds are float), and T a multiple of 64 (the prep blocks alone read bf16 dO and
+    O).
     """
     options = _options(E, options, qkv)
     _check_dtypes(options, dqkv=dqkv, dout=dout, qkv=qkv, out=out, lse=lse, dsum=dsum)
@@ -195,26 +201,25 @@ def attention_backward(
     fused = Tn % TILE == 0  # whole units: no two share a cache line of dsum
     if options.bf16 and not fused:
         raise ValueError(f"attention_tc backward in bf16: T a multiple of {TILE}, not {Tn}")
+    n = flag_count(B, H, Tn)
+    if flags is None:
+        flags = cuda.device_array(n, np.int32)
+    elif flags.shape != (n,) or np.dtype(flags.dtype) != np.int32:
+        raise ValueError(f"flags: ({n},) int32, not {flags.shape} {np.dtype(flags.dtype)}")
     if fused:
         _check_rows(out)
-        flags = _flags(B * H * nt, stream)
+        _zero_flags(flags, stream)
     else:  # the kernel reads no flag: none is zeroed
         attention.backward_prep(dqkv, dsum, dout, out, H, E, stream)
-        flags = _flags(1, None)
     grid = (B * G, nt + int(fused))  # the prep blocks' row first, then the heaviest tiles
     args = (dqkv, dsum, dout, qkv, lse, H, G, scale, out, flags, int(fused))
     nbytes = shared_bytes(options)["dkv"]
     attention.launch_dynamic(kernels(options).dkv, grid, THREADS, stream, nbytes, *args)
 
 
-def _flags(n: int, stream) -> object:
-    """The prep blocks' flags, one a (b, h, query tile) unit, zeroed on stream (not at all
-    if stream is None): an int32 device array kept per size (allocated on first use, before
-    any graph capture of the step)."""
-    if SIMULATOR:
-        return cuda.to_device(np.zeros(n, np.int32))
-    if n not in _FLAGS:
-        _FLAGS[n] = cuda.device_array(n, np.int32)
-    if stream is not None:
-        device_memset(_FLAGS[n], 0, 4 * n, stream)
-    return _FLAGS[n]
+def _zero_flags(flags, stream) -> None:
+    """flags (n,) int32 = 0 on stream (the simulator has no memset: a host copy there)."""
+    if config.ENABLE_CUDASIM:
+        flags.copy_to_device(np.zeros(flags.shape, np.int32), stream=stream)
+    else:
+        device_memset(flags, 0, 4 * flags.shape[0], stream)

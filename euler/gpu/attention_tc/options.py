@@ -7,9 +7,9 @@ simulator, and the shape of the dkv grid's prep blocks (prep.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from euler.gpu.mma import SIMULATOR
+from numba import config
 
 HEAD_SIZES = (8, 16, 32, 64)  # E divides the 128 threads' 16-byte copies of a 64-row tile
 
@@ -20,8 +20,8 @@ class TcOptions:
 
     head_size: E, one of HEAD_SIZES.
     simulator: source for the CUDA simulator (no warp shuffles: quad reductions go through
-        shared memory; no alignment on the shared array), which euler.gpu.mma.SIMULATOR,
-        NUMBA_ENABLE_CUDASIM at import, decides by default.
+        shared memory; no alignment on the shared array); by default whether
+        NUMBA_ENABLE_CUDASIM is on when the options are made.
     prep_span: (batch element, kv head) pairs a prep block serves; the other blocks of the
         prep row exit at once.
     prep_stages: a prep block's units in shared memory at once: two in flight while one is
@@ -33,7 +33,7 @@ class TcOptions:
     """
 
     head_size: int
-    simulator: bool = SIMULATOR
+    simulator: bool = field(default_factory=lambda: bool(config.ENABLE_CUDASIM))
     prep_span: int = 2
     prep_stages: int = 3
     prep_flag_every: int = 2

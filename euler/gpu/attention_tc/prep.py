@@ -9,7 +9,8 @@ release fence. The prep's bytes then move while the first dkv blocks compute, no
 them. A dkv block's thread 0 waits for a tile's flag before the barrier that precedes that
 tile's copies, having read it an iteration ahead (next_flag). A dkv block whose pair's last
 unit is flagged when it starts (all its units prepared) runs a second copy of the loop,
-without the flags' code. The flags are zeroed by a memset a call (launch._flags).
+without the flags' code. The flags are the caller's buffer, zeroed by a memset a call
+(launch.attention_backward).
 
 The fence waits for the raising thread's copies in flight, about a unit's latency, so a
 prep block raises its flags prep_flag_every units at a time. T not a multiple of 64 takes
