@@ -6,13 +6,12 @@ at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits 
 1e-4 of the largest logit, and our token ids `tokenizers`' on books and web text; greedy
 chat, `euler serve` asked through the README's openai one-liner, and its chat page in
 headless chromium must name Paris; on a GPU (marked `gpu`) the GPU's fp32, tf32 and bf16
-logits must keep bench/smollm2_check.py's bounds. That script runs the longer checks (2,048
-tokens, generate).
+logits must keep the bounds of euler/interop/hf_logits.py. bench/smollm2_check.py runs the
+longer checks (2,048 tokens, generate).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -173,11 +172,9 @@ def test_gpu_logits_keep_the_bounds(imported) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    path = Path(__file__).resolve().parents[1] / "bench/smollm2_check.py"
-    spec = importlib.util.spec_from_file_location("smollm2_check", path)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    from euler.interop.hf_logits import precision_windows
+
     args = SimpleNamespace(device="cuda", windows=[512], precision=["fp32", "tf32", "bf16"])
-    res = check.precision_windows(imported, held_out_ids(imported), GGUF, args)
+    res = precision_windows(imported, held_out_ids(imported), GGUF, args)
     bad = {p: res[p][512] for p in args.precision if not res[p][512]["within_bound"]}
     assert not bad, f"outside the bound: {bad}"
