@@ -58,7 +58,10 @@ def register(app: typer.Typer) -> None:
             Path, typer.Argument(help="Hugging Face Llama folder, or a .gguf file (--format gguf).")
         ],
         out: Annotated[
-            Path, typer.Option("--out", "-o", help="Checkpoint file to write (or a folder).")
+            Path,
+            typer.Option(
+                "--out", "-o", help="Run folder to write (made if absent), or a .safetensors file."
+            ),
         ],
         fmt: FormatOpt = "hf",
         tokenizer: Annotated[

@@ -275,6 +275,13 @@ def test_gguf_cli_context_and_refusals(folder, tmp_path, capsys, euler_cli) -> N
     assert ckpt.load(out).cfg.context == 32
     assert euler_cli(*argv) == 2  # exists, no --overwrite
     assert capsys.readouterr().err.count("\n") == 1
+    # --out without .safetensors is a run folder, made as euler train makes one
+    run = tmp_path / "runs" / "smol"
+    assert euler_cli("import", "--format", "gguf", path, "--out", run) == 0
+    assert f"wrote {run / ckpt.CHECKPOINT_NAME}" in capsys.readouterr().out
+    assert ckpt.load(run / ckpt.CHECKPOINT_NAME).cfg.tie_embeddings
+    assert euler_cli("import", "--format", "gguf", path, "--out", run) == 2  # no --overwrite
+    assert "--overwrite" in capsys.readouterr().err
     bad = tmp_path / "not.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 12)
     assert euler_cli("import", "--format", "gguf", bad, "--out", tmp_path / "x") == 2

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from euler.errors import EulerError
+from euler.interop.hf_import import claim_checkpoint
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, head_weights, init_params
 from euler.training import checkpoint as ckpt
@@ -209,22 +210,6 @@ def tokenizer_from_gguf(g: GGUFFile):
     return HFByteLevelBPE.from_gguf(tokens, types, merges, pre, str(g.path), chat)
 
 
-def check_out(out: Path, overwrite: bool, src: Path) -> Path:
-    """The checkpoint path for --out (a file, or checkpoint.safetensors inside a folder),
-    claimed by euler.ownership's rule (as euler import --format hf claims its output)."""
-    from euler import ownership
-
-    out = Path(out)
-    out = out / ckpt.CHECKPOINT_NAME if out.is_dir() else out
-    if not out.parent.is_dir():
-        raise EulerError(f"--out: folder does not exist: {out.parent}")
-    found = ownership.identify(out.parent)
-    if found.kind in ownership.FOLDER_KINDS:
-        raise EulerError(f"--out {out}: {out.parent} holds {found.words}; import elsewhere")
-    ownership.claim_file(out, ownership.CHECKPOINT, overwrite, [("SRC", Path(src))])
-    return out
-
-
 def import_gguf(
     src: str | Path,
     out: str | Path,
@@ -241,7 +226,6 @@ def import_gguf(
     """
     src = Path(src)
     g = GGUFFile(src)
-    out = check_out(Path(out), overwrite, src)
     cfg = config_from_gguf(g, n_mtp or 1, context)
     tok = tokenizer_from_gguf(g)
     if tok.vocab_size != cfg.vocab_size:
@@ -253,6 +237,7 @@ def import_gguf(
     extra = sorted(set(g.tensors) - names)
     if extra:
         raise EulerError(f"{src}: unexpected tensor {extra[0]}: our block has no such weight")
+    out = claim_checkpoint(Path(out), overwrite, [("SRC", src)])
     params = init_params(layout, seed)  # only heads 1..K-1 keep these values
     views = layout.views(params)
     for name, shape, _ in layout.table:

@@ -209,6 +209,29 @@ def _adds_nothing(post: dict | None) -> bool:
     return post.get("type") == "TemplateProcessing" and post.get("single") == passthrough
 
 
+def claim_checkpoint(out: Path, overwrite: bool, reads: list) -> Path:
+    """The checkpoint path an import writes for --out, claimed by euler.ownership's rule.
+
+    A `.safetensors` path (or an existing file) is the checkpoint itself; any other path is
+    a run folder, made if absent as `euler train --out` makes one, that will hold
+    checkpoint.safetensors. reads: (flag, path) pairs the import reads, never replaced.
+    """
+    if out.is_dir() or (not out.exists() and out.suffix != ".safetensors"):
+        out = out / ckpt.CHECKPOINT_NAME
+    folder = out.parent
+    if folder.is_dir():
+        found = ownership.identify(folder)
+        if found.kind in ownership.FOLDER_KINDS:
+            raise EulerError(f"--out {out}: {folder} holds {found.words}; import elsewhere")
+    elif out.name == ckpt.CHECKPOINT_NAME:
+        try:
+            folder.mkdir(parents=True)
+        except OSError as e:
+            raise EulerError(f"--out {folder}: cannot make the folder ({e.strerror})") from None
+    ownership.claim_file(out, ownership.CHECKPOINT, overwrite, reads)
+    return out
+
+
 def import_hf(
     src: str | Path,
     out: str | Path,
@@ -227,17 +250,10 @@ def import_hf(
     src, notes = Path(src), []
     if not src.is_dir():
         raise EulerError(f"not a folder: {src}")
-    out = Path(out)
-    out = out / ckpt.CHECKPOINT_NAME if out.is_dir() else out
-    if not out.parent.is_dir():
-        raise EulerError(f"--out: folder does not exist: {out.parent}")
-    if out.resolve().is_relative_to(src.resolve()):
+    if Path(out).resolve().is_relative_to(src.resolve()):
         raise EulerError(f"--out {out} is inside the folder being imported; choose another")
-    if ownership.identify(out.parent).kind in ownership.FOLDER_KINDS:
-        found = ownership.identify(out.parent).words
-        raise EulerError(f"--out {out}: {out.parent} holds {found}; import into another folder")
     reads = [("SRC", src), ("--tokenizer", Path(tokenizer) if tokenizer else None)]
-    ownership.claim_file(out, ownership.CHECKPOINT, overwrite, reads)
+    out = claim_checkpoint(Path(out), overwrite, reads)
     c = Fields(read_json(src / "config.json", "config.json"), str(src / "config.json"))
     tok = _tokenizer(src, tokenizer)
     tensors = read_weights(src)
