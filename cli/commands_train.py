@@ -50,6 +50,13 @@ DEFAULT_TEMPERATURE = 0.8  # the chat REPL's sampling; --prompt and --speculativ
 Overwrite = Annotated[
     bool, typer.Option(help="Replace a run that --out already holds (not while it trains).")
 ]
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        help="TOML or JSON file of these settings by run.json's names (n_layer = 6), or a "
+        "run's run.json; flags given beside it win."
+    ),
+]
 Nproc = Annotated[
     int,
     typer.Option(
@@ -133,8 +140,29 @@ def _train_config(kind: str, settings: dict) -> TrainConfig:
     return TrainConfig(kind=kind, **values)
 
 
+def _with_config_file(kind: str, settings: dict, given: set[str], config: Path) -> TrainConfig:
+    """The TrainConfig of --config's settings, each replaced by its flag where one was given;
+    an impossible result is refused naming the file and the flag."""
+    from euler.training.config import read_config_file
+
+    values = read_config_file(config, kind)
+    merged = {**settings, **{k: v for k, v in values.items() if k not in given}}
+    if kind == "sft":
+        _sft_inputs_given(merged["init_from"], merged["data"])
+    try:
+        return _train_config(kind, merged)
+    except EulerError as e:
+        raise EulerError(f"--config {config} with the flags given: {e}") from None
+
+
+def _sft_inputs_given(init_from: object, data: object) -> None:
+    """Refuse an sft run without its two inputs (flags, or --config's settings)."""
+    if init_from is None or data is None:
+        raise EulerError("sft needs --checkpoint CHECKPOINT and --data SFT_FOLDER (or --resume)")
+
+
 def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwrite: bool,
-         nproc: int, threads: int | None = None) -> None:  # fmt: skip
+         nproc: int, threads: int | None = None, config: Path | None = None) -> None:  # fmt: skip
     """Start or resume a run; exit 130 after a Ctrl-C (the checkpoint is saved).
 
     The run folder's lock is held from before run.json is read until the run ends. nproc > 1
@@ -152,8 +180,14 @@ def _run(kind: str, settings: dict, given: set[str], resume: Path | None, overwr
     check_int(nproc, "--nproc", 1, MAX_NPROC)
     if threads is not None:
         pick_threads(threads)  # a bad count is refused before any work
+    if resume is not None and config is not None:
+        raise EulerError("--config starts a run, --resume continues one with its run.json: "
+                         "give one of them")  # fmt: skip
     if resume is None:
-        tc = _train_config(kind, settings)
+        if config is not None:
+            tc = _with_config_file(kind, settings, given, config)
+        else:
+            tc = _train_config(kind, settings)
         check_run_dir(Path(tc.out_dir), overwrite, run_inputs(tc))  # before the lock's file
     else:
         _refuse_resume_conflicts(given, overwrite)
@@ -230,9 +264,10 @@ def register(app: typer.Typer) -> None:
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
         threads: Threads = None,
+        config: ConfigFile = None,
     ) -> None:
         """Pretrain a model on token shards (or on the embedded default corpus)."""
-        _run("pretrain", settings, given, resume, overwrite, nproc, threads)
+        _run("pretrain", settings, given, resume, overwrite, nproc, threads, config)
 
     @app.command("sft")
     @_train_config_options("sft")
@@ -243,13 +278,12 @@ def register(app: typer.Typer) -> None:
         overwrite: Overwrite = False,
         nproc: Nproc = 1,
         threads: Threads = None,
+        config: ConfigFile = None,
     ) -> None:
         """Fine-tune on instructions; the loss counts response tokens only."""
-        if resume is None and (settings["init_from"] is None or settings["data"] is None):
-            raise EulerError(
-                "sft needs --checkpoint CHECKPOINT and --data SFT_FOLDER (or --resume)"
-            )
-        _run("sft", settings, given, resume, overwrite, nproc, threads)
+        if resume is None and config is None:
+            _sft_inputs_given(settings["init_from"], settings["data"])
+        _run("sft", settings, given, resume, overwrite, nproc, threads, config)
 
     @app.command("chat")
     def chat_command(

@@ -68,21 +68,42 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
 
 
-def read_json(path: Path, what: str = "file") -> Any:
-    """Parse a JSON file; a missing file, a folder, or an oversized one is refused by name."""
-    path = Path(path)
+def _read_document(path: Path, what: str) -> bytes:
+    """A file's bytes; a missing file, a folder, or an oversized one is refused by name."""
     if path.is_dir():
         raise EulerError(f"{path}: is a folder, expected a {what}")
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise EulerError(f"{path}: {size:,} bytes is too large for a {what}")
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise EulerError(f"{path}: {what} not found") from None
     except OSError as e:
         raise EulerError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_json(data, str(path))
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    """Parse a JSON file; a missing file, a folder, or an oversized one is refused by name."""
+    path = Path(path)
+    return parse_json(_read_document(path, what), str(path))
+
+
+def read_toml(path: Path, what: str = "file") -> dict:
+    """Parse a TOML file (a table: TOML's top level always is), refused as read_json's are;
+    Python 3.10 has no TOML parser, so there the file is refused with the JSON it could be."""
+    path = Path(path)
+    data = _read_document(path, what)
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise EulerError(f"{path}: TOML needs Python 3.11 or later; write it as JSON") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise EulerError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise EulerError(f"{path}: invalid TOML ({e})") from None
 
 
 class Fields:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.precision import precision_help, resolve_precision
-from euler.schema import Fields, check_number, dataclass_values
+from euler.schema import Fields, check_number, dataclass_values, read_json, read_toml
 
 TRAIN_CONFIG_VERSION = 2  # 2: `precision` replaced version 1's `tf32`
 KINDS = ("pretrain", "sft")  # `euler train` runs kind pretrain, `euler sft` kind sft
@@ -246,6 +247,39 @@ INT_RANGES = {
 # (checkpoints hold fp32 master weights: a run resumes in another precision, or device)
 RESUME_FLAGS = ("steps", "ckpt_every", "log_every", "device", "precision", "exact_attention",
                 "cuda_graph")  # fmt: skip
+
+
+def read_config_file(path: Path, kind: str) -> dict[str, Any]:
+    """The settings a `--config` file gives the command running `kind`, by field name.
+
+    The file is TOML or JSON (by its suffix): an object of TrainConfig fields named as in
+    run.json (`n_layer = 6`, `lr = 1e-3`), any subset, or a whole run.json (its `train`
+    object: a run's settings, to start another like it). Each value is checked for its
+    type here and for its range where the TrainConfig is built; a field the command has no
+    flag for (`kind`, `version`, sft's `preset`) may appear only with the value the command
+    would use, so a run.json of either command reads, and nothing a flag cannot set slips in.
+    """
+    path = Path(path)
+    if path.suffix == ".toml":
+        data: Any = read_toml(path, "config file")
+    elif path.suffix == ".json":
+        data = read_json(path, "config file")
+    else:
+        raise EulerError(f"--config {path}: expected a .toml or .json file")
+    f = Fields(data, str(path))
+    if f.has("train") and f.has("run_id"):  # a run folder's run.json
+        f = f.obj("train")
+    values = dataclass_values(TrainConfig, f, required=False)
+    for entry in dataclasses.fields(TrainConfig):
+        flag = flag_of(entry)
+        if entry.name not in values or (flag is not None and kind in flag.kinds):
+            continue
+        fixed = {"kind": kind}.get(entry.name, flag_default(entry, kind))
+        if values.pop(entry.name) != fixed:
+            command = "sft" if kind == "sft" else "train"
+            f.fail(entry.name, f"{fixed!r} (euler {command} does not set it)",
+                   f.get(entry.name))  # fmt: skip
+    return values
 
 
 def check_int(value: object, flag: str, lo: int, hi: int) -> int:
