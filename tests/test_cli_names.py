@@ -92,6 +92,32 @@ def test_no_checkpoint_or_run_by_position(name):
             assert p.name not in ("checkpoint", "run", "runs", "ckpt"), f"euler {name} {p.name}"
 
 
+def _help_flags(text: str) -> set[str]:
+    """The long flags of the options panels of a command's printed --help (Rich's boxes: a
+    row opens with the flags, `*` marking a required one, before the `<type>` column)."""
+    flags = set()
+    for line in text.splitlines():
+        cell = line.removeprefix("│")
+        row = cell.strip().removeprefix("*").strip()
+        # a help text's continuation line starts far to the right, in the help column
+        if line.startswith("│") and row.startswith("--") and cell.index("-") < 8:
+            flags |= {w for w in row.split("<")[0].split() if w.startswith("--")}
+    return flags
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_printed_help_shows_exactly_the_options_and_no_synonym(name, monkeypatch, capsys):
+    """What `euler NAME --help` prints, parsed: every shown option of the tree and no other
+    flag (so the checks above are the text a user reads), and no synonym of a concept."""
+    monkeypatch.setenv("COLUMNS", "200")  # one row an option, its flags whole
+    code, out, err = run_cli(monkeypatch, capsys, *name.split(), "--help")
+    assert code == 0, err
+    shown = _help_flags(out)
+    assert shown == {"--help", *(flag for flag, _ in _options(COMMANDS[name], hidden=False))}, out
+    synonyms = {s for words in SYNONYMS.values() for s in words}
+    assert not shown & synonyms, f"euler {name} --help shows {shown & synonyms}"
+
+
 def test_hidden_options_are_old_spellings_that_name_the_new_one():
     seen = set()
     for name, cmd in COMMANDS.items():
