@@ -33,6 +33,13 @@ def register(app: typer.Typer) -> None:
                 "prepare` (its held-out split). Repeat for several sources."
             ),
         ] = None,
+        text_tokens: Annotated[
+            int,
+            typer.Option(
+                help="Score only the first N tokens of each --text source, its bytes counted "
+                "over them (0: all)."
+            ),
+        ] = 0,
         instructions: Annotated[
             Path | None,
             typer.Option(help="Alpaca JSON file of instructions to answer greedily."),
@@ -74,6 +81,9 @@ def register(app: typer.Typer) -> None:
             raise EulerError("give --text PATH and/or --instructions FILE")
         check_int(max_tokens, "--max-tokens", 1, 1 << 20)
         check_int(limit, "--limit", 0, 1 << 40)
+        check_int(text_tokens, "--text-tokens", 0, 1 << 50)
+        if text_tokens == 1:
+            raise EulerError("--text-tokens 1 predicts nothing: give 2 or more (0: all)")
         if device not in ("cpu", "cuda"):
             raise EulerError(f"--device must be cpu or cuda, got {device!r}")
         precision = chat_precision(device, precision, "eval")
@@ -96,7 +106,7 @@ def register(app: typer.Typer) -> None:
             console.width = max(console.width, 140)
         result: dict = {"report": "euler eval", "checkpoint": str(ck.path), "step": ck.step}
         if text:
-            result["text"] = _eval_text(ck, text, device, precision, console)
+            result["text"] = _eval_text(ck, text, device, precision, console, text_tokens)
         if records is not None:
             result["instructions"] = _eval_instructions(
                 ck, records, instructions, max_tokens, device, precision, console
@@ -115,13 +125,15 @@ def _progress(console, what: str, total: int):
         yield lambda n=1: bar.advance(task, n)
 
 
-def _eval_text(ck, paths: list[Path], device: str, precision: str, console) -> dict:
-    """Bits per byte per source and overall, printed as a table."""
+def _eval_text(ck, paths: list[Path], device: str, precision: str, console,
+               max_tokens: int = 0) -> dict:  # fmt: skip
+    """Bits per byte per source (each cut to its first max_tokens tokens, 0: whole) and
+    overall, printed as a table."""
 
     from euler.backend import make_backend
     from euler.eval.text import evaluate_text, load_text, n_windows
 
-    sources = load_text(paths, ck)
+    sources = load_text(paths, ck, max_tokens)
     backend = make_backend(device, precision)
     with _progress(console, "scoring text", n_windows(sources, ck.cfg.context)) as advance:
         res = evaluate_text(ck, sources, backend, precision, on_batch=advance)

@@ -24,8 +24,9 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 help="Time budget: after data preparation, 70% of what is left pretrains, "
-                "15% fine-tunes, 15% evaluates and plots (tokens and steps fitted to the "
-                "training speed measured first). Default: the README's 10M tokens, 300 steps."
+                "15% fine-tunes, 15% evaluates and plots (tokens, steps and the held-out "
+                "tokens scored fitted to the training speed measured first). Default: the "
+                "README's 10M tokens, 300 steps, the whole held-out split."
             ),
         ] = None,
         out: Annotated[

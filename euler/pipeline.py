@@ -18,8 +18,9 @@ hold there ("run from OUT"). OUT is written only when it is missing, empty, or (
 lie inside it. A failed pipeline removes its staging folder.
 
 With a time budget (`minutes`), the data stages run first and take what they take; what
-is left is split by BUDGET_SHARES, and the pretraining tokens and SFT steps come from the
-training speed measured on a few steps of the model before pretraining starts.
+is left is split by BUDGET_SHARES, and the pretraining tokens, the SFT steps and the
+held-out tokens scored of each source come from the training speed measured on a few
+steps of the model before pretraining starts.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ LR, MIN_LR, MAX_WARMUP = "2e-3", "2e-4", 200
 BUDGET_SHARES = {"pretrain": 0.70, "sft": 0.15}
 # a step's measured time leaves out validations, checkpoints and start-up: aim below it
 BUDGET_SAFETY = 0.8
+# of the evaluation's budget, the held-out text's share (the rest: instructions and plots)
+TEXT_EVAL_SHARE = 0.5
+# a forward alone scores tokens faster than a training step trains them (no backward, no
+# optimizer: about a third of the work); 1.5 leaves room for a slower forward
+FORWARD_SPEEDUP = 1.5
 CALIBRATION_STEPS = 3
 
 
@@ -216,9 +222,11 @@ def data_stages(s: Settings, context: int) -> list[Stage]:
 
 
 def training_stages(
-    s: Settings, context: int, tokens: int, sft_steps: int, budgets: dict[str, float | None]
-) -> list[Stage]:
-    """Pretraining, SFT, the evaluations and the plots."""
+    s: Settings, context: int, tokens: int, sft_steps: int, budgets: dict[str, float | None],
+    text_tokens: int = 0,
+) -> list[Stage]:  # fmt: skip
+    """Pretraining, SFT, the evaluations (text_tokens: of each held-out source, 0: all)
+    and the plots."""
     steps = max(1, tokens // (s.batch_size * context))
     warmup = min(MAX_WARMUP, max(1, steps // 25))
     device = ["--device", s.device]
@@ -276,6 +284,8 @@ def training_stages(
         "eval-instructions.json",
         *device,
     ]
+    if text_tokens:
+        text += ["--text-tokens", str(text_tokens)]
     if s.limit:
         instr += ["--limit", str(s.limit)]
     plots = [
@@ -309,6 +319,15 @@ def budgeted_counts(
     tokens = max(per_step, int(budgets["pretrain"] * rate) // per_step * per_step)
     sft_steps = max(1, int(budgets["sft"] * rate) // (SFT_BATCH * context))
     return tokens, sft_steps
+
+
+def budgeted_text_tokens(budgets: dict[str, float], tokens_per_second: float,
+                         sources: int, context: int) -> int:  # fmt: skip
+    """Tokens of each held-out source that `euler eval --text-tokens` scores within the
+    text's share of the evaluation budget (the whole val split is millions of tokens);
+    at least one window's."""
+    rate = tokens_per_second * FORWARD_SPEEDUP * BUDGET_SAFETY
+    return max(context + 1, int(budgets["eval"] * TEXT_EVAL_SHARE * rate) // max(1, sources))
 
 
 def measure_speed(s: Settings, vocab_size: int) -> float:
@@ -349,6 +368,7 @@ def run(
             _run_stage(p, stage, run_command, say)
         budgets: dict = {}
         tokens, sft_steps = s.tokens or DEFAULT_TOKENS, s.sft_steps or DEFAULT_SFT_STEPS
+        text_tokens = 0
         if s.minutes is not None:
             left = s.minutes * 60 - (time.perf_counter() - p.started)
             if left <= 0:
@@ -366,8 +386,12 @@ def run(
             p.results["calibration_tokens_per_second"] = tps
             fit_tokens, fit_steps = budgeted_counts(budgets, tps, s.batch_size, cfg.context)
             tokens, sft_steps = s.tokens or fit_tokens, s.sft_steps or fit_steps
+            manifest = json.loads(Path("data/pretrain/manifest.json").read_text())
+            text_tokens = budgeted_text_tokens(budgets, tps, len(manifest["sources"]),
+                                               cfg.context)  # fmt: skip
         plot_missing = _plot_missing()
-        for stage in training_stages(s, cfg.context, tokens, sft_steps, budgets):
+        stages = training_stages(s, cfg.context, tokens, sft_steps, budgets, text_tokens)
+        for stage in stages:
             if stage.name == "plot" and plot_missing:
                 stage.skipped = plot_missing
                 p.stages.append(stage)

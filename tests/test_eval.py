@@ -99,6 +99,32 @@ def test_uniform_model_scores_log2_vocab_bits_per_byte(tmp_path, monkeypatch, ca
     assert "next-token loss (head 0)" in out and "MTP mean" in out
 
 
+@pytest.mark.parametrize("n", [30, 157 + 1 + 5, 10_000], ids=["in-doc", "two-docs", "all"])
+def test_text_tokens_scores_a_prefix_with_its_own_bytes(n, tmp_path, monkeypatch, capsys):
+    """--text-tokens N: the source's first N tokens, N - 1 of them predicted, its bytes and
+    documents those of the prefix (separators' bytes not counted); more than it holds: all."""
+    books = tmp_path / "books"
+    books.mkdir()
+    first = "Call me Ishmael. " * 9 + "café"  # 157 bytes, stripped as a document is
+    (books / "a.txt").write_text(first + "\n", encoding="utf-8")
+    (books / "b.txt").write_text("It was the best of times.", encoding="utf-8")
+    ck = _checkpoint(tmp_path / "u.safetensors")
+    out = tmp_path / "e.json"
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "--checkpoint", str(ck), "--text",
+                           str(books), "--text-tokens", str(n), "--json", str(out))  # fmt: skip
+    assert code == 0, err
+    (row,) = json.loads(out.read_text())["text"]["sources"]
+    whole = len(first.encode()) + len(b"It was the best of times.")
+    if n > whole + 2:
+        assert (row["source"], row["tokens"], row["bytes"]) == (str(books), whole + 1, whole)
+        return
+    assert row["source"] == f"{books}, first {n:,} tokens" and row["tokens"] == n - 1
+    assert (row["bytes"], row["documents"]) == ((n - 1, 1) if n <= 158 else (n - 2, 2))
+    assert row["bits_per_byte"] == pytest.approx(
+        math.log2(TOK.vocab_size) * row["tokens"] / row["bytes"], rel=1e-6
+    )
+
+
 def test_head_0_is_the_headline_and_the_mtp_mean_its_neighbour(tmp_path):
     """On one window of a random model: nats per token is head 0's mean loss alone (the
     other heads masked), and the MTP mean is the mean over heads of each head's mean loss,
@@ -288,6 +314,18 @@ CASES = [
         "eval-max-tokens",
         (*EVAL, "--instructions", "{root}/i.json", "--max-tokens", "0"),
         ("--max-tokens",),
+    ),
+    Case(
+        "eval-text-tokens",
+        (*EVAL, "--text", "{root}/t.txt", "--text-tokens", "-1"),
+        ("--text-tokens must be an integer in [0,",),
+        lambda r: (r / "t.txt").write_text("hi."),
+    ),
+    Case(
+        "eval-text-tokens-one",
+        (*EVAL, "--text", "{root}/t.txt", "--text-tokens", "1"),
+        ("--text-tokens 1 predicts nothing",),
+        lambda r: (r / "t.txt").write_text("hi."),
     ),
     Case(
         "eval-json-exists",

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from euler import ownership
-from euler.pipeline import BUDGET_SAFETY, budgeted_counts, split_budget
+from euler.pipeline import BUDGET_SAFETY, budgeted_counts, budgeted_text_tokens, split_budget
 from tests.train_helpers import raw_data, run_cli
 
 SECTIONS = ("Summary", "Stages", "Data", "Training", "Held-out text", "Instructions",
@@ -105,6 +105,25 @@ def test_budget_split_and_counts():
     assert tokens <= 420 * 10_000 * BUDGET_SAFETY < tokens + per_step
     assert sft_steps == int(90 * 10_000 * BUDGET_SAFETY) // (8 * 128)
     assert budgeted_counts({"pretrain": 0.0, "sft": 0.0}, 1.0, 16, 128) == (per_step, 1)
+
+
+def test_held_out_text_is_cut_to_its_share_of_the_evaluation_budget(tmp_path):
+    """With --minutes, `eval --text` scores each source's first tokens that fit half the
+    evaluation budget at the forward's estimated speed (a whole val split took 12 minutes
+    of a 6-minute pipeline); without, the whole split."""
+    from euler.pipeline import FORWARD_SPEEDUP, TEXT_EVAL_SHARE, Settings, training_stages
+
+    budgets = {"pretrain": 420.0, "sft": 90.0, "eval": 90.0}
+    n = budgeted_text_tokens(budgets, 10_000.0, sources=2, context=128)
+    assert n == int(90 * TEXT_EVAL_SHARE * 10_000 * FORWARD_SPEEDUP * BUDGET_SAFETY) // 2
+    assert budgeted_text_tokens({"eval": 0.0}, 1.0, 2, 128) == 129  # one window at least
+    settings = Settings(tmp_path / "out", tmp_path / "raw", preset="tiny")
+    for cut, flag in ((n, ["--text-tokens", str(n)]), (0, [])):
+        stages = {st.name: st for st in training_stages(settings, 24, 480, 2, budgets, cut)}
+        (text,) = stages["eval text"].commands
+        assert ("--text-tokens" in text) == bool(flag) and text[len(text) - len(flag) :] == flag
+        assert all("--text-tokens" not in c for st in stages.values() for c in st.commands
+                   if st.name != "eval text")  # fmt: skip
 
 
 def test_speed_measured_for_the_budget(tmp_path):

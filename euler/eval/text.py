@@ -170,15 +170,37 @@ def score_stream(
     return total, count
 
 
-def load_text(paths: list[Path], ck) -> list[Stream]:
-    """The sources of every --text path, encoded with checkpoint ck's tokenizer."""
+def load_text(paths: list[Path], ck, max_tokens: int = 0) -> list[Stream]:
+    """The sources of every --text path, encoded with checkpoint ck's tokenizer; with
+    max_tokens, each cut to its first max_tokens tokens (first_tokens)."""
     tok = ck.tokenizer()
     if tok.vocab_size > ck.cfg.vocab_size:
         raise EulerError(
             f"{ck.path}: its tokenizer has {tok.vocab_size} tokens but the model only "
             f"{ck.cfg.vocab_size}: the checkpoint cannot score text"
         )
-    return [s for p in paths for s in text_streams(p, tok)]
+    sources = [s for p in paths for s in text_streams(p, tok)]
+    return [first_tokens(s, max_tokens, tok) for s in sources] if max_tokens else sources
+
+
+def first_tokens(src: Stream, n: int, tok) -> Stream:
+    """The source cut to its first n tokens (n - 1 targets and more, as a stream scores
+    apart), its bytes and documents counted over what is kept (a document cut short counts
+    as one); a source of at most n tokens is returned whole. A timed budget (euler pipeline)
+    scores such a prefix: a few books are millions of tokens."""
+    kept, left = [], n
+    for stream in src.streams:
+        if left < 2:  # a stream of one token predicts nothing
+            break
+        kept.append(stream[:left])
+        left -= len(kept[-1])
+    if sum(map(len, kept)) == sum(map(len, src.streams)):
+        return src
+    ids = np.concatenate(kept)
+    eot = ids == tok.eot_id  # the separators: predicted and scored, their bytes not counted
+    n_bytes = len(tok.decode_bytes(ids[~eot]))
+    documents = max(1, int(eot.sum()))
+    return Stream(f"{src.name}, first {sum(map(len, kept)):,} tokens", kept, n_bytes, documents)
 
 
 def n_windows(sources: list[Stream], T: int) -> int:
