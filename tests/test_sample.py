@@ -49,6 +49,19 @@ def test_seeds_give_different_samples_and_the_same_seed_the_same(run, monkeypatc
     assert _samples(again) == first
 
 
+@pytest.mark.parametrize("cut", [("--top-k", "1"), ("--top-p", "1e-6")], ids=["top-k", "top-p"])
+def test_top_k_1_and_a_tiny_top_p_sample_the_greedy_text(cut, run, monkeypatch, capsys):
+    """Only the likeliest token survives either cut, so a hot temperature and any seed
+    give the greedy continuation: the flags reach the sampler."""
+    args = ("sample", "--checkpoint", str(run), "--prompt", "The cat", "--max-tokens", "12")
+    greedy = _samples(run_cli(monkeypatch, capsys, *args, "--temperature", "0")[1])
+    for seed in ("1", "2"):
+        code, out, err = run_cli(monkeypatch, capsys, *args, "--temperature", "1.5",
+                                 "--top-k", "0", "--top-p", "1", *cut, "--seed", seed)  # fmt: skip
+        assert code == 0, err
+        assert _samples(out) == greedy
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
