@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 from pathlib import Path
+
+COMPILE_RECORD = "compile-seconds.json"  # in cache_root(): the last cold start's seconds
 
 
 def cache_root() -> Path:
@@ -45,3 +49,36 @@ def use_private_numba_cache() -> None:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     numba.config.CACHE_DIR = str(base / "nanoeuler" / "numba" / source_digest())
+
+
+def kernels_compiled() -> bool:
+    """Whether Numba's cache holds kernels compiled from this source (an index file of
+    any): a run then loads them instead of compiling (one not yet compiled still compiles)."""
+    import numba
+
+    folder = Path(numba.config.CACHE_DIR)
+    return folder.is_dir() and next(folder.rglob("*.nbi"), None) is not None
+
+
+def last_compile_seconds() -> float | None:
+    """The seconds the last cold start took to its first step (record_compile_seconds);
+    None when none was recorded or the record is unreadable (a cache, not an input)."""
+    try:
+        value = json.loads((cache_root() / COMPILE_RECORD).read_text())["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    return float(value) if ok else None
+
+
+def record_compile_seconds(seconds: float) -> None:
+    """Keep a cold start's seconds for the next one's notice (atomically; a cache that
+    cannot be written costs only the estimate)."""
+    path = cache_root() / COMPILE_RECORD
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"seconds": round(seconds, 1)}))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -54,8 +54,14 @@ def test_prepare_sft_says_what_share_it_kept_and_why(tmp_path_factory, monkeypat
     assert "--long truncate keeps 5" in line and "--max-answer" in line and "--seq-len" in line
 
 
-def _train_output(tmp_path_factory, terminal: bool, steps: int = 4):
-    """(printed text, summary, metrics) of a tiny run on a console of that kind."""
+def _train_output(tmp_path_factory, terminal: bool, steps: int = 4, monkeypatch=None,
+                  cached: bool | None = None):  # fmt: skip
+    """(printed text, summary, metrics) of a tiny run on a console of that kind; cached:
+    what the run is told of Numba's cache (None: the truth)."""
+    if cached is not None:
+        from euler.training import loop
+
+        monkeypatch.setattr(loop, "kernels_compiled", lambda: cached)
     import io
 
     from rich.console import Console
@@ -72,10 +78,13 @@ def _train_output(tmp_path_factory, terminal: bool, steps: int = 4):
     return buf.getvalue(), summary, read_metrics(out)
 
 
-def test_no_loss_or_speed_before_the_first_step_and_the_compile_apart(tmp_path_factory):
+def test_no_loss_or_speed_before_the_first_step_and_the_compile_apart(
+    tmp_path_factory, monkeypatch
+):
     from euler.training.terminal import COMPILING
 
-    text, summary, metrics = _train_output(tmp_path_factory, terminal=False)
+    text, summary, metrics = _train_output(tmp_path_factory, terminal=False,
+                                           monkeypatch=monkeypatch, cached=False)  # fmt: skip
     lines = text.splitlines()
     first = next(i for i, x in enumerate(lines) if x.startswith("step 1/"))
     before = "\n".join(lines[:first])
@@ -94,11 +103,36 @@ def test_no_loss_or_speed_before_the_first_step_and_the_compile_apart(tmp_path_f
     assert f"(which took {summary['first_step_seconds']:.1f} s, compiling included)" in done
 
 
-def test_the_progress_bar_says_it_compiles_and_never_shows_nan(tmp_path_factory):
+def test_the_progress_bar_says_it_compiles_and_never_shows_nan(tmp_path_factory, monkeypatch):
     from euler.training.terminal import COMPILING
 
-    text, _, _ = _train_output(tmp_path_factory, terminal=True)
+    text, _, _ = _train_output(tmp_path_factory, terminal=True, monkeypatch=monkeypatch,
+                               cached=False)  # fmt: skip
     assert COMPILING in text and "nan" not in text and "-:--:--" not in text
+
+
+def test_the_notice_gives_the_last_cold_starts_seconds_or_says_the_cache_loads(
+    tmp_path_factory, monkeypatch
+):
+    """A cold start records its seconds to the first step; the next cold start's notice
+    gives them; a warm one says the kernels load from the cache and records nothing."""
+    from euler.cache import COMPILE_RECORD, last_compile_seconds
+    from euler.training.terminal import COMPILING, LOADING
+
+    cache = tmp_path_factory.mktemp("euler-cache")
+    monkeypatch.setenv("EULER_CACHE", str(cache))
+    text, summary, _ = _train_output(tmp_path_factory, False, 2, monkeypatch, cached=False)
+    assert f"{COMPILING}; later runs load them from the cache)" in text
+    seconds = last_compile_seconds()
+    assert seconds is not None and seconds >= round(summary["first_step_seconds"], 1)
+    text, _, _ = _train_output(tmp_path_factory, False, 2, monkeypatch, cached=False)
+    assert f"{COMPILING}, about {seconds:.0f} s last time; later runs load" in text
+    (cache / COMPILE_RECORD).write_text('{"seconds": 99}')
+    text, _, _ = _train_output(tmp_path_factory, False, 2, monkeypatch, cached=True)
+    assert LOADING in text and COMPILING not in text
+    assert last_compile_seconds() == 99.0  # a warm start keeps the cold one's record
+    (cache / COMPILE_RECORD).write_text("not json")
+    assert last_compile_seconds() is None
 
 
 def test_the_headline_validation_loss_is_next_token(tmp_path_factory):
@@ -198,3 +232,17 @@ def test_eval_tables_fit_80_columns(tmp_path_factory):
     text = buf.getvalue()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
     assert "references that loop in their first 4 tokens" in text
+
+
+def test_kernels_count_as_compiled_once_numbas_cache_holds_an_index(tmp_path, monkeypatch):
+    import numba
+
+    from euler.cache import kernels_compiled
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))
+    assert not kernels_compiled()  # no folder yet
+    (tmp_path / "numba" / "cpu_x").mkdir(parents=True)
+    (tmp_path / "numba" / "cpu_x" / "rmsnorm.rmsnorm_forward-10.py311.1.nbc").write_bytes(b"")
+    assert not kernels_compiled()  # data without its index is not loaded
+    (tmp_path / "numba" / "cpu_x" / "rmsnorm.rmsnorm_forward-10.py311.nbi").write_bytes(b"")
+    assert kernels_compiled()

@@ -56,6 +56,7 @@ import numba
 import numpy as np
 
 from euler.backend import Backend, make_backend
+from euler.cache import kernels_compiled, last_compile_seconds, record_compile_seconds
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.model.transformer import Model, arena_bytes
@@ -68,7 +69,7 @@ from euler.training.events import EventLog, check_event_dir
 from euler.training.optim import AdamW, AdamWConfig
 from euler.training.resume import resume_run, start_fresh
 from euler.training.run_folder import METRICS_FILE
-from euler.training.terminal import Display, StopRequest
+from euler.training.terminal import Display, StopRequest, compile_notice
 
 MEMORY_SLACK = 512 * 2**20  # cuBLAS workspace, kernel scratch, allocator rounding
 
@@ -194,7 +195,10 @@ def _train(r: RunState, console, log: Callable) -> dict:
     tc = r.tc
     graphs = step_graph.StepGraphs(r.model.be, enabled=tc.cuda_graph, log=log)
     log(_banner(r, graphs.active))
-    r.display = Display(console, r.total, r.start, tc.log_every)
+    cached = kernels_compiled()  # else the step-0 evaluation and the first step compile
+    notice = compile_notice(cached, None if cached else last_compile_seconds())
+    started = time.perf_counter()
+    r.display = Display(console, r.total, r.start, tc.log_every, notice)
     graphs.log = r.display.print  # above the progress bar
     train_seconds, train_tokens, loss = 0.0, 0, float("nan")
     first_seconds = None  # this process's first step: kernel compilation included
@@ -216,6 +220,8 @@ def _train(r: RunState, console, log: Callable) -> dict:
                 train_tokens += r.tokens_per_step
                 if first_seconds is None:
                     first_seconds = dt
+                    if not cached:
+                        record_compile_seconds(time.perf_counter() - started)
                 else:
                     timed_seconds += dt
                     timed_tokens += r.tokens_per_step

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import signal
 
-COMPILING = "first step: compiling kernels (first run only; later runs load them from the cache)"
+COMPILING = "first step: compiling kernels (first run only"  # its notice, less the estimate
+LOADING = "first step: loading the compiled kernels from Numba's cache"
+
+
+def compile_notice(cached: bool, last_seconds: float | None) -> str:
+    """What the terminal shows until the first step has run: that kernels load from the
+    cache, or that they compile, with the last cold start's time when one was recorded."""
+    if cached:
+        return LOADING
+    about = f", about {last_seconds:.0f} s last time" if last_seconds else ""
+    return f"{COMPILING}{about}; later runs load them from the cache)"
 
 
 def clock(seconds: float) -> str:
@@ -17,10 +27,11 @@ class Display:
     """A rich progress bar on a terminal; plain log lines every log_every steps otherwise.
 
     Honest about the first step of a process: until it has run, no loss, speed or ETA is
-    shown (there is none), only COMPILING (Numba compiles on a cold cache, which can take
-    longer than many steps); speed and ETA are measured over the steps after it."""
+    shown (there is none), only `notice` (compile_notice: Numba compiles on a cold cache,
+    which can take longer than many steps); speed and ETA are measured over the steps
+    after it."""
 
-    def __init__(self, console, total: int, start: int, log_every: int):
+    def __init__(self, console, total: int, start: int, log_every: int, notice: str):
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
         self.console, self.log_every = console, log_every
@@ -34,10 +45,10 @@ class Display:
                 console=console,
             )
             self.task = self.progress.add_task("train", total=total, completed=start,
-                                               status=COMPILING)  # fmt: skip
+                                               status=notice)  # fmt: skip
             self.progress.start()
         else:
-            console.print(COMPILING, markup=False, highlight=False)
+            console.print(notice, markup=False, highlight=False)
 
     def step(
         self, step: int, total: int, loss: float, lr: float, tps: float | None,
