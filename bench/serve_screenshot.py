@@ -63,7 +63,9 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("no answer within 60 s")
                 time.sleep(0.05)
-        driver.save_screenshot(str(args.out))
+        tmp = args.out.with_name(args.out.name + ".tmp.png")  # a whole file or none
+        driver.save_screenshot(str(tmp))
+        tmp.replace(args.out)
         print(f"wrote {args.out}")
     finally:
         driver.quit()
