@@ -211,7 +211,7 @@ def render(doc: dict) -> str:
     if "calibration_tokens_per_second" in r:
         lines += [
             "",
-            f"Pretraining tokens and SFT steps fit the budget at "
+            f"Pretraining tokens, SFT steps and the held-out tokens scored fit the budget at "
             f"{r['calibration_tokens_per_second']:,.0f} tokens/s, measured on "
             "3 training steps before pretraining.",
         ]
