@@ -78,7 +78,7 @@ def record_compile_seconds(seconds: float) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"seconds": round(seconds, 1)}))
+        tmp.write_text(json.dumps({"seconds": seconds}))
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)
