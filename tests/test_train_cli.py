@@ -13,7 +13,7 @@ import pytest
 from euler.model.config import get_preset
 from euler.model.params import ParamLayout
 from euler.training import checkpoint
-from tests.train_helpers import build_data, read_metrics, run_cli
+from tests.train_helpers import build_data, one_line_error, read_metrics, run_cli
 
 TINY = ["--preset", "tiny", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1",
         "--sample-tokens", "3", "--ckpt-every", "2", "--warmup-steps", "1"]  # fmt: skip
@@ -29,13 +29,6 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
-def _one_line_error(code, err, *words):
-    assert code == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for w in words:
-        assert w in err, err
-
-
 def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(
     data_root, tmp_path, monkeypatch, capsys
 ):
@@ -47,7 +40,7 @@ def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(
     assert json.loads((run / "run.json").read_text())["train"]["steps"] == 2
 
     code, _, err = run_cli(monkeypatch, capsys, *args, "--steps", "4")
-    _one_line_error(code, err, "already holds a pretrain run (tiny preset)", "--overwrite")
+    one_line_error(code, err, "already holds a pretrain run (tiny preset)", "--overwrite")
 
     code, _, err = run_cli(monkeypatch, capsys, *args, "--steps", "4", "--overwrite")
     assert code == 0, err
@@ -87,7 +80,7 @@ def test_resume_refuses_a_checkpoint_of_another_architecture(
     mom = {"m": params, "v": params}
     checkpoint.save(run / "checkpoint.safetensors", other, params, mom, {"step": 2}, {}, "{}")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(run))
-    _one_line_error(code, err, "checkpoint has n_layer=3", "needs n_layer=2")
+    one_line_error(code, err, "checkpoint has n_layer=3", "needs n_layer=2")
 
 
 def test_sft_refuses_a_checkpoint_with_another_tokenizer(data_root, tmp_path, monkeypatch, capsys):
@@ -97,7 +90,7 @@ def test_sft_refuses_a_checkpoint_with_another_tokenizer(data_root, tmp_path, mo
     checkpoint.save(ck, cfg, params, None, {"step": 5}, {}, '{"another": "tokenizer"}')
     code, _, err = run_cli(monkeypatch, capsys, "sft", "--checkpoint", str(ck), "--data",
                            str(data_root / "sft"), "--out", str(tmp_path / "sft"))  # fmt: skip
-    _one_line_error(code, err, "was tokenized by tokenizer", "uses tokenizer")
+    one_line_error(code, err, "was tokenized by tokenizer", "uses tokenizer")
 
 
 def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeypatch, capsys):
@@ -117,7 +110,7 @@ def test_sft_runs_and_resumes_from_the_command_line(data_root, tmp_path, monkeyp
 
 def test_sft_needs_its_inputs(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "sft", "--out", str(tmp_path / "s"))
-    _one_line_error(code, err, "--checkpoint CHECKPOINT and --data")
+    one_line_error(code, err, "--checkpoint CHECKPOINT and --data")
 
 
 def test_cuda_without_a_gpu_is_one_line(data_root, tmp_path, monkeypatch, capsys):
@@ -130,7 +123,7 @@ def test_cuda_without_a_gpu_is_one_line(data_root, tmp_path, monkeypatch, capsys
         pass
     args = ["train", *TINY, "--data", str(data_root / "pre"), "--out", str(tmp_path / "g")]
     code, _, err = run_cli(monkeypatch, capsys, *args, "--device", "cuda")
-    _one_line_error(code, err, "GPU")
+    one_line_error(code, err, "GPU")
 
 
 def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
@@ -141,7 +134,7 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        _one_line_error(code, err, "pip install -e '.[plot]'")
+        one_line_error(code, err, "pip install -e '.[plot]'")
         return
     assert code == 0, err
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -153,7 +146,7 @@ def test_plot_writes_a_png(data_root, tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, err = run_cli(monkeypatch, capsys, "plot", "--checkpoint", str(tmp_path / "nowhere"))
-    _one_line_error(code, err, "no metrics to plot")
+    one_line_error(code, err, "no metrics to plot")
 
 
 # ---------------------------------------------------------------------------- flags
@@ -305,7 +298,7 @@ def test_threads_flag_sets_the_threads_and_refuses_a_count_beyond_the_pool(
                     ["sample", "--checkpoint", str(run)]):  # fmt: skip
         for bad in ("0", str(pool + 1)):
             code, _, err = run_cli(monkeypatch, capsys, *command, "--threads", bad)
-            _one_line_error(code, err, "--threads must be in [1,", f"got {bad}")
+            one_line_error(code, err, "--threads must be in [1,", f"got {bad}")
     assert numba.get_num_threads() == before
 
 
@@ -349,7 +342,7 @@ def test_model_size_flags_build_the_architecture_and_resume_it(
 def test_impossible_model_sizes_are_one_line(tmp_path, monkeypatch, capsys, flags, named):
     code, _, err = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--out",
                            str(tmp_path / "r"), *flags)  # fmt: skip
-    _one_line_error(code, err, named)
+    one_line_error(code, err, named)
     assert not (tmp_path / "r").exists()
 
 
@@ -430,4 +423,4 @@ def test_tensorboard_events_hold_the_metrics(data_root, tmp_path, monkeypatch, c
     for bad, named in ((run, "is the run folder"), (data_root / "pre", "holds")):
         code, _, err = run_cli(monkeypatch, capsys, *args, "--tensorboard", str(bad),
                                "--overwrite")  # fmt: skip
-        _one_line_error(code, err, f"--tensorboard {bad}", named)
+        one_line_error(code, err, f"--tensorboard {bad}", named)

@@ -10,7 +10,7 @@ import pytest
 
 from euler.training import checkpoint
 from euler.training.run_folder import read_run
-from tests.train_helpers import build_data, run_cli
+from tests.train_helpers import build_data, one_line_error, run_cli
 
 RUN = ["--eval-every", "1", "--eval-batches", "1", "--sample-tokens", "2", "--steps", "1"]
 
@@ -23,13 +23,6 @@ def data_root(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
-
-
-def _one_line_error(code, err, *words):
-    assert code == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for w in words:
-        assert w in err, err
 
 
 def test_a_toml_file_sets_the_run_and_a_flag_beside_it_wins(
@@ -98,7 +91,7 @@ def test_bad_config_files_are_one_line(tmp_path, monkeypatch, capsys, name, text
         (tmp_path / name).write_text(text)
     code, _, err = run_cli(monkeypatch, capsys, "train", "--preset", "tiny", "--config", name,
                            "--out", "r")  # fmt: skip
-    _one_line_error(code, err, named)
+    one_line_error(code, err, named)
     assert not (tmp_path / "r").exists()
 
 
@@ -106,7 +99,7 @@ def test_an_impossible_size_names_the_file_and_the_flag(tmp_path, monkeypatch, c
     (tmp_path / "c.json").write_text(json.dumps({"preset": "tiny", "d_model": 25}))
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(tmp_path / "c.json"),
                            "--n-head", "4", "--out", str(tmp_path / "r"))  # fmt: skip
-    _one_line_error(code, err, f"--config {tmp_path / 'c.json'} with the flags given: "
+    one_line_error(code, err, f"--config {tmp_path / 'c.json'} with the flags given: "
                     "--d-model (25) must be divisible by n_head")  # fmt: skip
     assert not (tmp_path / "r").exists()
 
@@ -117,7 +110,7 @@ def test_config_is_refused_with_resume_and_sft_still_needs_its_inputs(
     (tmp_path / "c.json").write_text("{}")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(tmp_path / "c.json"),
                            "--resume", str(tmp_path))  # fmt: skip
-    _one_line_error(code, err, "--config starts a run, --resume continues one")
+    one_line_error(code, err, "--config starts a run, --resume continues one")
     code, _, err = run_cli(monkeypatch, capsys, "sft", "--config", str(tmp_path / "c.json"),
                            "--out", str(tmp_path / "r"))  # fmt: skip
-    _one_line_error(code, err, "sft needs --checkpoint CHECKPOINT and --data SFT_FOLDER")
+    one_line_error(code, err, "sft needs --checkpoint CHECKPOINT and --data SFT_FOLDER")

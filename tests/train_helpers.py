@@ -107,3 +107,11 @@ def raw_data(root: Path) -> Path:
     ]
     (root / "instructions" / "alpaca.json").write_text(json.dumps(records))
     return root
+
+
+def one_line_error(code: int, err: str, *words: str) -> None:
+    """Assert a CLI call was refused with exit 2 and one `error: ` line holding every word."""
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for w in words:
+        assert w in err, err
