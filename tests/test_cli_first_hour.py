@@ -7,6 +7,7 @@ from importlib.metadata import version
 
 import pytest
 
+from euler.training.terminal import FIRST_STEP_EXTRA
 from tests.train_helpers import run_cli
 
 
@@ -100,7 +101,7 @@ def test_no_loss_or_speed_before_the_first_step_and_the_compile_apart(
     assert abs(summary["first_step_seconds"] - per_step / steps[0]["tok_s"]) < 1e-9
     (done,) = [x for x in lines if x.startswith("done:")]
     assert f"{summary['tokens_per_second']:,.0f} tokens/s after the first step" in done
-    assert f"(which took {summary['first_step_seconds']:.1f} s, compiling included)" in done
+    assert f"(which took {summary['first_step_seconds']:.1f} s, {FIRST_STEP_EXTRA})" in done
 
 
 def test_the_progress_bar_says_it_compiles_and_never_shows_nan(tmp_path_factory, monkeypatch):

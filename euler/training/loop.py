@@ -69,7 +69,7 @@ from euler.training.events import EventLog, check_event_dir
 from euler.training.optim import AdamW, AdamWConfig
 from euler.training.resume import resume_run, start_fresh
 from euler.training.run_folder import METRICS_FILE
-from euler.training.terminal import Display, StopRequest, compile_notice
+from euler.training.terminal import FIRST_STEP_EXTRA, Display, StopRequest, compile_notice
 
 MEMORY_SLACK = 512 * 2**20  # cuBLAS workspace, kernel scratch, allocator rounding
 
@@ -201,7 +201,7 @@ def _train(r: RunState, console, log: Callable) -> dict:
     r.display = Display(console, r.total, r.start, tc.log_every, notice)
     graphs.log = r.display.print  # above the progress bar
     train_seconds, train_tokens, loss = 0.0, 0, float("nan")
-    first_seconds = None  # this process's first step: kernel compilation included
+    first_seconds = None  # this process's first step: the kernels' compile or cache load included
     timed_seconds, timed_tokens = 0.0, 0  # the steps after it: what speed and ETA measure
     val = [float("nan")] * (1 + r.cfg.n_mtp)  # last evaluation: mean of heads, then per head
     interrupted = False
@@ -558,7 +558,7 @@ def _summary(
         "train_tokens": tokens,
         "train_seconds": seconds,
         "tokens_per_second": tps,
-        "first_step_seconds": first_seconds,  # kernel compilation included
+        "first_step_seconds": first_seconds,  # the kernels' compile or cache load included
         "interrupted": interrupted,
         "graph_nodes": graph_nodes,  # kernels and copies in the captured CUDA graphs (0: none)
     }
@@ -581,5 +581,5 @@ def _speed_note(first_seconds: float | None, timed_seconds: float) -> str:
     if first_seconds is None:
         return ""
     if not timed_seconds:
-        return f" (one step, compiling included: {first_seconds:.1f} s)"
-    return f" after the first step (which took {first_seconds:.1f} s, compiling included)"
+        return f" (one step, {FIRST_STEP_EXTRA}: {first_seconds:.1f} s)"
+    return f" after the first step (which took {first_seconds:.1f} s, {FIRST_STEP_EXTRA})"

@@ -6,6 +6,8 @@ import signal
 
 COMPILING = "first step: compiling kernels (first run only"  # its notice, less the estimate
 LOADING = "first step: loading the compiled kernels from Numba's cache"
+# what a first step's time holds besides the step, cold cache or warm
+FIRST_STEP_EXTRA = "kernel compile or cache load included"
 
 
 def compile_notice(cached: bool, last_seconds: float | None) -> str:
@@ -56,10 +58,10 @@ class Display:
     ) -> None:  # fmt: skip
         """Show finished step `step` of `total`; tps in tokens/s and eta in seconds over the
         steps after this process's first (None until there are some; first_seconds: that
-        first step's time, kernel compilation included)."""
+        first step's time, the kernels' compile or cache load included)."""
         status = f"loss {loss:.4f}  lr {lr:.2e}  "
         if tps is None:
-            status += f"first step {first_seconds or 0:.1f} s (compiling included)"
+            status += f"first step {first_seconds or 0:.1f} s ({FIRST_STEP_EXTRA})"
         else:
             status += f"{tps:,.0f} tok/s  ETA {clock(eta or 0)}"
         if self.progress is not None:
