@@ -247,3 +247,27 @@ def test_kernels_count_as_compiled_once_numbas_cache_holds_an_index(tmp_path, mo
     assert not kernels_compiled()  # data without its index is not loaded
     (tmp_path / "numba" / "cpu_x" / "rmsnorm.rmsnorm_forward-10.py311.nbi").write_bytes(b"")
     assert kernels_compiled()
+
+
+def test_the_eta_is_the_steps_left_at_the_speed_after_the_first_step(tmp_path_factory, monkeypatch):
+    """Each shown ETA: steps left x (seconds of the steps after the first / their count), the
+    step times read back from metrics.jsonl; none before a second step has run."""
+    from euler.training.terminal import Display
+
+    shown = []
+    real = Display.step
+
+    def record(self, step, total, loss, lr, tps, eta, first_seconds=None):
+        shown.append((step, total, eta))
+        real(self, step, total, loss, lr, tps, eta, first_seconds)
+
+    monkeypatch.setattr(Display, "step", record)
+    _, summary, metrics = _train_output(tmp_path_factory, terminal=False,
+                                        monkeypatch=monkeypatch, steps=5)  # fmt: skip
+    per_step = summary["train_tokens"] / 5
+    seconds = [per_step / m["tok_s"] for m in metrics if "tok_s" in m]
+    assert [s for s, _, _ in shown] == [1, 2, 3, 4, 5]
+    assert shown[0][2] is None
+    for step, total, eta in shown[1:]:
+        expected = (total - step) * sum(seconds[1:step]) / (step - 1)
+        assert eta == pytest.approx(expected, rel=1e-9, abs=1e-12), (step, eta, expected)
