@@ -133,10 +133,12 @@ def cpu_name() -> str:
 def main(
     threads: Annotated[str, typer.Option(help="Thread counts, comma-separated.")] = "1,2",
     preset: Annotated[str, typer.Option(help="Model preset.")] = "small",
-    batch: Annotated[int, typer.Option(help="Sequences per step (B).")] = 16,
-    seq: Annotated[int, typer.Option(help="Tokens per sequence (T).")] = 128,
+    batch: Annotated[int, typer.Option("--batch-size", help="Sequences per step (B).")] = 16,
+    seq: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence (T).")] = 128,
     steps: Annotated[int, typer.Option(help="Timed steps per engine.")] = 10,
-    warmup: Annotated[int, typer.Option(help="Untimed steps after the first.")] = 2,
+    warmup: Annotated[
+        int, typer.Option("--untimed-steps", help="Untimed steps after the first.")
+    ] = 2,
     peer: Annotated[bool, typer.Option(help="Time PyTorch eager too.")] = True,
     compile_at: Annotated[
         str, typer.Option(help="Thread counts at which torch.compile is timed too.")

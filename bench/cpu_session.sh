@@ -28,11 +28,11 @@ for case in "$@"; do
         python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n \
             --json "$OUT/cpu-scaling-small.json" --plot "$OUT/cpu-scaling-small.png" 2>&1 | tee -a "$OUT/log.txt"
         log "small, B=128 x T=128, $n cores"
-        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 \
+        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 \
             --json "$OUT/cpu-scaling-small-b128.json" 2>&1 | tee -a "$OUT/log.txt"
         log "gpu preset, B=4 x T=512, $n cores"
-        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
-            --warmup 1 --json "$OUT/cpu-scaling-gpu.json" 2>&1 | tee -a "$OUT/log.txt"
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
+            --untimed-steps 1 --json "$OUT/cpu-scaling-gpu.json" 2>&1 | tee -a "$OUT/log.txt"
         ;;
     profile)
         for t in 2 8 $n; do
@@ -58,10 +58,10 @@ for case in "$@"; do
                 python3 bench/labs/cpu_products.py 2>&1 | tee -a "$OUT/products.jsonl" | cut -c1-60
         done
         log "products lab, gpu preset B=4 x T=512, $n threads"
-        python3 bench/labs/cpu_products.py --preset gpu --batch 4 --seq 512 --reps 5 2>&1 \
+        python3 bench/labs/cpu_products.py --preset gpu --batch-size 4 --seq-len 512 --reps 5 2>&1 \
             | tee -a "$OUT/products.jsonl" | cut -c1-60
         log "profile, gpu preset B=4 x T=512, $n threads"
-        python3 bench/labs/cpu_step_profile.py --preset gpu --batch 4 --seq 512 --steps 2 2>&1 \
+        python3 bench/labs/cpu_step_profile.py --preset gpu --batch-size 4 --seq-len 512 --steps 2 2>&1 \
             | tail -1 | tee -a "$OUT/profile.jsonl"
         ;;
     bits)
@@ -76,11 +76,11 @@ for case in "$@"; do
             --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
             --plot "$OUT/cpu-scaling-small-xeon$n-$d.png" 2>&1 | tee -a "$OUT/log.txt"
         log "small, B=128 x T=128, $n cores"
-        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 \
+        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 \
             --json "$OUT/cpu-scaling-small-b128-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
         log "gpu preset, B=4 x T=512, $n cores"
-        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
-            --warmup 1 --json "$OUT/cpu-scaling-gpu-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
+            --untimed-steps 1 --json "$OUT/cpu-scaling-gpu-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
         log "bits at 1..$n threads"
         EULER_TEST_THREADS=1,2,4,8,$n python3 -m pytest -q -p no:cacheprovider \
             tests/test_engine.py -k thread_count 2>&1 | tail -1 | tee -a "$OUT/log.txt"
@@ -88,9 +88,9 @@ for case in "$@"; do
     quick)
         log "small at 2 and $n, B=128 and the gpu preset at $n (eager only)"
         python3 bench/cpu_scaling.py --threads 2,$n --json "$OUT/quick-small.json" 2>&1 | tail -2
-        python3 bench/cpu_scaling.py --threads $n --batch 128 --steps 5 2>&1 | tail -1
-        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch 4 --seq 512 --steps 3 \
-            --warmup 1 2>&1 | tail -1
+        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 2>&1 | tail -1
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
+            --untimed-steps 1 2>&1 | tail -1
         ;;
     before)
         log "the .old tree: small at $n cores, no peer"

@@ -84,8 +84,8 @@ def report(variant: str, threads: int, ms: dict, plan: dict | None) -> None:
 
 def main(
     preset: Annotated[str, typer.Option()] = "small",
-    batch: Annotated[int, typer.Option()] = 16,
-    seq: Annotated[int, typer.Option()] = 128,
+    batch: Annotated[int, typer.Option("--batch-size")] = 16,
+    seq: Annotated[int, typer.Option("--seq-len")] = 128,
     reps: Annotated[int, typer.Option()] = 20,
 ) -> None:
     """Print the ms a step's products take under each variant (one JSON line each)."""

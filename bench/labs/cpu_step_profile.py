@@ -51,8 +51,8 @@ class Timed:
 
 def main(
     preset: Annotated[str, typer.Option()] = "small",
-    batch: Annotated[int, typer.Option()] = 16,
-    seq: Annotated[int, typer.Option()] = 128,
+    batch: Annotated[int, typer.Option("--batch-size")] = 16,
+    seq: Annotated[int, typer.Option("--seq-len")] = 128,
     steps: Annotated[int, typer.Option()] = 10,
 ) -> None:
     """Print each backend method's milliseconds a step."""
