@@ -3,7 +3,7 @@
     python bench/attention_exact_gpu.py --json attention-exact.json        # on a GPU
     python bench/attention_exact_gpu.py --simulate --json /tmp/sim.json    # tiny, no GPU
 
-At the `gpu` preset's heads (H=12, G=4, E=64; --batch, 32 as `euler bench --preset gpu`)
+At the `gpu` preset's heads (H=12, G=4, E=64; --batch-size, 32 as `euler bench --preset gpu`)
 and each of --T (512 and 2048), forward and backward of:
 
 - readable: euler/gpu/attention.py, the `--exact-attention` / fp32 path;
@@ -183,7 +183,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="512,2048", help="sequence lengths, comma-separated")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
     ap.add_argument("--reps", type=int, default=10, help="timed rounds (bench/gpu_timing.py)")
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"some of {', '.join(IMPLS)}")
     ap.add_argument("--simulate", action="store_true", help="tiny shape, CUDA simulator")

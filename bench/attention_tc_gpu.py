@@ -282,7 +282,7 @@ def registers(out: Path | None, bf16: bool = False, **tag) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="512,2048", help="sequence lengths of the big cases")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-exact", action="store_true", help="skip the exact fp32 kernels")
     ap.add_argument("--no-small", action="store_true", help="skip the small correctness cases")

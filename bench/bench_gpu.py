@@ -343,8 +343,8 @@ def device_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gpu")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
+    ap.add_argument("--seq-len", dest="seq", metavar="T", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--attn-t", type=int, nargs="*", default=[512, 2048])

@@ -1,12 +1,13 @@
 """Data-parallel speed on the CPU: 2 MPI ranks of 1 Numba thread against 1 process of 2.
 
-    python bench/distributed_cpu.py --preset small --batch 16 --steps 20 --pairs 3 --json FILE
+    python bench/distributed_cpu.py --preset small --batch-size 16 --steps 20 --pairs 3 --json FILE
 
 Runs `euler train` (the embedded corpus, no checkpoints, one evaluation batch) alternately
 as one process (Numba and OpenBLAS 2 threads each) and as `--nproc 2` (1 of each per rank),
-`pairs` times, and takes each run's median tokens/s over its steps after the first `warmup`
-(from metrics.jsonl, which times the step only). The machine is shared: the load average before
-each run and the CPU seconds per wall second of each run are kept beside its speed.
+`--pairs` times, and takes each run's median tokens/s over its steps after the first
+`--untimed-steps` (from metrics.jsonl, which times the step only). The machine is shared:
+the load average before each run and the CPU seconds per wall second of each run are kept
+beside its speed.
 `allreduce` (run under mpiexec by this script) times MPI_Allreduce of a flat float32
 buffer the size of the model's gradient: the cost bucketing could hide, if anything
 overlapped it.
@@ -69,9 +70,16 @@ def allreduce(n: int, repeats: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--untimed-steps",
+        dest="warmup",
+        metavar="N",
+        type=int,
+        default=3,
+        help="steps left out of the median (the first included)",
+    )
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--allreduce", type=int, default=0, help=argparse.SUPPRESS)

@@ -47,10 +47,10 @@ def timed(stream, fn, reps: int, calls: int = CALLS, warm_s: float = WARM_S) -> 
 
 def lengths_parser(doc: str) -> argparse.ArgumentParser:
     """The options of the launch-free benchmarks over sequence lengths: --T (comma-separated
-    lengths), --batch, --reps (rounds of `timed`), --out (a JSON file of the rows)."""
+    lengths), --batch-size, --reps (rounds of `timed`), --out (a JSON file of the rows)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--T", default="512,2048")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     return ap

@@ -39,7 +39,7 @@ VARIANTS = [attention_tiles.TileOptions(), attention_tiles.TileOptions(kstep=4)]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, nargs="+", default=[512, 2048])
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--variants", type=int, default=len(VARIANTS), help="first N variants")
     ap.add_argument("--out", type=Path, default=None)

@@ -74,8 +74,8 @@ def _accuracy(T: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-tf32", action="store_true")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
+    parser.add_argument("--seq-len", dest="seq", metavar="T", type=int, default=512)
     args = parser.parse_args()
     B, T = args.batch, args.seq
     rng = np.random.default_rng(0)

@@ -21,7 +21,7 @@ from euler.gpu.schedule import dkv_blocks, makespan
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-size", dest="batch", metavar="B", type=int, default=32)
     ap.add_argument("--slots", type=int, default=264)
     ap.add_argument("--prep", default="64,9.2", help="the prep row: blocks,iterations")
     args = ap.parse_args()
