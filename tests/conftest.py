@@ -87,3 +87,17 @@ def background_run_result(request: pytest.FixtureRequest) -> tuple[int, str]:
         rc = proc.wait()
     out.seek(0)
     return rc, out.read()[-8000:]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """A small prepared data folder (tests/train_helpers.build_data), built once a module."""
+    from tests.train_helpers import build_data
+
+    return build_data(tmp_path_factory)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> None:
+    """EULER_CACHE in the test's own folder, so no test reads another's cached corpus."""
+    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))

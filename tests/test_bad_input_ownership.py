@@ -24,6 +24,8 @@ from euler.training.loop import train
 from tests.bad_input import Case, assert_refused
 from tests.train_helpers import build_data, run_cli, tiny_config
 
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
+
 WORLD: dict[str, Path] = {}
 
 
@@ -75,11 +77,6 @@ def world(tmp_path_factory):
 
 def copy_world(root: Path) -> None:
     shutil.copytree(WORLD["root"], root, dirs_exist_ok=True)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
 # what each kind is in the world, and which targets are folders

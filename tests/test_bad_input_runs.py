@@ -24,15 +24,10 @@ from euler.training import checkpoint
 from euler.training import loop as train_mod
 from euler.training.loop import train
 from tests.bad_input import Case, assert_refused
-from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
+from tests.train_helpers import read_metrics, run_cli, tiny_config
 
 RUNS: dict[str, Path] = {}  # kind -> a finished run folder, trained once per module
 LOCKS: list[int] = []  # lock files the cases hold, as another process would
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,14 +10,9 @@ import json
 import pytest
 from rich.console import Console
 
-from tests.train_helpers import build_data, run_cli
+from tests.train_helpers import run_cli
 
 ELLIPSIS = "…"
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
 
 
 def _json_stdout(monkeypatch, capsys, *args) -> tuple[dict, str]:

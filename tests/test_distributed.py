@@ -32,22 +32,14 @@ from euler.model.transformer import Model, make_targets
 from euler.training import checkpoint, distributed
 from euler.training import loop as train_mod
 from euler.training.loop import train
-from tests.train_helpers import build_data, read_metrics, tiny_config
+from tests.train_helpers import read_metrics, tiny_config
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_MPI = importlib.util.find_spec("mpi4py") is not None
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec (the dist extra)")
 TOL = 1e-6  # 2 ranks vs 1 process: float32 sums in another order, nothing else
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
 def _losses(run: Path) -> list[tuple[int, float]]:

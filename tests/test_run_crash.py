@@ -21,20 +21,12 @@ import pytest
 
 from euler.training import checkpoint
 from euler.training.loop import train
-from tests.train_helpers import build_data, read_metrics, tiny_config
+from tests.train_helpers import read_metrics, tiny_config
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 40
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
 def _env(tmp_path: Path) -> dict:

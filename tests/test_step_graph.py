@@ -17,7 +17,7 @@ import pytest
 from euler.cpu.backend import CpuBackend
 from euler.training import loop as train_mod
 from euler.training.step_graph import StepGraphs
-from tests.train_helpers import build_data, read_metrics, tiny_config
+from tests.train_helpers import read_metrics, tiny_config
 
 
 class Slot:
@@ -81,11 +81,6 @@ class RecordingBackend:
             return slot
 
         return call
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])

@@ -17,17 +17,9 @@ from euler.training.batches import Batches
 from euler.training.config import TrainConfig, lr_at
 from euler.training.loop import train
 from euler.training.run_folder import read_run
-from tests.train_helpers import build_data, read_metrics, run_cli, tiny_config
+from tests.train_helpers import read_metrics, run_cli, tiny_config
 
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
 
 
 def _losses(run) -> list[tuple[int, float]]:

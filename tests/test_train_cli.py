@@ -13,20 +13,12 @@ import pytest
 from euler.model.config import get_preset
 from euler.model.params import ParamLayout
 from euler.training import checkpoint
-from tests.train_helpers import build_data, one_line_error, read_metrics, run_cli
+from tests.train_helpers import one_line_error, read_metrics, run_cli
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
 
 TINY = ["--preset", "tiny", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1",
         "--sample-tokens", "3", "--ckpt-every", "2", "--warmup-steps", "1"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
 def test_train_then_refuse_the_held_folder_then_overwrite_and_resume(

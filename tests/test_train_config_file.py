@@ -10,19 +10,11 @@ import pytest
 
 from euler.training import checkpoint
 from euler.training.run_folder import read_run
-from tests.train_helpers import build_data, one_line_error, run_cli
+from tests.train_helpers import one_line_error, run_cli
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # EULER_CACHE in each test's folder
 
 RUN = ["--eval-every", "1", "--eval-batches", "1", "--sample-tokens", "2", "--steps", "1"]
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build_data(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EULER_CACHE", str(tmp_path / "cache"))
 
 
 def test_a_toml_file_sets_the_run_and_a_flag_beside_it_wins(
