@@ -47,8 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gpu_timing  # noqa: E402
 from euler.gpu import attention  # noqa: E402
-from euler.gpu.backend import GpuBackend, GpuOptions  # noqa: E402
+from euler.gpu.backend import GpuBackend  # noqa: E402
 from euler.gpu.naive_attention import NaiveAttention  # noqa: E402
+from euler.gpu.options import GpuOptions  # noqa: E402
 from euler.model.config import PRESETS  # noqa: E402
 from euler.model.transformer import Model, make_targets  # noqa: E402
 from euler.precision import PRECISIONS, storage_dtype  # noqa: E402

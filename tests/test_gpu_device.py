@@ -198,7 +198,8 @@ def _gpu_backend(**options):
 
     if not cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from euler.gpu.backend import GpuBackend, GpuOptions
+    from euler.gpu.backend import GpuBackend
+    from euler.gpu.options import GpuOptions
 
     return GpuBackend(tf32=False, options=GpuOptions(**options))
 

@@ -13,7 +13,7 @@ from euler.training.config import TrainConfig
 from euler.training.run_folder import RunInfo
 
 pytest.importorskip("numba.cuda")
-from euler.gpu.backend import GpuOptions  # noqa: E402
+from euler.gpu.options import GpuOptions  # noqa: E402
 
 
 def test_options_refuse_bad_fields_and_feed_the_tensor_core_attention() -> None:

@@ -105,7 +105,8 @@ else:
         pieces (vector.py), as at the presets. The weight gradients 32 or more wide (qkv,
         gate/up, the heads) go through a transposed operand (GpuOptions.transpose_min_width
         32), the others (wo, w_down) straight."""
-        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.gpu.backend import GpuBackend
+        from euler.gpu.options import GpuOptions
         from euler.model.config import ModelConfig
 
         options = GpuOptions(transpose_weight_grads=True, transpose_min_width=32)
@@ -121,7 +122,8 @@ else:
         """Tied embeddings on the GPU backend: head 0 reads tok_emb (its transposed weight
         gradient accumulated into tok_emb's, then the embedding's scatter adds), as on the
         CPU; one head (no mtp_heads tensor) and two."""
-        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.gpu.backend import GpuBackend
+        from euler.gpu.options import GpuOptions
         from euler.model.config import ModelConfig
 
         options = GpuOptions(transpose_weight_grads=True, transpose_min_width=32)
@@ -136,7 +138,8 @@ else:
     def test_weight_gradient_through_a_transposed_operand(M, N, accumulate):
         from numba import cuda
 
-        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.gpu.backend import GpuBackend
+        from euler.gpu.options import GpuOptions
 
         options = GpuOptions(transpose_weight_grads=True, transpose_min_width=0)
         gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
@@ -160,7 +163,8 @@ else:
     def test_matmul_residual(fused) -> None:
         """The product into scratch, then the residual kernel; with GpuOptions.fused_residual
         on too, since a stand-in blas (no cuBLAS to fuse with) takes the same path."""
-        from euler.gpu.backend import GpuBackend, GpuOptions
+        from euler.gpu.backend import GpuBackend
+        from euler.gpu.options import GpuOptions
 
         options = GpuOptions(fused_residual=fused)
         gpu = GpuBackend(tf32=False, threads=32, tile=4, blas=NumpyBlas(), options=options)
@@ -374,7 +378,8 @@ else:
         with a StreamTimer on its own stream, one that declines while the backend captures
         a graph; 0 or more than the heuristic's 8 is refused."""
         from euler.gpu import backend
-        from euler.gpu.backend import GpuBackend, GpuOptions, StreamTimer
+        from euler.gpu.backend import GpuBackend, StreamTimer
+        from euler.gpu.options import GpuOptions
 
         made = lambda library, stream, tf32, **kw: SimpleNamespace(library=library, **kw)
         monkeypatch.setattr(backend, "_on_stream", made)
