@@ -74,11 +74,10 @@ def last_compile_seconds() -> float | None:
 def record_compile_seconds(seconds: float) -> None:
     """Keep a cold start's seconds for the next one's notice (atomically; a cache that
     cannot be written costs only the estimate)."""
-    path = cache_root() / COMPILE_RECORD
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    from euler.data.files import write_json_atomic
+    from euler.errors import EulerError
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"seconds": seconds}))
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        write_json_atomic(cache_root() / COMPILE_RECORD, {"seconds": seconds})
+    except (OSError, EulerError):
+        pass
