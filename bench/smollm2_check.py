@@ -16,7 +16,7 @@ With --precision (on the GPU by default fp32, tf32 and bf16; on the CPU only bf1
 from fp32, emulated), our forward at each precision against transformers in float32 on the
 same device (TF32 off), the reference, beside torch's own forward at that precision
 (transformers with TF32 products allowed; the model cast to bfloat16) against the same
-reference, within the bound that euler/interop/hf_logits.py derives (4x torch's own max
+reference, within the bound that euler/bench/hf_logits.py derives (4x torch's own max
 |error| at that precision; fp32: 1e-4 of the largest logit, as on the CPU). The tokenizer
 check runs as well; the chat check only without --precision.
 """
@@ -69,11 +69,11 @@ def main() -> int:
     import torch
     import transformers
 
+    from euler.bench.hf_logits import precision_windows
     from euler.data.chat_template import encode_prompt
     from euler.inference.generate import Decoder, generate
     from euler.inference.sampling import SamplingConfig
     from euler.interop.gguf_import import import_gguf
-    from euler.interop.hf_logits import precision_windows
     from euler.model.transformer import Model
     from euler.training import checkpoint as ckpt
 

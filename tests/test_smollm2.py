@@ -6,7 +6,7 @@ at SmolLM2-135M-Instruct.Q4_1.gguf (default /work/models/). Our CPU fp32 logits 
 1e-4 of the largest logit, and our token ids `tokenizers`' on books and web text; greedy
 chat, `euler serve` asked through the README's openai one-liner, and its chat page in
 headless chromium must name Paris; on a GPU (marked `gpu`) the GPU's fp32, tf32 and bf16
-logits must keep the bounds of euler/interop/hf_logits.py. bench/smollm2_check.py runs the
+logits must keep the bounds of euler/bench/hf_logits.py. bench/smollm2_check.py runs the
 longer checks (2,048 tokens, generate).
 """
 
@@ -172,7 +172,7 @@ def test_gpu_logits_keep_the_bounds(imported) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from euler.interop.hf_logits import precision_windows
+    from euler.bench.hf_logits import precision_windows
 
     args = SimpleNamespace(device="cuda", windows=[512], precision=["fp32", "tf32", "bf16"])
     res = precision_windows(imported, held_out_ids(imported), GGUF, args)
