@@ -23,8 +23,8 @@ def is_loopback(host: str) -> bool:
 
 def model_id(checkpoint: Path) -> str:
     """The served model's id: a run folder's name, also for a run's own checkpoint-*.safetensors
-    file; any other file's name without its suffix, so that `euler import --out runs/smol`
-    (a file) serves as 'smol', the name its folder would give, not 'runs'."""
+    file; any other file's name without its suffix (`euler import --out smol.safetensors`
+    serves as 'smol', not as its parent folder's name)."""
     path = checkpoint.resolve()
     if path.is_file() and path.name.startswith("checkpoint"):
         path = path.parent
