@@ -10,6 +10,11 @@
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
 #     bash bench/cpu_session.sh final     # the figures the README cites, named by date
 #     bash bench/cpu_session.sh before    # with carry ".old" too: that tree's small at 16
+#     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
+#                                         # of 3 engines a process (labs/cpu_step_times.py)
+#                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
+#                                         # the profile at 1, 2, 4; the products lab at 4;
+#                                         # ours and eager at 2 and 4 after 10 untimed steps
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -91,6 +96,34 @@ for case in "$@"; do
         python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 2>&1 | tail -1
         python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
             --untimed-steps 1 2>&1 | tail -1
+        ;;
+    warm)
+        { cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag
+          uptime; ps -eo pcpu,psr,comm --sort=-pcpu | head -8; } 2>&1 | tee -a "$OUT/log.txt"
+        times() {  # label, cores, threads, then env assignments
+            local label=$1 cores=$2 t=$3
+            shift 3
+            log "step times: $label"
+            env "$@" NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c "$cores" \
+                python3 bench/labs/cpu_step_times.py --engines 3 2>&1 |
+                sed "s/^{/{\"label\": \"$label\", /" | tee -a "$OUT/step-times.jsonl" | cut -c1-150
+        }
+        times "2 threads, cores 0-1" 0-1 2
+        times "2 threads, cores 8-9" 8-9 2
+        times "2 threads, cores 0-1, malloc on huge pages" 0-1 2 GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+        times "4 threads, cores 0-3" 0-3 4
+        for t in 1 2 4; do
+            log "profile at $t threads"
+            NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
+                python3 bench/labs/cpu_step_profile.py 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl" | cut -c1-150
+        done
+        log "products lab at 4 threads"
+        NUMBA_NUM_THREADS=4 OMP_NUM_THREADS=4 taskset -c 0-3 \
+            python3 bench/labs/cpu_products.py 2>&1 | tee -a "$OUT/products.jsonl" | cut -c1-60
+        log "ours and eager at 2 and 4 cores, 20 steps after 10 untimed"
+        python3 bench/cpu_scaling.py --threads 2,4 --steps 20 --untimed-steps 10 \
+            --json "$OUT/cpu-scaling-small-2-4.json" 2>&1 | tail -4 | tee -a "$OUT/log.txt"
+        times "2 threads, cores 0-1, at the end" 0-1 2
         ;;
     before)
         log "the .old tree: small at $n cores, no peer"
