@@ -42,9 +42,9 @@ def _child(job: dict) -> dict:
     threads = numba.get_num_threads()
     row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
     for blocks in job["blocks"]:  # the default plan first, then each A/B variant
-        plan = dataclasses.replace(ProductPlan(), blocks=blocks) if blocks else None
+        plan = dataclasses.replace(ProductPlan(), per_thread=blocks) if blocks else None
         stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
-        row["ours" if not blocks else f"ours_blocks_{blocks}"] = stats
+        row["ours" if not blocks else f"ours_per_thread_{blocks}"] = stats
     peers = [("torch_eager", False)] + ([("torch_compiled", True)] if job["compile"] else [])
     for name, compiled in peers if job["peer"] else []:
         row[name] = time_peer_in_own_process(
@@ -146,8 +146,8 @@ def main(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write the plot here.")] = None,
     plot_only: Annotated[Path | None, typer.Option(help="Only redraw this report's plot.")] = None,
-    ab_blocks: Annotated[
-        str, typer.Option(help="Also time ours with ProductPlan(blocks=N), for each N given.")
+    ab_per_thread: Annotated[
+        str, typer.Option(help="Also time ours with ProductPlan(per_thread=N), each N given.")
     ] = "",
 ) -> None:
     """Time ours and PyTorch at each thread count, pinned to that many cores."""
@@ -163,10 +163,10 @@ def main(
     for n in counts:
         job = {"preset": preset, "batch": batch, "seq": seq, "steps": steps, "warmup": warmup,
                "peer": peer, "compile": n in compiled,
-               "blocks": [0, *(int(b) for b in ab_blocks.split(",") if b)]}  # fmt: skip
+               "blocks": [0, *(int(b) for b in ab_per_thread.split(",") if b)]}  # fmt: skip
         rows.append(_run_pinned(n, cores, job))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-        for key in (k for k in rows[-1] if k.startswith("ours_blocks_")):
+        for key in (k for k in rows[-1] if k.startswith("ours_per_thread_")):
             print(f"  {key}: {rows[-1][key]['tokens_per_s']:,.0f} tokens/s", flush=True)
     report = {
         "report": "cpu scaling",

@@ -10,6 +10,11 @@
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
 #     bash bench/cpu_session.sh final     # the figures the README cites, named by date
 #     bash bench/cpu_session.sh before    # with carry ".old" too: that tree's small at 16
+#     bash bench/cpu_session.sh ab        # with carry ".before44" too (the tree before the
+#                                         # thread-count cut): step times at 2, then ours (two
+#                                         # and one block a thread), eager, compile at 16 on
+#                                         # 1..16 cores; the tree before on the same counts;
+#                                         # the bits at 1..16; step times at 2 again
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -96,6 +101,25 @@ for case in "$@"; do
         python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 2>&1 | tail -1
         python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
             --untimed-steps 1 2>&1 | tail -1
+        ;;
+    ab)
+        d=$(date -u +%F)
+        NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0-1 python3 bench/labs/cpu_step_times.py \
+            --engines 3 2>&1 | tee -a "$OUT/step-times.jsonl" | cut -c1-150
+        log "small, B=16 x T=128, 1..$n cores, 20 steps after 10 untimed"
+        python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n --steps 20 \
+            --untimed-steps 10 --ab-per-thread 1 --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
+            --plot "$OUT/cpu-scaling-small-xeon$n-$d.png" 2>&1 | tee -a "$OUT/log.txt"
+        log "the tree before (.before44): small on 1, 2, 4, 8, $n cores, no peer"
+        (cd .before44 && PYTHONPATH="$PWD:/tmp/site" python3 bench/cpu_scaling.py --threads 1,2,4,8,$n \
+            --no-peer --steps 20 --untimed-steps 10 --json "$OUT/cpu-scaling-small-before-xeon$n-$d.json") 2>&1 \
+            | tail -8 | tee -a "$OUT/log.txt"
+        log "bits at 1..$n threads"
+        EULER_TEST_THREADS=1,2,3,4,8,$n python3 -m pytest -q -p no:cacheprovider \
+            tests/test_engine.py -k "thread_count or blocked_products or product_plans" 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+        python3 bench/labs/cpu_product_bits.py 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+        NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0-1 python3 bench/labs/cpu_step_times.py \
+            --engines 2 2>&1 | tee -a "$OUT/step-times.jsonl" | cut -c1-150
         ;;
     warm)
         { cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag

@@ -305,18 +305,23 @@ def test_failing_gradcheck_exits_non_zero(monkeypatch):
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_blocked_products_equal_numpy(trans_a, trans_b, accumulate, dtype):
+    import numba
+
     from euler.cpu.blas import ProductPlan, Products
 
+    if numba.get_num_threads() < 2:
+        pytest.skip("one thread computes a product whole")
     rng = np.random.default_rng(0)
     # M not a multiple of the row blocks; K long enough that a weight gradient's sum is cut
     M, K, N = 301, 1100, 300
-    mb, nb, pieces = ProductPlan().cut(M, N, K, trans_a)
+    plan = ProductPlan(per_thread=16)
+    mb, nb, pieces = plan.cut(M, N, K, trans_a, threads=numba.get_num_threads())
     assert mb > 1 and nb > 1 and (pieces > 1) == trans_a  # this test must exercise every cut
     a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(dtype)
     b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(dtype)
     out = rng.standard_normal((M, N)).astype(dtype)
     want = (a.T if trans_a else a) @ (b.T if trans_b else b) + (out if accumulate else 0)
-    Products()(out, a, b, trans_a, trans_b, accumulate)
+    Products(plan)(out, a, b, trans_a, trans_b, accumulate)
     tol = 1e-12 if dtype == np.float64 else 2e-4
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
 
@@ -338,25 +343,33 @@ def test_blocked_products_take_views_pairs_and_empty_shapes():
         mm(ab, a, b)
 
 
-def test_product_plans_depend_on_shapes_only():
+def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     from euler.cpu.blas import ProductPlan
 
-    # the small preset's activations, a weight gradient with a long sum and a large one
     cut = ProductPlan().cut
-    # the small preset's products: a tall activation, weight gradients with long sums
-    assert cut(2048, 128, 128, False) == (16, 1, 1)
-    assert cut(682, 128, 2048, True) == (4, 1, 4)
-    assert cut(128, 341, 2048, True) == (1, 4, 4)
+    # one thread: a product whole, but a weight gradient's sum still in its pieces
+    assert cut(2048, 128, 128, False, threads=1) == (1, 1, 1)
+    assert cut(682, 128, 2048, True, threads=1) == (1, 1, 4)
+    # the small preset's products: two blocks a thread, a tall activation by rows, weight
+    # gradients with long sums by pieces and then rows or columns of 64 or more
+    assert cut(2048, 128, 128, False, threads=16) == (32, 1, 1)
+    assert cut(2048, 128, 128, False, threads=2) == (4, 1, 1)
+    assert cut(682, 128, 2048, True, threads=16) == (8, 1, 4)
+    assert cut(128, 341, 2048, True, threads=16) == (2, 4, 4)
+    assert cut(128, 341, 2048, True, threads=4) == (1, 2, 4)
     # the gpu preset's: wide outputs are cut both ways, never their sums
-    assert cut(2048, 1280, 768, False) == (4, 4, 1)
-    assert cut(1280, 768, 2048, True) == (4, 4, 1)
-    assert cut(8, 8, 8, False) == (1, 1, 1)
+    assert cut(2048, 1280, 768, False, threads=16) == (8, 4, 1)
+    assert cut(1280, 768, 2048, True, threads=16) == (8, 4, 1)
+    assert cut(2048, 1280, 768, False, threads=3) == (3, 2, 1)
+    # small products stay whole; no block is narrower than 64 rows or columns
+    assert cut(8, 8, 8, False, threads=16) == (1, 1, 1)
+    assert cut(100, 4096, 512, False, threads=16) == (1, 32, 1)
 
 
 def test_training_bits_do_not_depend_on_the_thread_count(tmp_path):
     """Three steps at each thread count in one process (NUMBA_NUM_THREADS the largest):
     the losses and every parameter bit equal. EULER_TEST_THREADS widens it (1,2,4,8,16)."""
-    counts = os.environ.get("EULER_TEST_THREADS", "1,2,4")
+    counts = os.environ.get("EULER_TEST_THREADS", "1,2,3,4")
     code = f"""
 import numba, numpy as np
 from euler.bench.steps import synthetic_batch

@@ -27,8 +27,8 @@ from euler.model.config import get_preset
 VARIANTS = {
     "default": blas.ProductPlan(),
     "static": replace(blas.ProductPlan(), dynamic=False),
-    "blocks 8": replace(blas.ProductPlan(), blocks=8),
-    "blocks 32": replace(blas.ProductPlan(), blocks=32),
+    "1 block a thread": replace(blas.ProductPlan(), per_thread=1),
+    "4 blocks a thread": replace(blas.ProductPlan(), per_thread=4),
     "block_macs 4M": replace(blas.ProductPlan(), block_macs=1 << 22),
     "pieces 2": replace(blas.ProductPlan(), pieces=2),
     "pieces 8": replace(blas.ProductPlan(), pieces=8),

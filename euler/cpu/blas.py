@@ -5,17 +5,21 @@ included: a product is cut into blocks, a prange hands the blocks to the threads
 block is one call of the sgemm (dgemm for float64) of NumPy's own OpenBLAS, told to run
 single-threaded (a second pool on the same cores would fight this one for them).
 
-The cut depends on the shapes alone, never on the thread count. OpenBLAS picks its kernel
-by a call's sizes, so an element's bits depend on the block that computes it (measured: a
-product cut into blocks of 33 or 511 rows differs in the last bits from the whole); a plan
-fixed by the shapes keeps every result bit the same at 1 or 16 threads. ProductPlan cuts:
+Every result bit is the same at 1 or 16 threads, although the cut follows the thread count:
 
-- out (M, N) = A op(B) (activations, input gradients): blocks of about `rows` rows of out.
-- out (M, N) = A^T B (weight gradients: a sum over the batch's tokens): blocks of about
-  `grad_rows` rows of out, times the sum cut into up to `pieces` pieces while the output is
-  small (a large output has rows enough to keep the threads busy); each piece but the first
-  sums into a partial buffer, and the partials are then added into out in their order.
-- Products under `small_macs` multiply-adds run as one block.
+- A sum is cut by the shapes alone. A weight gradient out (M, N) = A^T B (a sum over the
+  batch's tokens) with a small output cuts its sum into up to `pieces` pieces, to give
+  the threads work; each piece but the first sums into a partial buffer, and the partials
+  are then added into out in their order. A sum cut elsewhere adds in another order.
+- Rows and columns are cut by the thread count: about `per_thread` blocks a thread (two:
+  a thread that finishes first takes another), each of at least `block_macs` multiply-adds,
+  with edges on multiples of `align` rows or columns.
+  Such a block computes each of its elements as the whole product's call would, the same
+  kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
+  sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
+  register tiles differ from the whole (bench/labs/cpu_product_bits.py checks this CPU).
+- One thread computes a product whole, in one call: cutting it buys nothing there and every
+  block repacks its slice of the other operand (at 16 blocks a product took 37% longer).
 
 The threads take blocks as they finish the last (dynamic scheduling): blocks differ in cost,
 and a backward's two products of a layer share one parallel loop.
@@ -39,6 +43,7 @@ from euler.errors import EulerError
 _SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
 _DGEMM = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")
 _SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
+_CORE_NAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
@@ -80,6 +85,16 @@ def set_blas_threads(n: int) -> None:
 set_blas_threads(1)
 
 
+def core_name() -> str:
+    """The kernel family OpenBLAS chose for this CPU (SkylakeX, Haswell, ...), or ''."""
+    name = next((n for n in _CORE_NAME if hasattr(_OPENBLAS, n)), None)
+    if name is None:
+        return ""
+    fn = getattr(_OPENBLAS, name)
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
 def _gemm_type(real):
     # cblas_?gemm(order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) with
     # pointers passed as 64-bit integers (the same registers and stack slots on x86-64)
@@ -93,31 +108,43 @@ _dgemm = types.ExternalFunction("euler_dgemm", _gemm_type(types.float64))
 
 @dataclass(frozen=True)
 class ProductPlan:
-    """How products are cut into blocks (by their shapes alone) and the blocks scheduled."""
+    """How products are cut into blocks and the blocks scheduled (see the module's text)."""
 
-    blocks: int = 16  # blocks a product is cut into (fewer for a small one)
+    per_thread: int = 2  # row x column blocks a thread, about, where there are two or more
     block_macs: int = 1 << 20  # fewest multiply-adds in a block
+    align: int = 64  # row and column blocks start on multiples of this
     pieces: int = 4  # most pieces a weight gradient's sum is cut into
     piece_min: int = 256  # fewest terms in a piece
+    piece_blocks: int = 16  # a sum is cut while its blocks would be fewer than this
     small_output: int = 1 << 18  # weight gradients with fewer output elements cut their sums
     dynamic: bool = True  # threads take blocks one at a time as they finish (else: in turn)
 
-    def cut(self, M: int, N: int, K: int, trans_a: bool) -> tuple[int, int, int]:
-        """(row blocks, column blocks, sum pieces) for out (M, N) = op(a) @ op(b), K terms.
+    def sum_pieces(self, M: int, N: int, K: int, trans_a: bool) -> int:
+        """Pieces the K-term sum of out (M, N) = op(a) @ op(b) is cut into, by its shape
+        alone (a piece's partial sum changes the order of the additions): a weight gradient
+        (trans_a) with a small output, in pieces of at least piece_min terms."""
+        if not trans_a or M * N >= self.small_output:
+            return 1
+        count = max(1, min(self.piece_blocks, M * N * K // self.block_macs))
+        return max(1, min(self.pieces, count, K // self.piece_min))
 
-        A weight gradient (trans_a) with a small output cuts its sum first. The rest of the
-        blocks form the grid of rows x columns that packs the fewest elements: BLAS copies
-        the (K, N/nb) of b and the (M/mb, K) of a that a block reads, so rows x columns
-        blocks copy mb K N + nb M K elements.
+    def cut(self, M: int, N: int, K: int, trans_a: bool, threads: int) -> tuple[int, int, int]:
+        """(row blocks, column blocks, sum pieces) for out (M, N) = op(a) @ op(b), K terms,
+        on `threads` threads.
+
+        The sum's pieces count as blocks; the rest form the grid of rows x columns that
+        packs the fewest elements: BLAS copies the (K, N/nb) of b and the (M/mb, K) of a
+        that a block reads, so rows x columns blocks copy mb K N + nb M K elements.
         """
-        count = max(1, min(self.blocks, M * N * K // self.block_macs))
-        pieces = 1
-        if trans_a and M * N < self.small_output:
-            pieces = max(1, min(self.pieces, count, K // self.piece_min))
-        count //= pieces
-        grids = [(mb, count // mb) for mb in range(1, count + 1) if count % mb == 0]
-        grids = [(mb, nb) for mb, nb in grids if mb <= max(1, M // 16) and nb <= max(1, N // 16)]
-        mb, nb = min(grids, key=lambda g: (g[0] * K * N + g[1] * M * K, -g[0] * g[1]))
+        pieces = self.sum_pieces(M, N, K, trans_a)
+        wanted = -(-threads * self.per_thread // pieces) if threads > 1 else 1
+        count = max(1, min(wanted, M * N * K // pieces // self.block_macs))
+        rows, cols = max(1, M // self.align), max(1, N // self.align)
+        grids = [(mb, c // mb) for c in range(count, 0, -1) for mb in range(1, c + 1)
+                 if c % mb == 0 and mb <= rows and c // mb <= cols]  # fmt: skip
+        most = grids[0][0] * grids[0][1]
+        mb, nb = min((g for g in grids if g[0] * g[1] == most),
+                     key=lambda g: (g[0] * K * N + g[1] * M * K, -g[0]))  # fmt: skip
         return mb, nb, pieces
 
 
@@ -142,13 +169,19 @@ def gemm(m, n, k, pa, lda, pb, ldb, beta, pc, ldc, double, trans_a=False, trans_
 
 
 @njit(nogil=True, cache=True)
-def _block(out, a, b, trans_a, trans_b, beta, mb, nb, kb, partial, i):
+def _edge(i, n, parts, align):
+    """Where block i of n rows (or columns) cut into parts starts: on a multiple of align."""
+    return n if i == parts else i * n // parts // align * align
+
+
+@njit(nogil=True, cache=True)
+def _block(out, a, b, trans_a, trans_b, beta, mb, nb, kb, partial, align, i):
     """Block i of out = op(a) @ op(b) cut into mb x nb x kb: its rows, columns, sum piece."""
     M, N = out.shape
     K = a.shape[0] if trans_a else a.shape[1]
     r, c, k = i % mb, (i // mb) % nb, i // (mb * nb)
-    r0, r1 = r * M // mb, (r + 1) * M // mb
-    c0, c1 = c * N // nb, (c + 1) * N // nb
+    r0, r1 = _edge(r, M, mb, align), _edge(r + 1, M, mb, align)
+    c0, c1 = _edge(c, N, nb, align), _edge(c + 1, N, nb, align)
     k0, k1 = k * K // kb, (k + 1) * K // kb
     dst = out if k == 0 else partial[k - 1]
     item = out.itemsize
@@ -172,15 +205,15 @@ def _add_partials(out, partial, pieces, r):
 
 @njit(parallel=True, nogil=True, cache=True)
 def _products(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1,
-              o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2):  # fmt: skip
+              o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align):  # fmt: skip
     """Two products' blocks in one parallel loop (m x n x k blocks each; m2 = 0 for one
     product), then their partial sums."""
     first = m1 * n1 * k1
     for i in prange(first + m2 * n2 * k2):
         if i < first:
-            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, i)
+            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, align, i)
         else:
-            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, i - first)
+            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align, i - first)
     rows1 = o1.shape[0] if k1 > 1 else 0
     rows2 = o2.shape[0] if k2 > 1 and m2 > 0 else 0
     for r in prange(rows1 + rows2):
@@ -213,7 +246,7 @@ class Products:
             raise ValueError("matmul: out's rows must be contiguous")
         a = a if a.strides[1] == a.itemsize or not a.size else np.ascontiguousarray(a)
         b = b if b.strides[1] == b.itemsize or not b.size else np.ascontiguousarray(b)
-        shape = (M, N, K, trans_a)
+        shape = (M, N, K, trans_a, numba.get_num_threads())
         if shape not in self._cuts:
             self._cuts[shape] = self.plan.cut(*shape) if M * N else (0, 1, 1)
         mb, nb, pieces = self._cuts[shape]
@@ -240,6 +273,6 @@ class Products:
         # a chunk size of 1 makes the prange hand out blocks one at a time
         before = numba.set_parallel_chunksize(1 if self.plan.dynamic else 0)
         try:
-            _products(*first, *second)
+            _products(*first, *second, self.plan.align)
         finally:
             numba.set_parallel_chunksize(before)
