@@ -41,10 +41,10 @@ def _child(job: dict) -> dict:
     tokens, targets = synthetic_batch(cfg, B, T)
     threads = numba.get_num_threads()
     row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
-    for blocks in job["blocks"]:  # the default plan first, then each A/B variant
-        plan = dataclasses.replace(ProductPlan(), per_thread=blocks) if blocks else None
+    for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
+        plan = dataclasses.replace(ProductPlan(), per_thread=per_thread) if per_thread else None
         stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
-        row["ours" if not blocks else f"ours_per_thread_{blocks}"] = stats
+        row[f"ours_per_thread_{per_thread}" if per_thread else "ours"] = stats
     peers = [("torch_eager", False)] + ([("torch_compiled", True)] if job["compile"] else [])
     for name, compiled in peers if job["peer"] else []:
         row[name] = time_peer_in_own_process(
@@ -163,7 +163,7 @@ def main(
     for n in counts:
         job = {"preset": preset, "batch": batch, "seq": seq, "steps": steps, "warmup": warmup,
                "peer": peer, "compile": n in compiled,
-               "blocks": [0, *(int(b) for b in ab_per_thread.split(",") if b)]}  # fmt: skip
+               "per_thread": [0, *(int(b) for b in ab_per_thread.split(",") if b)]}  # fmt: skip
         rows.append(_run_pinned(n, cores, job))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         for key in (k for k in rows[-1] if k.startswith("ours_per_thread_")):

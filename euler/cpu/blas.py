@@ -18,8 +18,8 @@ Every result bit is the same at 1 or 16 threads, although the cut follows the th
   kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
   sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
   register tiles differ from the whole (bench/labs/cpu_product_bits.py checks this CPU).
-- One thread computes a product whole, in one call: cutting it buys nothing there and every
-  block repacks its slice of the other operand (at 16 blocks a product took 37% longer).
+- One thread computes a product whole, in one call: cutting it buys nothing there, and every
+  block repacks its slice of the other operand.
 
 The threads take blocks as they finish the last (dynamic scheduling): blocks differ in cost,
 and a backward's two products of a layer share one parallel loop.
