@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 IMPLS = ("readable", "tiles", "tc-tf32", "tc-bf16")
+START = time.perf_counter()
 
 
 class Case:
@@ -132,13 +133,20 @@ def wall_ms(stream, fn, reps: int) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def progress(what: str) -> None:
+    """One line on stderr: seconds since the start, then what runs now."""
+    print(f"[{time.perf_counter() - START:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def run_case(c: Case, reps: int, timer, impls: list[str]) -> list[dict]:
     """One row per implementation: its errors and times."""
     from euler.gpu import attention_tc
 
     shape = dict(B=c.B, T=c.T, H=c.H, G=c.G, E=c.E)
     useful = 4 * c.B * c.H * c.T * c.T * c.E / 2
+    progress(f"{shape}: readable kernels (the first call compiles)")
     readable = c.results("readable")
+    progress("the CPU kernel on batch element 0")
     rows = [dict(impl="cpu-vs-readable", **shape, **errors([x[:1] for x in readable], c.cpu()))]
     print(json.dumps(rows[-1]), flush=True)
     rounded = None
@@ -152,6 +160,7 @@ def run_case(c: Case, reps: int, timer, impls: list[str]) -> list[dict]:
             want = rounded
         else:
             want = readable
+        progress(impl)
         row = dict(impl=impl, **shape, **errors(c.results(impl), want))
         forward, backward = c.calls(impl)
         row["fwd_ms"] = timer(c.stream, forward, reps)

@@ -6,9 +6,10 @@
 #     bash bench/gpu_before_after.sh .before  # carry [".whl", ".before"]
 # Each round times `euler bench --device cuda --preset gpu --no-peer` in bf16 and tf32 for
 # the tree before, then this tree (ROUNDS rounds, 2 by default; the first also compiles).
-# Then, if this tree has it, the readable FlashAttention beside the exact tiles and the
-# tensor cores (bench/attention_exact_gpu.py). Results: $OUT/before-after.jsonl (one line per
-# run: tree, precision, round, tokens/s), every step's output in $OUT/log.txt.
+# First, if this tree has it, the readable FlashAttention beside the exact tiles and the
+# tensor cores (bench/attention_exact_gpu.py, at most ATTENTION_S seconds, 270; 0 skips
+# it). Results: $OUT/before-after.jsonl (one line per run: tree, precision, round,
+# tokens/s), $OUT/attention-exact.json, every step's output in $OUT/log.txt.
 set -u
 BEFORE=${1:?the tree before, e.g. .before}
 OUT=${OUT:-/tmp/out}
@@ -45,15 +46,15 @@ print(json.dumps({"tree": tree, "precision": precision, "round": int(rnd), "resu
 EOF
 }
 
+if [ -f bench/attention_exact_gpu.py ] && [ "${ATTENTION_S:-270}" != 0 ]; then
+    log "readable FlashAttention beside the exact tiles and the tensor cores"
+    PYTHONPATH=/tmp/site timeout "${ATTENTION_S:-270}" python3 bench/attention_exact_gpu.py \
+        --json "$OUT/attention-exact.json" 2>&1 | grep --line-buffered -v Warning | tee -a "$OUT/log.txt"
+fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
     for p in ${PRECISIONS:-bf16 tf32}; do
         bench before "$p" "$r"
         bench after "$p" "$r"
     done
 done
-if [ -f bench/attention_exact_gpu.py ]; then
-    log "readable FlashAttention beside the exact tiles and the tensor cores"
-    PYTHONPATH=/tmp/site timeout 150 python3 bench/attention_exact_gpu.py \
-        --json "$OUT/attention-exact.json" 2>&1 | grep --line-buffered -v Warning | tee -a "$OUT/log.txt"
-fi
 log done
