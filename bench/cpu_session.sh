@@ -15,6 +15,9 @@
 #                                         # and one block a thread), eager, compile at 16 on
 #                                         # 1..16 cores; the tree before on the same counts;
 #                                         # the bits at 1..16; step times at 2 again
+#     bash bench/cpu_session.sh plans     # product plans in alternating rounds, one process a
+#                                         # thread count (labs/cpu_plans.py): small at 2..16
+#                                         # cores, B=128 on 16, the gpu preset on 16
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -120,6 +123,21 @@ for case in "$@"; do
         python3 bench/labs/cpu_product_bits.py 2>&1 | tail -3 | tee -a "$OUT/log.txt"
         NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0-1 python3 bench/labs/cpu_step_times.py \
             --engines 2 2>&1 | tee -a "$OUT/step-times.jsonl" | cut -c1-150
+        ;;
+    plans)
+        plans=${PLANS:-default,per_thread=1,per_thread=4,fixed16,block_macs=4194304}
+        for t in 2 4 8 $n; do
+            log "plans, small, $t cores"
+            NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) python3 \
+                bench/labs/cpu_plans.py --plans "$plans" 2>&1 | tee -a "$OUT/plans.jsonl" | cut -c1-400
+        done
+        log "plans, small B=128, $n cores"
+        python3 bench/labs/cpu_plans.py --plans "$plans" --batch-size 128 --rounds 4 --steps 5 \
+            2>&1 | tee -a "$OUT/plans.jsonl" | cut -c1-400
+        log "plans, gpu preset B=4 x T=512, $n cores"
+        python3 bench/labs/cpu_plans.py --plans default,per_thread=1,fixed16 --preset gpu \
+            --batch-size 4 --seq-len 512 --rounds 3 --steps 2 --untimed-steps 1 2>&1 \
+            | tee -a "$OUT/plans.jsonl" | cut -c1-400
         ;;
     warm)
         { cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag

@@ -1,0 +1,119 @@
+"""Product plans side by side: one engine a plan in one process, timed in alternating rounds.
+
+    NUMBA_NUM_THREADS=16 taskset -c 0-15 python bench/labs/cpu_plans.py \
+        --plans default,per_thread=1,fixed16 --rounds 8 --steps 10
+
+A step's time swings by a third on a shared machine (other tenants take a core, and every
+parallel loop waits for its last thread), so plans timed one after the other, or in separate
+processes, are compared through that noise. Here every plan has its own engine in one
+process, warmed the same, and the rounds take the plans in turn: each round times `steps`
+steps of each plan and keeps their median; a plan's figure is the median of its rounds.
+
+Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
+- default: ProductPlan() as the package runs it;
+- FIELD=VALUE: ProductPlan with one field replaced (per_thread=1, block_macs=2097152, ...);
+- fixedN: N row x column blocks whatever the thread count (where the product is large
+  enough), as the package did before its cut followed the thread count.
+
+Every plan must give the same bits as the default (the cut keeps them): the lab checks that
+the plans' last losses, after as many steps each, are equal. One JSON line a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from typing import Annotated
+
+import numba
+import typer
+
+from euler.bench.steps import synthetic_batch
+from euler.cpu.backend import CpuBackend
+from euler.cpu.blas import ProductPlan
+from euler.model.config import get_preset
+from euler.model.transformer import Model
+from euler.training.optim import AdamW
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPlan(ProductPlan):
+    """The cut of `blocks` row x column blocks at any thread count above one."""
+
+    blocks: int = 16
+
+    def cut(self, M: int, N: int, K: int, trans_a: bool, threads: int) -> tuple[int, int, int]:
+        """ProductPlan's cut as if `blocks / per_thread` threads ran it."""
+        return super().cut(
+            M, N, K, trans_a, max(1, self.blocks // self.per_thread) if threads > 1 else 1
+        )
+
+
+def parse_plan(spec: str) -> ProductPlan:
+    """A plan from its name: default, FIELD=VALUE or fixedN."""
+    if spec == "default":
+        return ProductPlan()
+    if spec.startswith("fixed"):
+        return FixedPlan(blocks=int(spec[5:]))
+    field, _, value = spec.partition("=")
+    kind = type(getattr(ProductPlan(), field))
+    return dataclasses.replace(
+        ProductPlan(), **{field: kind(int(value) if kind is not bool else value == "1")}
+    )
+
+
+def main(
+    plans: Annotated[
+        str, typer.Option(help="comma-separated plan names")
+    ] = "default,per_thread=1,fixed16",
+    preset: Annotated[str, typer.Option()] = "small",
+    batch: Annotated[int, typer.Option("--batch-size")] = 16,
+    seq: Annotated[int, typer.Option("--seq-len")] = 128,
+    steps: Annotated[int, typer.Option(help="steps a plan a round")] = 10,
+    rounds: Annotated[int, typer.Option()] = 8,
+    untimed: Annotated[int, typer.Option("--untimed-steps")] = 5,
+) -> None:
+    """Print one JSON line: each plan's median ms a step over rounds, and the rounds."""
+    cfg = get_preset(preset)
+    tokens, targets = synthetic_batch(cfg, batch, seq)
+    names = plans.split(",")
+    engines = []
+    for name in names:
+        model = Model(cfg, backend=CpuBackend(plan=parse_plan(name)), seed=0)
+        engines.append((model, AdamW(model)))
+    losses = {}
+
+    def step(name, model, opt) -> float:
+        t0 = time.perf_counter()
+        loss = model.forward(tokens, targets, need_grad=True)
+        model.backward()
+        opt.step(1e-3)
+        losses[name] = float(loss)  # the last step's, after as many steps as the others
+        return 1e3 * (time.perf_counter() - t0)
+
+    for name, (model, opt) in zip(names, engines, strict=True):
+        for _ in range(untimed):
+            step(name, model, opt)
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]  # neither plan always goes first
+        for name in order:
+            model, opt = engines[names.index(name)]
+            per_round[name].append(
+                round(statistics.median(step(name, model, opt) for _ in range(steps)), 2)
+            )
+    medians = {n: statistics.median(v) for n, v in per_round.items()}
+    tokens_per_step = batch * seq
+    print(json.dumps({
+        "threads": numba.get_num_threads(), "preset": preset, "batch": batch, "seq": seq,
+        "ms": medians,
+        "tokens_per_s": {n: round(tokens_per_step / m * 1e3) for n, m in medians.items()},
+        "rounds_ms": per_round,
+        "last_losses_equal": len(set(losses.values())) == 1,
+    }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    typer.run(main)
