@@ -42,7 +42,9 @@ def _child(job: dict) -> dict:
     threads = numba.get_num_threads()
     row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
     for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
-        plan = dataclasses.replace(ProductPlan(), per_thread=per_thread) if per_thread else None
+        plan = None
+        if per_thread:  # that many blocks a thread at every thread count
+            plan = dataclasses.replace(ProductPlan(), per_thread=per_thread, many_threads=1 << 20)
         stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
         row[f"ours_per_thread_{per_thread}" if per_thread else "ours"] = stats
     peers = [("torch_eager", False)] + ([("torch_compiled", True)] if job["compile"] else [])
@@ -147,7 +149,7 @@ def main(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write the plot here.")] = None,
     plot_only: Annotated[Path | None, typer.Option(help="Only redraw this report's plot.")] = None,
     ab_per_thread: Annotated[
-        str, typer.Option(help="Also time ours with ProductPlan(per_thread=N), each N given.")
+        str, typer.Option(help="Also time ours with N blocks a thread at any count, each N given.")
     ] = "",
 ) -> None:
     """Time ours and PyTorch at each thread count, pinned to that many cores."""

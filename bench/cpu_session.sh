@@ -84,9 +84,9 @@ for case in "$@"; do
         ;;
     final)
         d=$(date -u +%F)
-        log "small, B=16 x T=128, 1..$n cores, 20 steps"
+        log "small, B=16 x T=128, 1..$n cores, 20 steps after 10 untimed"
         python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n --steps 20 \
-            --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
+            --untimed-steps 10 --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
             --plot "$OUT/cpu-scaling-small-xeon$n-$d.png" 2>&1 | tee -a "$OUT/log.txt"
         log "small, B=128 x T=128, $n cores"
         python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 \

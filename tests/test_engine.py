@@ -314,7 +314,7 @@ def test_blocked_products_equal_numpy(trans_a, trans_b, accumulate, dtype):
     rng = np.random.default_rng(0)
     # M not a multiple of the row blocks; K long enough that a weight gradient's sum is cut
     M, K, N = 301, 1100, 300
-    plan = ProductPlan(per_thread=16)
+    plan = ProductPlan(per_thread=16, many_threads=1 << 20)
     mb, nb, pieces = plan.cut(M, N, K, trans_a, threads=numba.get_num_threads())
     assert mb > 1 and nb > 1 and (pieces > 1) == trans_a  # this test must exercise every cut
     a = rng.standard_normal((K, M) if trans_a else (M, K)).astype(dtype)
@@ -350,20 +350,23 @@ def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     # one thread: a product whole, but a weight gradient's sum still in its pieces
     assert cut(2048, 128, 128, False, threads=1) == (1, 1, 1)
     assert cut(682, 128, 2048, True, threads=1) == (1, 1, 4)
-    # the small preset's products: two blocks a thread, a tall activation by rows, weight
-    # gradients with long sums by pieces and then rows or columns of 64 or more
-    assert cut(2048, 128, 128, False, threads=16) == (32, 1, 1)
+    # the small preset's products: two blocks a thread below 8 threads, one from 8 on; a
+    # tall activation by rows, weight gradients with long sums by pieces and then rows or
+    # columns of 64 or more
     assert cut(2048, 128, 128, False, threads=2) == (4, 1, 1)
-    assert cut(682, 128, 2048, True, threads=16) == (8, 1, 4)
-    assert cut(128, 341, 2048, True, threads=16) == (2, 4, 4)
+    assert cut(2048, 128, 128, False, threads=4) == (8, 1, 1)
+    assert cut(2048, 128, 128, False, threads=16) == (16, 1, 1)
+    assert cut(682, 128, 2048, True, threads=16) == (4, 1, 4)
+    assert cut(128, 341, 2048, True, threads=16) == (1, 4, 4)
     assert cut(128, 341, 2048, True, threads=4) == (1, 2, 4)
     # the gpu preset's: wide outputs are cut both ways, never their sums
-    assert cut(2048, 1280, 768, False, threads=16) == (8, 4, 1)
-    assert cut(1280, 768, 2048, True, threads=16) == (8, 4, 1)
+    assert cut(2048, 1280, 768, False, threads=16) == (4, 4, 1)
+    assert cut(1280, 768, 2048, True, threads=16) == (4, 4, 1)
     assert cut(2048, 1280, 768, False, threads=3) == (3, 2, 1)
     # small products stay whole; no block is narrower than 64 rows or columns
     assert cut(8, 8, 8, False, threads=16) == (1, 1, 1)
-    assert cut(100, 4096, 512, False, threads=16) == (1, 32, 1)
+    assert cut(100, 4096, 512, False, threads=16) == (1, 16, 1)
+    assert cut(100, 4096, 512, False, threads=4) == (1, 8, 1)
 
 
 def test_training_bits_do_not_depend_on_the_thread_count(tmp_path):

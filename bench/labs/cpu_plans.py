@@ -1,7 +1,7 @@
 """Product plans side by side: one engine a plan in one process, timed in alternating rounds.
 
     NUMBA_NUM_THREADS=16 taskset -c 0-15 python bench/labs/cpu_plans.py \
-        --plans default,per_thread=1,fixed16 --rounds 8 --steps 10
+        --plans default,many_threads=1048576,fixed16 --rounds 8 --steps 10
 
 A step's time swings by a third on a shared machine (other tenants take a core, and every
 parallel loop waits for its last thread), so plans timed one after the other, or in separate
@@ -11,7 +11,8 @@ steps of each plan and keeps their median; a plan's figure is the median of its 
 
 Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
 - default: ProductPlan() as the package runs it;
-- FIELD=VALUE: ProductPlan with one field replaced (per_thread=1, block_macs=2097152, ...);
+- FIELD=VALUE: ProductPlan with one field replaced (per_thread=1, many_threads=1048576
+  for two blocks a thread at every count, block_macs=2097152, ...);
 - fixedN: N row x column blocks whatever the thread count (where the product is large
   enough), as the package did before its cut followed the thread count.
 
@@ -43,6 +44,7 @@ class FixedPlan(ProductPlan):
     """The cut of `blocks` row x column blocks at any thread count above one."""
 
     blocks: int = 16
+    many_threads: int = 1 << 20  # per_thread blocks a thread at every count
 
     def cut(self, M: int, N: int, K: int, trans_a: bool, threads: int) -> tuple[int, int, int]:
         """ProductPlan's cut as if `blocks / per_thread` threads ran it."""

@@ -27,8 +27,9 @@ from euler.model.config import get_preset
 VARIANTS = {
     "default": blas.ProductPlan(),
     "static": replace(blas.ProductPlan(), dynamic=False),
-    "1 block a thread": replace(blas.ProductPlan(), per_thread=1),
-    "4 blocks a thread": replace(blas.ProductPlan(), per_thread=4),
+    "1 block a thread": replace(blas.ProductPlan(), per_thread=1, many_threads=1 << 20),
+    "2 blocks a thread": replace(blas.ProductPlan(), many_threads=1 << 20),
+    "4 blocks a thread": replace(blas.ProductPlan(), per_thread=4, many_threads=1 << 20),
     "block_macs 4M": replace(blas.ProductPlan(), block_macs=1 << 22),
     "pieces 2": replace(blas.ProductPlan(), pieces=2),
     "pieces 8": replace(blas.ProductPlan(), pieces=8),

@@ -12,8 +12,12 @@ Every result bit is the same at 1 or 16 threads, although the cut follows the th
   the threads work; each piece but the first sums into a partial buffer, and the partials
   are then added into out in their order. A sum cut elsewhere adds in another order.
 - Rows and columns are cut by the thread count: about `per_thread` blocks a thread (two:
-  a thread that finishes first takes another), each of at least `block_macs` multiply-adds,
-  with edges on multiples of `align` rows or columns.
+  a thread that finishes first takes another), and one block a thread from `many_threads`
+  threads on, each block of at least `block_macs` multiply-adds, with edges on multiples
+  of `align` rows or columns. Many threads make small blocks, and every block repacks its
+  slice of the other operand: on the lent 16-core Xeon, the `small` step at 16 threads took
+  31 ms a step with one block a thread against 34 with two, while at 2 and 4 threads two
+  were faster (bench/labs/cpu_plans.py, docs/measurements.md).
   Such a block computes each of its elements as the whole product's call would, the same
   kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
   sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
@@ -110,7 +114,8 @@ _dgemm = types.ExternalFunction("euler_dgemm", _gemm_type(types.float64))
 class ProductPlan:
     """How products are cut into blocks and the blocks scheduled (see the module's text)."""
 
-    per_thread: int = 2  # row x column blocks a thread, about, where there are two or more
+    per_thread: int = 2  # row x column blocks a thread, about, on 2 to many_threads - 1
+    many_threads: int = 8  # from this many threads on, one block a thread
     block_macs: int = 1 << 20  # fewest multiply-adds in a block
     align: int = 64  # row and column blocks start on multiples of this
     pieces: int = 4  # most pieces a weight gradient's sum is cut into
@@ -137,7 +142,8 @@ class ProductPlan:
         that a block reads, so rows x columns blocks copy mb K N + nb M K elements.
         """
         pieces = self.sum_pieces(M, N, K, trans_a)
-        wanted = -(-threads * self.per_thread // pieces) if threads > 1 else 1
+        per_thread = self.per_thread if threads < self.many_threads else 1
+        wanted = -(-threads * per_thread // pieces) if threads > 1 else 1
         count = max(1, min(wanted, M * N * K // pieces // self.block_macs))
         rows, cols = max(1, M // self.align), max(1, N // self.align)
         grids = [(mb, c // mb) for c in range(count, 0, -1) for mb in range(1, c + 1)
