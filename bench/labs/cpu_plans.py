@@ -16,8 +16,10 @@ Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
 - fixedN: N row x column blocks whatever the thread count (where the product is large
   enough), as the package did before its cut followed the thread count.
 
-Every plan must give the same bits as the default (the cut keeps them): the lab checks that
-the plans' last losses, after as many steps each, are equal. One JSON line a run.
+A plan that cuts only rows and columns differently must give the default's bits (64-aligned
+cuts keep them); one that cuts sums differently (pieces, piece_min, small_output) adds in
+another order and may not. The lab prints each plan's last loss, after as many steps each,
+and whether they are all equal. One JSON line a run.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def main(
         "tokens_per_s": {n: round(tokens_per_step / m * 1e3) for n, m in medians.items()},
         "rounds_ms": per_round,
         "last_losses_equal": len(set(losses.values())) == 1,
+        "last_losses": losses,
     }), flush=True)  # fmt: skip
 
 
