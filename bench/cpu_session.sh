@@ -125,7 +125,8 @@ for case in "$@"; do
             --engines 2 2>&1 | tee -a "$OUT/step-times.jsonl" | cut -c1-150
         ;;
     plans)
-        plans=${PLANS:-default,per_thread=1,per_thread=4,fixed16,block_macs=4194304}
+        # two, one and four blocks a thread at every count, 16 blocks at any count, larger blocks
+        plans=${PLANS:-many_threads=1048576,per_thread=1,per_thread=4+many_threads=1048576,fixed16,block_macs=4194304+many_threads=1048576}
         for t in 2 4 8 $n; do
             log "plans, small, $t cores"
             NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) python3 \
@@ -135,7 +136,7 @@ for case in "$@"; do
         python3 bench/labs/cpu_plans.py --plans "$plans" --batch-size 128 --rounds 4 --steps 5 \
             2>&1 | tee -a "$OUT/plans.jsonl" | cut -c1-400
         log "plans, gpu preset B=4 x T=512, $n cores"
-        python3 bench/labs/cpu_plans.py --plans default,per_thread=1,fixed16 --preset gpu \
+        python3 bench/labs/cpu_plans.py --plans many_threads=1048576,per_thread=1,fixed16 --preset gpu \
             --batch-size 4 --seq-len 512 --rounds 3 --steps 2 --untimed-steps 1 2>&1 \
             | tee -a "$OUT/plans.jsonl" | cut -c1-400
         ;;

@@ -11,8 +11,9 @@ steps of each plan and keeps their median; a plan's figure is the median of its 
 
 Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
 - default: ProductPlan() as the package runs it;
-- FIELD=VALUE: ProductPlan with one field replaced (per_thread=1, many_threads=1048576
-  for two blocks a thread at every count, block_macs=2097152, ...);
+- FIELD=VALUE[+FIELD=VALUE...]: ProductPlan with those fields replaced (per_thread=1: one
+  block a thread; many_threads=1048576: two blocks a thread at every count;
+  per_thread=4+many_threads=1048576: four at every count; block_macs=4194304, ...);
 - fixedN: N row x column blocks whatever the thread count (where the product is large
   enough), as the package did before its cut followed the thread count.
 
@@ -56,22 +57,23 @@ class FixedPlan(ProductPlan):
 
 
 def parse_plan(spec: str) -> ProductPlan:
-    """A plan from its name: default, FIELD=VALUE or fixedN."""
+    """A plan from its name: default, fixedN, or FIELD=VALUE fields joined by '+'."""
     if spec == "default":
         return ProductPlan()
     if spec.startswith("fixed"):
         return FixedPlan(blocks=int(spec[5:]))
-    field, _, value = spec.partition("=")
-    kind = type(getattr(ProductPlan(), field))
-    return dataclasses.replace(
-        ProductPlan(), **{field: kind(int(value) if kind is not bool else value == "1")}
-    )
+    fields = {}
+    for item in spec.split("+"):
+        field, _, value = item.partition("=")
+        kind = type(getattr(ProductPlan(), field))
+        fields[field] = value == "1" if kind is bool else kind(int(value))
+    return dataclasses.replace(ProductPlan(), **fields)
 
 
 def main(
     plans: Annotated[
         str, typer.Option(help="comma-separated plan names")
-    ] = "default,per_thread=1,fixed16",
+    ] = "default,many_threads=1048576,fixed16",
     preset: Annotated[str, typer.Option()] = "small",
     batch: Annotated[int, typer.Option("--batch-size")] = 16,
     seq: Annotated[int, typer.Option("--seq-len")] = 128,
