@@ -7,7 +7,10 @@ For each N a child process is pinned to the first N cores this process may use
 (euler.bench.steps.time_engine: forward, backward, clip, AdamW on one fixed batch) and then
 PyTorch eager's (torch.set_num_threads(N), in its own process on the same cores), and
 torch.compile's at the counts given to --compile-at. Each row: tokens/s, ms a step, cores
-busy (process CPU seconds per wall second), ours against each peer. `--plot-only JSON`
+busy (process CPU seconds per wall second), ours against each peer. A shared machine's
+speed swings by a third within minutes, so `--rounds R` repeats each count R times, with
+PyTorch first in every second round, and reports each engine's median round and the ratio
+in every round. `--plot-only JSON`
 redraws the plot of an earlier run (matplotlib: pip install -e '.[plot]').
 """
 
@@ -27,7 +30,8 @@ import typer
 
 
 def _child(job: dict) -> dict:
-    """Runs in the pinned child: ours, then the peers, on this process's cores."""
+    """Runs in the pinned child: ours, then the peers (or the peers first, where the job says
+    peer_first), on this process's cores."""
     import numba
 
     from euler.bench.peer import time_peer_in_own_process
@@ -41,17 +45,25 @@ def _child(job: dict) -> dict:
     tokens, targets = synthetic_batch(cfg, B, T)
     threads = numba.get_num_threads()
     row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
-    for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
-        plan = None
-        if per_thread:  # that many blocks a thread at every thread count
-            plan = dataclasses.replace(ProductPlan(), per_thread=per_thread, many_threads=1 << 20)
-        stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
-        row[f"ours_per_thread_{per_thread}" if per_thread else "ours"] = stats
-    peers = [("torch_eager", False)] + ([("torch_compiled", True)] if job["compile"] else [])
-    for name, compiled in peers if job["peer"] else []:
-        row[name] = time_peer_in_own_process(
-            cfg, "cpu", tokens, targets, steps, warmup, threads, "fp32", compiled
-        )
+
+    def ours() -> None:
+        for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
+            plan = None
+            if per_thread:  # that many blocks a thread at every thread count
+                plan = dataclasses.replace(ProductPlan(), per_thread=per_thread,
+                                           many_threads=1 << 20)  # fmt: skip
+            stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
+            row[f"ours_per_thread_{per_thread}" if per_thread else "ours"] = stats
+
+    def peers() -> None:
+        extra = [("torch_compiled", True)] if job["compile"] else []
+        for name, compiled in [("torch_eager", False), *extra] if job["peer"] else []:
+            row[name] = time_peer_in_own_process(
+                cfg, "cpu", tokens, targets, steps, warmup, threads, "fp32", compiled
+            )
+
+    for run in (peers, ours) if job.get("peer_first") else (ours, peers):
+        run()
     for stats in (v for v in row.values() if isinstance(v, dict) and "ms_per_step" in v):
         stats["tokens_per_s"] = B * T / (stats["ms_per_step"] / 1e3)
     return row
@@ -71,6 +83,23 @@ def _run_pinned(n: int, cores: list[int], job: dict) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"threads={n}: the child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median_row(rounds: list[dict]) -> dict:
+    """One row from a thread count's rounds: each engine's round of median tokens/s (its
+    ms, cores busy and loss with it), the rounds' tokens/s, and ours / each peer per round."""
+    row = dict(rounds[0])
+    for key, first in rounds[0].items():
+        if not (isinstance(first, dict) and "tokens_per_s" in first):
+            continue
+        by_speed = sorted((r[key] for r in rounds), key=lambda s: s["tokens_per_s"])
+        row[key] = dict(by_speed[(len(by_speed) - 1) // 2], rounds_tokens_per_s=[
+            round(r[key]["tokens_per_s"]) for r in rounds])  # fmt: skip
+        if key != "ours" and "ours" in row:
+            row[key]["rounds_ours_over_this"] = [
+                round(r["ours"]["tokens_per_s"] / r[key]["tokens_per_s"], 3) for r in rounds
+            ]
+    return row
 
 
 def _cores_busy(stats: dict) -> float | None:
@@ -151,6 +180,13 @@ def main(
     ab_per_thread: Annotated[
         str, typer.Option(help="Also time ours with N blocks a thread at any count, each N given.")
     ] = "",
+    rounds: Annotated[
+        int,
+        typer.Option(
+            help="Rounds a thread count, each a fresh process, PyTorch first in every "
+            "second one; each engine's median round is reported."
+        ),  # fmt: skip
+    ] = 1,
 ) -> None:
     """Time ours and PyTorch at each thread count, pinned to that many cores."""
     if plot_only is not None:
@@ -166,7 +202,8 @@ def main(
         job = {"preset": preset, "batch": batch, "seq": seq, "steps": steps, "warmup": warmup,
                "peer": peer, "compile": n in compiled,
                "per_thread": [0, *(int(b) for b in ab_per_thread.split(",") if b)]}  # fmt: skip
-        rows.append(_run_pinned(n, cores, job))
+        rows.append(_median_row([_run_pinned(n, cores, dict(job, peer_first=r % 2 == 1))
+                                 for r in range(rounds)]))  # fmt: skip
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         for key in (k for k in rows[-1] if k.startswith("ours_per_thread_")):
             print(f"  {key}: {rows[-1][key]['tokens_per_s']:,.0f} tokens/s", flush=True)
@@ -179,6 +216,7 @@ def main(
         "preset": preset,
         "batch": batch,
         "seq": seq,
+        "rounds": rounds,
         "rows": rows,
     }
     print(table(rows))
