@@ -18,6 +18,9 @@
 #     bash bench/cpu_session.sh plans     # product plans in alternating rounds, one process a
 #                                         # thread count (labs/cpu_plans.py): small at 2..16
 #                                         # cores, B=128 on 16, the gpu preset on 16
+#     bash bench/cpu_session.sh cores     # which cores: the CPU topology and who else runs;
+#                                         # ours and eager in alternating rounds at 1, 2, 4 on
+#                                         # the first cores, at 2 on cores 8-9 and on 0 and 8
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -167,6 +170,24 @@ for case in "$@"; do
         python3 bench/cpu_scaling.py --threads 2,4 --steps 20 --untimed-steps 10 \
             --json "$OUT/cpu-scaling-small-2-4.json" 2>&1 | tail -4 | tee -a "$OUT/log.txt"
         times "2 threads, cores 0-1, at the end" 0-1 2
+        ;;
+    cores)
+        { for c in 0 1 2 8; do
+              echo "cpu$c: siblings $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list)," \
+                  "core $(cat /sys/devices/system/cpu/cpu$c/topology/core_id)," \
+                  "package $(cat /sys/devices/system/cpu/cpu$c/topology/physical_package_id)," \
+                  "MHz $(grep MHz /proc/cpuinfo | sed -n "$((c + 1))p" | cut -d: -f2)"
+          done
+          uptime; ps -eo pcpu,psr,nice,comm --sort=-pcpu | head -6; } 2>&1 | tee -a "$OUT/log.txt"
+        rounds() {  # label, cpu list, thread counts
+            log "ours and eager in alternating rounds: $1"
+            taskset -c "$2" python3 bench/cpu_scaling.py --threads "$3" --rounds 3 --steps 20 \
+                --untimed-steps 10 --json "$OUT/rounds-$1.json" 2>&1 | tail -"$(($(tr -cd , <<<"$3" | wc -c) + 1))" \
+                | tee -a "$OUT/log.txt"
+        }
+        rounds first-cores 0-15 1,2,4
+        rounds cores-8-9 8-15 2
+        rounds cores-0-and-8 0,8 2
         ;;
     before)
         log "the .old tree: small at $n cores, no peer"
