@@ -33,12 +33,16 @@ from tests.test_import_pretrained import euler_cli, folder  # noqa: E402, F401
 ALPACA = (
     Path(__file__).resolve().parents[2] / "shared/data/instructions/alpaca_data_subset2000.json"
 )
+# distinct records: the held-out split is drawn by each record's hash, and four records
+# repeated drew none of them
 FALLBACK = [
-    {"instruction": "What is the capital of France?", "input": "", "output": "Paris."},
-    {"instruction": "Add the numbers.", "input": "2 and 3", "output": "2 + 3 = 5."},
-    {"instruction": "Name a colour.", "input": "", "output": "Blue is a colour."},
-    {"instruction": "Say hello.", "input": "", "output": "Hello! How can I help?"},
-] * 5
+    {
+        "instruction": "Add the numbers.",
+        "input": f"{i} and {i + 3}",
+        "output": f"{i} + {i + 3} = {2 * i + 3}.",
+    }
+    for i in range(24)
+]
 
 
 def _records(tmp_path: Path, n: int = 24) -> Path:
