@@ -19,8 +19,8 @@
 #                                         # thread count (labs/cpu_plans.py): small at 2..16
 #                                         # cores, B=128 on 16, the gpu preset on 16
 #     bash bench/cpu_session.sh cores     # which cores: the CPU topology and who else runs;
-#                                         # ours and eager in alternating rounds at 1, 2, 4 on
-#                                         # the first cores, at 2 on cores 8-9 and on 0 and 8
+#                                         # ours and eager in alternating rounds at 2 on cores
+#                                         # 0-1, then 8-9, at 1 and 4 on the first, 2 on 0 and 8
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -185,8 +185,9 @@ for case in "$@"; do
                 --untimed-steps 10 --json "$OUT/rounds-$1.json" 2>&1 | tail -"$(($(tr -cd , <<<"$3" | wc -c) + 1))" \
                 | tee -a "$OUT/log.txt"
         }
-        rounds first-cores 0-15 1,2,4
+        rounds cores-0-1 0-15 2
         rounds cores-8-9 8-15 2
+        rounds first-cores 0-15 1,4
         rounds cores-0-and-8 0,8 2
         ;;
     before)
