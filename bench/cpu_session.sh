@@ -8,7 +8,8 @@
 #     bash bench/cpu_session.sh policy    # the profile at 2 and 16 under each OpenMP wait policy
 #     bash bench/cpu_session.sh products  # bench/labs/cpu_products.py at 2, 8 and 16 threads
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
-#     bash bench/cpu_session.sh final     # the figures the README cites, named by date
+#     bash bench/cpu_session.sh final     # the figures the README cites, named by date, small in 3
+#                                         # alternating rounds a count (near the 10-minute limit)
 #     bash bench/cpu_session.sh before    # with carry ".old" too: that tree's small at 16
 #     bash bench/cpu_session.sh ab        # with carry ".before44" too (the tree before the
 #                                         # thread-count cut): step times at 2, then ours (two
@@ -87,12 +88,12 @@ for case in "$@"; do
         ;;
     final)
         d=$(date -u +%F)
-        log "small, B=16 x T=128, 1..$n cores, 20 steps after 10 untimed"
+        log "small, B=16 x T=128, 1..$n cores, 3 rounds of 20 steps after 10 untimed"
         python3 bench/cpu_scaling.py --threads 1,2,4,8,$n --compile-at $n --steps 20 \
-            --untimed-steps 10 --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
+            --untimed-steps 10 --rounds 3 --json "$OUT/cpu-scaling-small-xeon$n-$d.json" \
             --plot "$OUT/cpu-scaling-small-xeon$n-$d.png" 2>&1 | tee -a "$OUT/log.txt"
         log "small, B=128 x T=128, $n cores"
-        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 \
+        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 --rounds 3 \
             --json "$OUT/cpu-scaling-small-b128-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
         log "gpu preset, B=4 x T=512, $n cores"
         python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
