@@ -10,8 +10,8 @@ torch.compile's at the counts given to --compile-at. Each row: tokens/s, ms a st
 busy (process CPU seconds per wall second), ours against each peer. A shared machine's
 speed swings by a third within minutes, so `--rounds R` repeats each count R times, with
 PyTorch first in every second round, and reports each engine's median round and the ratio
-in every round. `--plot-only JSON`
-redraws the plot of an earlier run (matplotlib: pip install -e '.[plot]').
+in every round. `--plot-only JSON` redraws the plot of an earlier run (matplotlib: pip
+install -e '.[plot]').
 """
 
 from __future__ import annotations
