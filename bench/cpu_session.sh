@@ -183,8 +183,7 @@ for case in "$@"; do
         rounds() {  # label, cpu list, thread counts
             log "ours and eager in alternating rounds: $1"
             taskset -c "$2" python3 bench/cpu_scaling.py --threads "$3" --rounds 3 --steps 20 \
-                --untimed-steps 10 --json "$OUT/rounds-$1.json" 2>&1 | tail -"$(($(tr -cd , <<<"$3" | wc -c) + 1))" \
-                | tee -a "$OUT/log.txt"
+                --untimed-steps 10 --json "$OUT/rounds-$1.json" 2>&1 | tee -a "$OUT/log.txt"
         }
         rounds cores-0-1 0-15 2
         rounds cores-8-9 8-15 2
