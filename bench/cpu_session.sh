@@ -22,6 +22,8 @@
 #     bash bench/cpu_session.sh cores     # which cores: the CPU topology and who else runs;
 #                                         # ours and eager in alternating rounds at 2 on cores
 #                                         # 0-1, then 8-9, at 1 and 4 on the first, 2 on 0 and 8
+#     bash bench/cpu_session.sh blas      # OpenBLAS's core pick (OPENBLAS_CORETYPE) on one core
+#                                         # against PyTorch's, and our step at 1, 2 under each
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -189,6 +191,16 @@ for case in "$@"; do
         rounds cores-8-9 8-15 2
         rounds first-cores 0-15 1,4
         rounds cores-0-and-8 0,8 2
+        ;;
+    blas)
+        grep -m4 -E "^(vendor_id|cpu family|model|model name)" /proc/cpuinfo | tee -a "$OUT/log.txt"
+        log "OpenBLAS's core pick and its products on one core against PyTorch's"
+        python3 bench/labs/cpu_blas_cores.py 2>&1 | tee -a "$OUT/blas-cores.jsonl"
+        for core in default SKYLAKEX SAPPHIRERAPIDS; do
+            log "ours at 1 and 2 cores, OpenBLAS core $core"
+            env $([ $core = default ] || echo OPENBLAS_CORETYPE=$core) python3 bench/cpu_scaling.py \
+                --threads 1,2 --no-peer --steps 20 --untimed-steps 10 2>&1 | tee -a "$OUT/log.txt"
+        done
         ;;
     before)
         log "the .old tree: small at $n cores, no peer"

@@ -1,0 +1,92 @@
+"""Which OpenBLAS kernels does this CPU get, and how fast are they against PyTorch's?
+
+    python bench/labs/cpu_blas_cores.py --cores default,SKYLAKEX,COOPERLAKE,HASWELL
+
+OpenBLAS picks its kernels (its "core") from the CPU's model number; a virtual machine that
+names itself "Intel(R) Xeon(R) Processor" may be taken for an older core than it is, and
+OPENBLAS_CORETYPE overrides the pick (it is read when the library loads, so each core runs
+in its own process). Each process, pinned to one core with one thread, times float32
+products of the `small` step's shapes (B T = 2048 rows) and prints one JSON line: the core
+OpenBLAS reports, LLVM's name for the host CPU, its AVX-512 and AMX flags, and GFLOP/s per
+shape; then PyTorch's on the same shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+# (M, K, N) of C = A B: the small step's forward products and a weight gradient (K = B T)
+SHAPES = [(2048, 128, 256), (2048, 128, 682), (2048, 341, 128), (2048, 128, 512),
+          (128, 2048, 682)]  # fmt: skip
+
+
+def _gflops(mul, a, b, reps: int) -> float:
+    """Best GFLOP/s of reps calls of mul(a, b)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1] / best / 1e9
+
+
+def _child(engine: str, reps: int) -> dict:
+    """This process's products, with the engine named."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    mats = [(rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32))
+            for m, k, n in SHAPES]  # fmt: skip
+    flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
+    out: dict = {"engine": engine, "isa": [f for f in flags if f.startswith(("avx512f", "amx",
+                 "avx512_bf16", "avx2", "fma"))]}  # fmt: skip
+    if engine == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+        mul, mats = torch.matmul, [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in mats]
+        out["torch"] = torch.__version__
+    else:
+        import llvmlite.binding as llvm
+
+        from euler.cpu import blas
+
+        mul = np.matmul
+        out.update(openblas_core=blas.core_name(), llvm_cpu=llvm.get_host_cpu_name())
+    out["gflops"] = {"x".join(map(str, s)): round(_gflops(mul, a, b, reps), 1)
+                     for s, (a, b) in zip(SHAPES, mats)}  # fmt: skip
+    return out
+
+
+def main(
+    cores: Annotated[str, typer.Option(help="OPENBLAS_CORETYPE values; default: no override.")] = (
+        "default,SKYLAKEX,COOPERLAKE,SAPPHIRERAPIDS,HASWELL"
+    ),
+    reps: Annotated[int, typer.Option(help="Calls a shape; the best is kept.")] = 30,
+    torch: Annotated[bool, typer.Option(help="Time PyTorch's products too.")] = True,
+    child: Annotated[str, typer.Option(hidden=True)] = "",
+) -> None:
+    """One JSON line per OpenBLAS core (and PyTorch): GFLOP/s of each shape on one core."""
+    if child:
+        print(json.dumps(_child(child, reps)), flush=True)
+        return
+    first = str(min(os.sched_getaffinity(0)))
+    for engine in [*cores.split(","), *(["torch"] if torch else [])]:
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                   NUMBA_NUM_THREADS="1")  # fmt: skip
+        if engine not in ("default", "torch"):
+            env["OPENBLAS_CORETYPE"] = engine
+        cmd = ["taskset", "-c", first, sys.executable, __file__, "--reps", str(reps),
+               "--child", engine]  # fmt: skip
+        subprocess.run(cmd, env=env, check=False)
+
+
+if __name__ == "__main__":
+    typer.run(main)
