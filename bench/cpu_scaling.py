@@ -71,8 +71,8 @@ def _child(job: dict) -> dict:
 
 def _run_pinned(n: int, cores: list[int], job: dict) -> dict:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
-    code = (
-        "import json, sys; from bench.cpu_scaling import _child; "
+    code = (  # euler first: it picks OpenBLAS's kernels before NumPy loads the library
+        "import euler; import json, sys; from bench.cpu_scaling import _child; "
         "print(json.dumps(_child(json.loads(sys.argv[1]))))"
     )
     out = subprocess.run(

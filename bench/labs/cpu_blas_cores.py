@@ -61,7 +61,7 @@ def _child(engine: str, reps: int) -> dict:
         mul = np.matmul
         out.update(openblas_core=blas.core_name(), llvm_cpu=llvm.get_host_cpu_name())
     out["gflops"] = {"x".join(map(str, s)): round(_gflops(mul, a, b, reps), 1)
-                     for s, (a, b) in zip(SHAPES, mats)}  # fmt: skip
+                     for s, (a, b) in zip(SHAPES, mats, strict=True)}  # fmt: skip
     return out
 
 

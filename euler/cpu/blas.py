@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import warnings
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -40,6 +41,7 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
+from euler.blas_kernels import cpu_flags, kernel_warning
 from euler.errors import EulerError
 
 # NumPy's OpenBLAS names its symbols by build: scipy-openblas wheels (NumPy 2) prefix and
@@ -54,7 +56,8 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 def _openblas() -> ctypes.CDLL:
     """NumPy's OpenBLAS, found among the libraries this process has loaded."""
     try:
-        maps = open("/proc/self/maps").read()
+        with open("/proc/self/maps") as f:
+            maps = f.read()
     except OSError:
         maps = ""
     for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
@@ -97,6 +100,11 @@ def core_name() -> str:
     fn = getattr(_OPENBLAS, name)
     fn.restype = ctypes.c_char_p
     return fn().decode()
+
+
+_KERNEL_WARNING = kernel_warning(core_name(), cpu_flags())
+if _KERNEL_WARNING:
+    warnings.warn(_KERNEL_WARNING, stacklevel=2)
 
 
 def _gemm_type(real):

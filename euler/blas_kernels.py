@@ -1,0 +1,58 @@
+"""Which kernels NumPy's OpenBLAS runs: the AVX-512 ones wherever the CPU has AVX-512.
+
+OpenBLAS picks its kernel family once, when the library loads, from the CPU's model
+number; an OPENBLAS_CORETYPE in the environment overrides the pick. NumPy's wheel takes
+the lent machine's Sapphire Rapids Xeon (model 143, which a virtual machine names
+"Intel(R) Xeon(R) Processor") for a Haswell and runs AVX2 kernels: one core computed the
+`small` step's products at 70 to 78 GFLOP/s with them and at 114 to 116 with the SkylakeX
+family, and our whole step ran 1.39x faster (bench/labs/cpu_blas_cores.py,
+docs/cpu.md). So `import euler` sets OPENBLAS_CORETYPE=SKYLAKEX where the CPU has
+AVX-512 (F, BW, DQ, VL; Linux lists a flag only where the system saves its registers),
+unless the user chose a family or NumPy has loaded OpenBLAS already; euler/cpu/blas.py
+warns when it finds AVX2 kernels on an AVX-512 CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+AVX512_FAMILIES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})  # OpenBLAS's names
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's first CPU (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def family_to_set(flags: frozenset[str], environ: dict | os._Environ, numpy_loaded: bool) -> str:
+    """The OPENBLAS_CORETYPE to set: 'SKYLAKEX' on an AVX-512 CPU, '' where the user set
+    one already, NumPy has loaded OpenBLAS (too late to choose) or the CPU lacks AVX-512."""
+    if numpy_loaded or environ.get("OPENBLAS_CORETYPE") or not AVX512 <= flags:
+        return ""
+    return "SKYLAKEX"
+
+
+def choose_openblas_kernels() -> None:
+    """Set OPENBLAS_CORETYPE for OpenBLAS to read when NumPy loads it (see family_to_set)."""
+    family = family_to_set(cpu_flags(), os.environ, "numpy" in sys.modules)
+    if family:
+        os.environ["OPENBLAS_CORETYPE"] = family
+
+
+def kernel_warning(core: str, flags: frozenset[str]) -> str:
+    """A one-line warning where OpenBLAS runs a non-AVX-512 family (core, as OpenBLAS names
+    it) on a CPU with AVX-512, else ''."""
+    if not core or core.lower() in AVX512_FAMILIES or not AVX512 <= flags:
+        return ""
+    return (f"OpenBLAS runs its {core} kernels on this AVX-512 CPU (a Sapphire Rapids Xeon's "
+            "step ran 1.4x slower so): set OPENBLAS_CORETYPE=SKYLAKEX, or import euler before "
+            "numpy")  # fmt: skip
