@@ -37,7 +37,7 @@ def _child(job: dict) -> dict:
     from euler.bench.peer import time_peer_in_own_process
     from euler.bench.steps import synthetic_batch, time_engine
     from euler.cpu.backend import CpuBackend
-    from euler.cpu.blas import ProductPlan
+    from euler.cpu.blas import default_plan
     from euler.model.config import get_preset
 
     cfg = get_preset(job["preset"])
@@ -50,7 +50,7 @@ def _child(job: dict) -> dict:
         for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
             plan = None
             if per_thread:  # that many blocks a thread at every thread count
-                plan = dataclasses.replace(ProductPlan(), per_thread=per_thread,
+                plan = dataclasses.replace(default_plan(), per_thread=per_thread,
                                            many_threads=1 << 20)  # fmt: skip
             stats = time_engine(cfg, CpuBackend(plan=plan), "cpu", tokens, targets, steps, warmup)
             row[f"ours_per_thread_{per_thread}" if per_thread else "ours"] = stats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -367,11 +368,31 @@ def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     assert cut(8, 8, 8, False, threads=16) == (1, 1, 1)
     assert cut(100, 4096, 512, False, threads=16) == (1, 16, 1)
     assert cut(100, 4096, 512, False, threads=4) == (1, 8, 1)
+    # cut_as_for: the same blocks at every count, one thread included
+    fixed = ProductPlan(cut_as_for=16).cut
+    assert {fixed(2048, 128, 128, False, threads=t) for t in (1, 2, 16)} == {(16, 1, 1)}
 
 
-def test_training_bits_do_not_depend_on_the_thread_count(tmp_path):
+def test_default_plan_follows_the_threads_only_under_tile_exact_kernels(monkeypatch):
+    from euler.cpu import blas
+
+    monkeypatch.setattr(blas, "core_name", lambda: "SkylakeX")
+    assert blas.default_plan() == blas.ProductPlan()
+    monkeypatch.setattr(blas, "core_name", lambda: "Haswell")
+    assert blas.default_plan().cut_as_for == os.cpu_count()
+
+
+# OpenBLAS's own kernel pick, and its Haswell family (every AVX2 CPU's), whose blocks differ
+# from the whole product in a tile's last rows: the cut must then not follow the threads
+KERNEL_FAMILIES = [None, pytest.param("HASWELL", marks=pytest.mark.skipif(
+    platform.machine() != "x86_64", reason="an x86-64 kernel family"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
+def test_training_bits_do_not_depend_on_the_thread_count(family):
     """Three steps at each thread count in one process (NUMBA_NUM_THREADS the largest):
-    the losses and every parameter bit equal. EULER_TEST_THREADS widens it (1,2,4,8,16)."""
+    the losses and every parameter bit equal, under OpenBLAS's own kernel pick and under
+    its Haswell kernels. EULER_TEST_THREADS widens it (1,2,4,8,16)."""
     counts = os.environ.get("EULER_TEST_THREADS", "1,2,3,4")
     code = f"""
 import numba, numpy as np
@@ -399,7 +420,10 @@ for n in ({counts},):
 print("same bits at", {counts!r})
 """
     env = dict(os.environ, NUMBA_NUM_THREADS=str(max(int(c) for c in counts.split(","))))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if family:
+        env["OPENBLAS_CORETYPE"] = family
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
+                         capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "same bits" in out.stdout
 

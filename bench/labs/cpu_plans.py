@@ -10,7 +10,7 @@ process, warmed the same, and the rounds take the plans in turn: each round time
 steps of each plan and keeps their median; a plan's figure is the median of its rounds.
 
 Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
-- default: ProductPlan() as the package runs it;
+- default: default_plan(), the plan the package runs (by the kernel family of OpenBLAS);
 - FIELD=VALUE[+FIELD=VALUE...]: ProductPlan with those fields replaced (per_thread=1: one
   block a thread; many_threads=1048576: two blocks a thread at every count;
   per_thread=4+many_threads=1048576: four at every count; block_macs=4194304, ...);
@@ -36,7 +36,7 @@ import typer
 
 from euler.bench.steps import synthetic_batch
 from euler.cpu.backend import CpuBackend
-from euler.cpu.blas import ProductPlan
+from euler.cpu.blas import ProductPlan, default_plan
 from euler.model.config import get_preset
 from euler.model.transformer import Model
 from euler.training.optim import AdamW
@@ -59,7 +59,7 @@ class FixedPlan(ProductPlan):
 def parse_plan(spec: str) -> ProductPlan:
     """A plan from its name: default, fixedN, or FIELD=VALUE fields joined by '+'."""
     if spec == "default":
-        return ProductPlan()
+        return default_plan()
     if spec.startswith("fixed"):
         return FixedPlan(blocks=int(spec[5:]))
     fields = {}
@@ -67,7 +67,7 @@ def parse_plan(spec: str) -> ProductPlan:
         field, _, value = item.partition("=")
         kind = type(getattr(ProductPlan(), field))
         fields[field] = value == "1" if kind is bool else kind(int(value))
-    return dataclasses.replace(ProductPlan(), **fields)
+    return dataclasses.replace(default_plan(), **fields)
 
 
 def main(

@@ -25,14 +25,14 @@ from euler.cpu import blas
 from euler.model.config import get_preset
 
 VARIANTS = {
-    "default": blas.ProductPlan(),
-    "static": replace(blas.ProductPlan(), dynamic=False),
-    "1 block a thread": replace(blas.ProductPlan(), per_thread=1, many_threads=1 << 20),
-    "2 blocks a thread": replace(blas.ProductPlan(), many_threads=1 << 20),
-    "4 blocks a thread": replace(blas.ProductPlan(), per_thread=4, many_threads=1 << 20),
-    "block_macs 4M": replace(blas.ProductPlan(), block_macs=1 << 22),
-    "pieces 2": replace(blas.ProductPlan(), pieces=2),
-    "pieces 8": replace(blas.ProductPlan(), pieces=8),
+    "default": blas.default_plan(),
+    "static": replace(blas.default_plan(), dynamic=False),
+    "1 block a thread": replace(blas.default_plan(), per_thread=1, many_threads=1 << 20),
+    "2 blocks a thread": replace(blas.default_plan(), many_threads=1 << 20),
+    "4 blocks a thread": replace(blas.default_plan(), per_thread=4, many_threads=1 << 20),
+    "block_macs 4M": replace(blas.default_plan(), block_macs=1 << 22),
+    "pieces 2": replace(blas.default_plan(), pieces=2),
+    "pieces 8": replace(blas.default_plan(), pieces=8),
 }
 
 

@@ -22,6 +22,11 @@ Every result bit is the same at 1 or 16 threads, although the cut follows the th
   kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
   sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
   register tiles differ from the whole (bench/labs/cpu_product_bits.py checks this CPU).
+  That holds for OpenBLAS's AVX-512 kernels (TILE_EXACT_FAMILIES), not for its Haswell
+  ones (every AVX2 CPU's): there a block's last rows differ from the whole product's, so
+  default_plan() cuts every product as for the machine's core count at every thread
+  count, one thread included (on the 2-core machine that cost nothing; as for 16, a step
+  at 2 threads took 13% longer).
 - One thread computes a product whole, in one call: cutting it buys nothing there, and every
   block repacks its slice of the other operand.
 
@@ -32,6 +37,7 @@ and a backward's two products of a layer share one parallel loop.
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -131,6 +137,7 @@ class ProductPlan:
     piece_blocks: int = 16  # a sum is cut while its blocks would be fewer than this
     small_output: int = 1 << 18  # weight gradients with fewer output elements cut their sums
     dynamic: bool = True  # threads take blocks one at a time as they finish (else: in turn)
+    cut_as_for: int = 0  # cut as for this many threads at every count (0: the count itself)
 
     def sum_pieces(self, M: int, N: int, K: int, trans_a: bool) -> int:
         """Pieces the K-term sum of out (M, N) = op(a) @ op(b) is cut into, by its shape
@@ -150,6 +157,7 @@ class ProductPlan:
         that a block reads, so rows x columns blocks copy mb K N + nb M K elements.
         """
         pieces = self.sum_pieces(M, N, K, trans_a)
+        threads = self.cut_as_for or threads
         per_thread = self.per_thread if threads < self.many_threads else 1
         wanted = -(-threads * per_thread // pieces) if threads > 1 else 1
         count = max(1, min(wanted, M * N * K // pieces // self.block_macs))
@@ -160,6 +168,22 @@ class ProductPlan:
         mb, nb = min((g for g in grids if g[0] * g[1] == most),
                      key=lambda g: (g[0] * K * N + g[1] * M * K, -g[0]))  # fmt: skip
         return mb, nb, pieces
+
+
+# OpenBLAS's kernel families that compute an element alike wherever a block's edges put it
+# in their register tiles (bench/labs/cpu_product_bits.py found no cut that differed on a
+# Zen 4 or a Sapphire Rapids). Haswell's kernels compute a tile's last rows otherwise
+# (a block's last four rows differ from the whole product's), so under it, or any family
+# not named here, the cut must not follow the thread count.
+TILE_EXACT_FAMILIES = frozenset({"SkylakeX"})
+
+
+def default_plan() -> ProductPlan:
+    """ProductPlan() where OpenBLAS's kernel family keeps a block's bits; elsewhere the cut
+    of this machine's core count at every thread count (the same blocks at 1 thread)."""
+    if core_name() in TILE_EXACT_FAMILIES:
+        return ProductPlan()
+    return ProductPlan(cut_as_for=os.cpu_count() or 1)
 
 
 @njit(nogil=True, cache=True)
@@ -241,7 +265,7 @@ class Products:
     """The CPU backend's matrix products: each planned, its partial sums in kept scratch."""
 
     def __init__(self, plan: ProductPlan | None = None):
-        self.plan = plan or ProductPlan()
+        self.plan = plan or default_plan()
         self._partials: dict[tuple, np.ndarray] = {}
         self._cuts: dict[tuple, tuple[int, int, int]] = {}  # a step repeats its shapes
 
