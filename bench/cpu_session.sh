@@ -22,6 +22,8 @@
 #     bash bench/cpu_session.sh cores     # which cores: the CPU topology and who else runs;
 #                                         # ours and eager in alternating rounds at 2 on cores
 #                                         # 0-1, then 8-9, at 1 and 4 on the first, 2 on 0 and 8
+#     bash bench/cpu_session.sh rest      # one round: small at 8 and 16, B=128 and gpu preset at
+#                                         # 16, then torch.compile at 16
 #     bash bench/cpu_session.sh blas      # OpenBLAS's core pick (OPENBLAS_CORETYPE) on one core
 #                                         # against PyTorch's, and our step at 1, 2 under each
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
@@ -40,6 +42,10 @@ export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -1
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3|Flags" | cut -c1-200 >"$OUT/lscpu.txt"
 n=$(nproc)
+# The lent image sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels on its AVX-512 Xeon: our step
+# ran 1.39x slower so); unset, euler picks the AVX-512 ones (euler/blas_kernels.py)
+echo "OPENBLAS_CORETYPE was '${OPENBLAS_CORETYPE:-}', now unset" | tee -a "$OUT/log.txt"
+unset OPENBLAS_CORETYPE
 for case in "$@"; do
     case "$case" in
     scaling)
@@ -103,6 +109,18 @@ for case in "$@"; do
         log "bits at 1..$n threads"
         EULER_TEST_THREADS=1,2,4,8,$n python3 -m pytest -q -p no:cacheprovider \
             tests/test_engine.py -k thread_count 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        ;;
+    rest)
+        d=$(date -u +%F)
+        log "small at 8 and $n cores, B=128 and the gpu preset at $n, torch.compile at $n"
+        python3 bench/cpu_scaling.py --threads 8,$n --steps 20 --untimed-steps 10 \
+            --json "$OUT/cpu-scaling-small-8-$n-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        python3 bench/cpu_scaling.py --threads $n --batch-size 128 --steps 5 \
+            --json "$OUT/cpu-scaling-small-b128-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        python3 bench/cpu_scaling.py --threads $n --preset gpu --batch-size 4 --seq-len 512 --steps 3 \
+            --untimed-steps 1 --json "$OUT/cpu-scaling-gpu-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        python3 bench/cpu_scaling.py --threads $n --compile-at $n --steps 20 --untimed-steps 10 \
+            --json "$OUT/cpu-scaling-small-compile-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
         ;;
     quick)
         log "small at 2 and $n, B=128 and the gpu preset at $n (eager only)"
