@@ -37,14 +37,15 @@ def _child(job: dict) -> dict:
     from euler.bench.peer import time_peer_in_own_process
     from euler.bench.steps import synthetic_batch, time_engine
     from euler.cpu.backend import CpuBackend
-    from euler.cpu.blas import default_plan
+    from euler.cpu.blas import core_name, default_plan
     from euler.model.config import get_preset
 
     cfg = get_preset(job["preset"])
     B, T, steps, warmup = job["batch"], job["seq"], job["steps"], job["warmup"]
     tokens, targets = synthetic_batch(cfg, B, T)
     threads = numba.get_num_threads()
-    row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0))}
+    row: dict = {"threads": threads, "cores": sorted(os.sched_getaffinity(0)),
+                 "openblas_kernels": core_name()}  # fmt: skip
 
     def ours() -> None:
         for per_thread in job["per_thread"]:  # the default plan first, then each A/B variant
@@ -217,9 +218,11 @@ def main(
         "batch": batch,
         "seq": seq,
         "rounds": rounds,
+        "openblas_kernels": rows[0]["openblas_kernels"],
         "rows": rows,
     }
     print(table(rows))
+    print(f"ours on OpenBLAS's {report['openblas_kernels']} kernels")
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=1) + "\n")
     if plot_out is not None:

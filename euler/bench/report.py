@@ -30,6 +30,8 @@ def step_table(res: BenchResult) -> Table:
     )
     if m["device"] == "cpu":
         title += f", {m['numba_threads']} threads (each engine)"
+        if m.get("openblas_kernels"):
+            title += f", OpenBLAS {m['openblas_kernels']} kernels"
     t = Table(title=title)
     cols = ("engine", "precision", "tokens/s", "ms/step", "MFU", "peak MiB (start)")
     cols += ("vs torch eager", "1st s", "host ms", "cpu/wall", "last loss")

@@ -243,6 +243,10 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         "numpy": np.__version__,
         "numba": numba.__version__,
     }
+    if opts.device == "cpu":  # OpenBLAS's kernel family sets our products' speed
+        from euler.cpu.blas import core_name
+
+        meta["openblas_kernels"] = core_name()
     if opts.device == "cuda":  # the hardware a GPU run's figures belong to
         from numba import cuda
 
