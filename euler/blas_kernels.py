@@ -1,15 +1,15 @@
 """Which kernels NumPy's OpenBLAS runs: the AVX-512 ones wherever the CPU has AVX-512.
 
-OpenBLAS picks its kernel family once, when the library loads, from the CPU's model
-number; an OPENBLAS_CORETYPE in the environment overrides the pick. NumPy's wheel takes
-the lent machine's Sapphire Rapids Xeon (model 143, which a virtual machine names
-"Intel(R) Xeon(R) Processor") for a Haswell and runs AVX2 kernels: one core computed the
-`small` step's products at 70 to 78 GFLOP/s with them and at 114 to 116 with the SkylakeX
-family, and our whole step ran 1.39x faster (bench/labs/cpu_blas_cores.py,
-docs/cpu.md). So `import euler` sets OPENBLAS_CORETYPE=SKYLAKEX where the CPU has
-AVX-512 (F, BW, DQ, VL; Linux lists a flag only where the system saves its registers),
-unless the user chose a family or NumPy has loaded OpenBLAS already; euler/cpu/blas.py
-warns when it finds AVX2 kernels on an AVX-512 CPU.
+OpenBLAS picks its kernel family once, when the library loads, from the CPU's model number
+(a build knows the models of its day), unless OPENBLAS_CORETYPE names one. The lent
+machine's image sets OPENBLAS_CORETYPE=Haswell on its Sapphire Rapids Xeon, and the AVX2
+kernels cost much: one core computed the `small` step's products at 70 to 78 GFLOP/s with
+them and at 114 to 116 with the SkylakeX family, and our whole step ran 1.39x faster with
+SkylakeX (bench/labs/cpu_blas_cores.py, docs/cpu.md). So `import euler` sets
+OPENBLAS_CORETYPE=SKYLAKEX where the CPU has AVX-512 (F, BW, DQ, VL; Linux lists a flag
+only where the system saves its registers), unless the variable is set already or NumPy
+has loaded OpenBLAS; a family the environment names is kept, and euler/cpu/blas.py warns
+when AVX2 kernels run on an AVX-512 CPU.
 """
 
 from __future__ import annotations

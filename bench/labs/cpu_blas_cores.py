@@ -1,13 +1,14 @@
 """Which OpenBLAS kernels does this CPU get, and how fast are they against PyTorch's?
 
-    python bench/labs/cpu_blas_cores.py --cores default,SKYLAKEX,COOPERLAKE,HASWELL
+    python bench/labs/cpu_blas_cores.py --cores default,own,SKYLAKEX,COOPERLAKE,HASWELL
 
-OpenBLAS picks its kernels (its "core") from the CPU's model number; a virtual machine that
-names itself "Intel(R) Xeon(R) Processor" may be taken for an older core than it is, and
-OPENBLAS_CORETYPE overrides the pick (it is read when the library loads, so each core runs
-in its own process). Each process, pinned to one core with one thread, times float32
-products of the `small` step's shapes (B T = 2048 rows) and prints one JSON line: the core
-OpenBLAS reports, LLVM's name for the host CPU, its AVX-512 and AMX flags, and GFLOP/s per
+OpenBLAS picks its kernels (its "core") from the CPU's model number; OPENBLAS_CORETYPE
+overrides the pick (the lent machine's image sets Haswell). It is read when the library
+loads, so each core runs in its own process: "default" with the environment as it is,
+"own" with the variable unset (OpenBLAS's own pick), any other name set. Each process,
+pinned to one core with one thread, times float32 products of the `small` step's shapes
+(B T = 2048 rows) and prints one JSON line: the core OpenBLAS reports, LLVM's name for the
+host CPU, its AVX-512 and AMX flags, and GFLOP/s per
 shape; then PyTorch's on the same shapes.
 """
 
@@ -66,9 +67,10 @@ def _child(engine: str, reps: int) -> dict:
 
 
 def main(
-    cores: Annotated[str, typer.Option(help="OPENBLAS_CORETYPE values; default: no override.")] = (
-        "default,SKYLAKEX,COOPERLAKE,SAPPHIRERAPIDS,HASWELL"
-    ),
+    cores: Annotated[
+        str,
+        typer.Option(help="OPENBLAS_CORETYPE values; default: the environment's; own: unset."),
+    ] = "default,own,SKYLAKEX,COOPERLAKE,SAPPHIRERAPIDS,HASWELL",
     reps: Annotated[int, typer.Option(help="Calls a shape; the best is kept.")] = 30,
     torch: Annotated[bool, typer.Option(help="Time PyTorch's products too.")] = True,
     child: Annotated[str, typer.Option(hidden=True)] = "",
@@ -81,7 +83,9 @@ def main(
     for engine in [*cores.split(","), *(["torch"] if torch else [])]:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                    NUMBA_NUM_THREADS="1")  # fmt: skip
-        if engine not in ("default", "torch"):
+        if engine == "own":  # OpenBLAS's own pick, whatever the environment names
+            env.pop("OPENBLAS_CORETYPE", None)
+        elif engine not in ("default", "torch"):
             env["OPENBLAS_CORETYPE"] = engine
         cmd = ["taskset", "-c", first, sys.executable, __file__, "--reps", str(reps),
                "--child", engine]  # fmt: skip

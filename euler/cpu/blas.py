@@ -110,7 +110,7 @@ def core_name() -> str:
 
 _KERNEL_WARNING = kernel_warning(core_name(), cpu_flags())
 if _KERNEL_WARNING:
-    warnings.warn(_KERNEL_WARNING, stacklevel=2)
+    warnings.warn(_KERNEL_WARNING, stacklevel=1)
 
 
 def _gemm_type(real):
