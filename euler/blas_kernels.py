@@ -14,11 +14,50 @@ when AVX2 kernels run on an AVX-512 CPU.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import re
 import sys
+
+from euler.errors import EulerError
 
 AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 AVX512_FAMILIES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})  # OpenBLAS's names
+# NumPy's OpenBLAS names its symbols by build: scipy-openblas wheels (NumPy 2) prefix and
+# suffix them, OpenBLAS's own 64-bit-integer builds suffix them
+SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+_CORE_NAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
+
+
+@functools.cache
+def openblas() -> ctypes.CDLL:
+    """NumPy's OpenBLAS (NumPy is imported, which loads it), found among the libraries this
+    process has loaded."""
+    import numpy  # noqa: F401
+
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        maps = ""
+    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
+        lib = ctypes.CDLL(path)
+        if any(hasattr(lib, name) for name in SGEMM):
+            return lib
+    raise EulerError("CPU backend: NumPy's OpenBLAS (with 64-bit integers) was not found; "
+                     "install NumPy's wheel from PyPI")  # fmt: skip
+
+
+def core_name() -> str:
+    """The kernel family OpenBLAS chose for this CPU (SkylakeX, Haswell, ...), or ''."""
+    lib = openblas()
+    name = next((n for n in _CORE_NAME if hasattr(lib, n)), None)
+    if name is None:
+        return ""
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def cpu_flags() -> frozenset[str]:

@@ -244,7 +244,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         "numba": numba.__version__,
     }
     if opts.device == "cpu":  # OpenBLAS's kernel family sets our products' speed
-        from euler.cpu.blas import core_name
+        from euler.blas_kernels import core_name
 
         meta["openblas_kernels"] = core_name()
     if opts.device == "cuda":  # the hardware a GPU run's figures belong to

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import warnings
 from dataclasses import dataclass
 
@@ -47,39 +46,20 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
-from euler.blas_kernels import cpu_flags, kernel_warning
-from euler.errors import EulerError
+from euler.blas_kernels import SGEMM, core_name, cpu_flags, kernel_warning, openblas
 
-# NumPy's OpenBLAS names its symbols by build: scipy-openblas wheels (NumPy 2) prefix and
-# suffix them, OpenBLAS's own 64-bit-integer builds suffix them; all take 64-bit integers.
-_SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+# NumPy's OpenBLAS names its symbols by build (euler/blas_kernels.py); all take 64-bit integers
 _DGEMM = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")
 _SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
-_CORE_NAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-
-
-def _openblas() -> ctypes.CDLL:
-    """NumPy's OpenBLAS, found among the libraries this process has loaded."""
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    except OSError:
-        maps = ""
-    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
-        lib = ctypes.CDLL(path)
-        if any(hasattr(lib, name) for name in _SGEMM):
-            return lib
-    raise EulerError("CPU backend: NumPy's OpenBLAS (with 64-bit integers) was not found; "
-                     "install NumPy's wheel from PyPI")  # fmt: skip
 
 
 def _bind() -> ctypes.CDLL:
     """Give sgemm and dgemm names that compiled kernels link against. The names are resolved
     when a kernel is linked, also one loaded from Numba's cache, so this runs when the
     module is imported, before any kernel."""
-    lib = _openblas()
-    for ours, names in (("euler_sgemm", _SGEMM), ("euler_dgemm", _DGEMM)):
+    lib = openblas()
+    for ours, names in (("euler_sgemm", SGEMM), ("euler_dgemm", _DGEMM)):
         fn = next(getattr(lib, n) for n in names if hasattr(lib, n))
         llvm.add_symbol(ours, ctypes.cast(fn, ctypes.c_void_p).value)
     return lib
@@ -96,16 +76,6 @@ def set_blas_threads(n: int) -> None:
 
 
 set_blas_threads(1)
-
-
-def core_name() -> str:
-    """The kernel family OpenBLAS chose for this CPU (SkylakeX, Haswell, ...), or ''."""
-    name = next((n for n in _CORE_NAME if hasattr(_OPENBLAS, n)), None)
-    if name is None:
-        return ""
-    fn = getattr(_OPENBLAS, name)
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
 
 
 _KERNEL_WARNING = kernel_warning(core_name(), cpu_flags())
