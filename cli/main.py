@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import typing
+import warnings
 
 import typer
 from euler.cli.json_output import JsonOut
@@ -102,9 +103,15 @@ def _register_families() -> None:
     commands_pipeline.register(app)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line on stderr, without the source line Python shows beside it."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main() -> None:
     """Console-script entry point: run the app; a bad flag, file or disk is one line on
-    stderr and exit status 2 (no traceback)."""
+    stderr and exit status 2 (no traceback); a warning is one line too."""
+    warnings.showwarning = _one_line_warning
     _register_families()
     try:
         # outside standalone mode click returns a command's typer.Exit code instead of exiting

@@ -87,11 +87,14 @@ def choose_openblas_kernels() -> None:
         os.environ["OPENBLAS_CORETYPE"] = family
 
 
-def kernel_warning(core: str, flags: frozenset[str]) -> str:
+def kernel_warning(core: str, flags: frozenset[str], chosen: str = "") -> str:
     """A one-line warning where OpenBLAS runs a non-AVX-512 family (core, as OpenBLAS names
-    it) on a CPU with AVX-512, else ''."""
+    it) on a CPU with AVX-512, else ''; chosen is the environment's OPENBLAS_CORETYPE."""
     if not core or core.lower() in AVX512_FAMILIES or not AVX512 <= flags:
         return ""
-    return (f"OpenBLAS runs its {core} kernels on this AVX-512 CPU (a Sapphire Rapids Xeon's "
-            "step ran 1.4x slower so): set OPENBLAS_CORETYPE=SKYLAKEX, or import euler before "
-            "numpy")  # fmt: skip
+    cost = "a Sapphire Rapids Xeon's step ran 1.4x slower so"
+    if chosen:
+        return (f"OPENBLAS_CORETYPE={chosen} keeps OpenBLAS on its {core} kernels on this "
+                f"AVX-512 CPU ({cost}): unset it, or set it to SKYLAKEX")  # fmt: skip
+    return (f"OpenBLAS runs its {core} kernels on this AVX-512 CPU ({cost}): set "
+            "OPENBLAS_CORETYPE=SKYLAKEX, or import euler before numpy")  # fmt: skip

@@ -25,6 +25,7 @@ def test_the_avx512_family_is_set_only_before_numpy_and_unless_the_user_chose():
 
 def test_a_warning_names_avx2_kernels_on_an_avx512_cpu():
     assert "OPENBLAS_CORETYPE=SKYLAKEX" in kernel_warning("Haswell", AVX512)
+    assert "OPENBLAS_CORETYPE=Haswell keeps" in kernel_warning("Haswell", AVX512, "Haswell")
     assert kernel_warning("SkylakeX", AVX512) == ""
     assert kernel_warning("Haswell", frozenset({"avx2", "fma"})) == ""
     assert kernel_warning("", AVX512) == ""
@@ -46,6 +47,6 @@ def test_importing_euler_first_sets_the_family_and_numpy_first_does_not():
 def test_haswell_kernels_on_this_avx512_cpu_are_warned_of():
     out = _run("import euler.cpu.blas as b; print(b.core_name())", OPENBLAS_CORETYPE="HASWELL")
     assert out.stdout.strip() == "Haswell"
-    assert "OpenBLAS runs its Haswell kernels" in out.stderr
+    assert "OPENBLAS_CORETYPE=HASWELL keeps OpenBLAS on its Haswell kernels" in out.stderr
     out = _run("import euler.cpu.blas as b; print(b.core_name())")
-    assert out.stdout.strip() == "SkylakeX" and "OpenBLAS runs" not in out.stderr
+    assert out.stdout.strip() == "SkylakeX" and "Haswell" not in out.stderr

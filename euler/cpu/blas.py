@@ -78,7 +78,7 @@ def set_blas_threads(n: int) -> None:
 set_blas_threads(1)
 
 
-_KERNEL_WARNING = kernel_warning(core_name(), cpu_flags())
+_KERNEL_WARNING = kernel_warning(core_name(), cpu_flags(), os.environ.get("OPENBLAS_CORETYPE", ""))
 if _KERNEL_WARNING:
     warnings.warn(_KERNEL_WARNING, stacklevel=1)
 
