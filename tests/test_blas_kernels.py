@@ -50,3 +50,11 @@ def test_haswell_kernels_on_this_avx512_cpu_are_warned_of():
     assert "OPENBLAS_CORETYPE=HASWELL keeps OpenBLAS on its Haswell kernels" in out.stderr
     out = _run("import euler.cpu.blas as b; print(b.core_name())")
     assert out.stdout.strip() == "SkylakeX" and "Haswell" not in out.stderr
+
+
+def test_the_cli_prints_a_warning_as_one_line(capsys):
+    from euler.cli.main import _one_line_warning
+
+    _one_line_warning(kernel_warning("Haswell", AVX512, "Haswell"), UserWarning, "f.py", 1)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: OPENBLAS_CORETYPE=Haswell") and err.count("\n") == 1
