@@ -4,7 +4,7 @@
 # bench/device_wheels.sh); results go to $OUT. Cases:
 #     bash bench/cpu_session.sh scaling   # small at 1..16 cores (eager; compile at 16), small
 #                                         # at B=128 on 16, gpu preset B=4 T=512 on 16
-#     bash bench/cpu_session.sh profile   # each backend method's ms a step at 2, 8 and 16
+#     bash bench/cpu_session.sh profile   # each backend method's ms a step at 1, 2, 4 and 16
 #     bash bench/cpu_session.sh policy    # the profile at 2 and 16 under each OpenMP wait policy
 #     bash bench/cpu_session.sh products  # bench/labs/cpu_products.py at 2, 8 and 16 threads
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
@@ -43,9 +43,13 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | 
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3|Flags" | cut -c1-200 >"$OUT/lscpu.txt"
 n=$(nproc)
 # The lent image sets OPENBLAS_CORETYPE=Haswell (AVX2 kernels on its AVX-512 Xeon: our step
-# ran 1.39x slower so); unset, euler picks the AVX-512 ones (euler/blas_kernels.py)
-echo "OPENBLAS_CORETYPE was '${OPENBLAS_CORETYPE:-}', now unset" | tee -a "$OUT/log.txt"
+# ran 1.39x slower so). Unset, euler picks (euler/blas_kernels.py); that pick is exported,
+# so that the labs, which load NumPy before euler, run the same kernels.
+was=${OPENBLAS_CORETYPE:-}
 unset OPENBLAS_CORETYPE
+pick=$(python3 -c "import euler, os; print(os.environ.get('OPENBLAS_CORETYPE', ''))")
+[ -n "$pick" ] && export OPENBLAS_CORETYPE=$pick
+echo "OPENBLAS_CORETYPE was '$was', now '$pick' (euler's pick)" | tee -a "$OUT/log.txt"
 for case in "$@"; do
     case "$case" in
     scaling)
@@ -60,7 +64,7 @@ for case in "$@"; do
             --untimed-steps 1 --json "$OUT/cpu-scaling-gpu.json" 2>&1 | tee -a "$OUT/log.txt"
         ;;
     profile)
-        for t in 2 8 $n; do
+        for t in 1 2 4 $n; do
             log "profile at $t threads"
             NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
                 python3 bench/labs/cpu_step_profile.py 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl"
