@@ -16,6 +16,7 @@ import pytest
 from euler.bench import peer as bench_peer
 from euler.bench import steps as bench_steps
 from euler.bench.kernels import layer_cases
+from euler.blas_kernels import core_name
 from euler.cpu.backend import CpuBackend
 from euler.errors import EulerError
 from euler.model.config import get_preset
@@ -39,6 +40,8 @@ def test_tiny_run_writes_json_with_every_section(tmp_path, monkeypatch, capsys):
     meta = res["meta"]
     assert (meta["preset"], meta["batch"], meta["seq"]) == ("tiny", 4, 24)
     assert len(meta["loadavg_before"]) == 3 and len(meta["loadavg_after"]) == 3
+    assert meta["openblas_kernels"] == core_name()  # the family its products ran on
+    assert f"OpenBLAS {core_name()} kernels" in " ".join(stdout.split())
     assert res["peak"]["gflop_per_s"] > 0 and "measured" in res["peak"]["source"]
 
     engines = {"ours", "torch_eager", "torch_compiled"} if HAS_TORCH else {"ours"}
