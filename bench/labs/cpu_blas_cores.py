@@ -9,7 +9,8 @@ loads, so each core runs in its own process: "default" with the environment as i
 pinned to one core with one thread, times float32 products of the `small` step's shapes
 (B T = 2048 rows) and prints one JSON line: the core OpenBLAS reports, LLVM's name for the
 host CPU, its AVX-512 and AMX flags, and GFLOP/s per
-shape; then PyTorch's on the same shapes.
+shape, in the layouts the model uses (forward x W^T, dX = dY W, dW = X^T dY), and over all
+of them; then PyTorch's on the same shapes.
 """
 
 from __future__ import annotations
@@ -23,28 +24,36 @@ from typing import Annotated
 
 import typer
 
-# (M, K, N) of C = A B: the small step's forward products and a weight gradient (K = B T)
-SHAPES = [(2048, 128, 256), (2048, 128, 682), (2048, 341, 128), (2048, 128, 512),
-          (128, 2048, 682)]  # fmt: skip
+# The small step's products as the model runs them, (M, N, K, trans_a, trans_b) of
+# out (M, N) = op(a) op(b): the forward's x W^T, the backward's dY W (dX) and X^T dY (dW)
+SHAPES = [
+    *[(2048, n, k, False, True) for n, k in [(256, 128), (682, 128), (128, 341), (512, 128)]],
+    *[(2048, n, k, False, False) for n, k in [(128, 256), (128, 682), (341, 128), (128, 512)]],
+    *[(m, n, 2048, True, False) for m, n in [(256, 128), (682, 128), (128, 341), (512, 128)]],
+]  # fmt: skip
 
 
-def _gflops(mul, a, b, reps: int) -> float:
-    """Best GFLOP/s of reps calls of mul(a, b)."""
+def _seconds(mul, a, b, reps: int) -> float:
+    """Best seconds of reps calls of mul(a, b)."""
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         mul(a, b)
         best = min(best, time.perf_counter() - t0)
-    return 2 * a.shape[0] * a.shape[1] * b.shape[1] / best / 1e9
+    return best
 
 
 def _child(engine: str, reps: int) -> dict:
-    """This process's products, with the engine named."""
+    """This process's products, with the engine named: GFLOP/s per shape (named M x N x K
+    and its layout, nt, nn or tn) and over all of them (total work / total time)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    mats = [(rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32))
-            for m, k, n in SHAPES]  # fmt: skip
+    mats = []
+    for M, N, K, ta, tb in SHAPES:  # stored as the model stores them, used transposed
+        a = rng.standard_normal((K, M) if ta else (M, K), np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N), np.float32)
+        mats.append((a, b))
     flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
     out: dict = {"engine": engine, "isa": [f for f in flags if f.startswith(("avx512f", "amx",
                  "avx512_bf16", "avx2", "fma"))]}  # fmt: skip
@@ -52,17 +61,27 @@ def _child(engine: str, reps: int) -> dict:
         import torch
 
         torch.set_num_threads(1)
-        mul, mats = torch.matmul, [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in mats]
+        matmul = torch.matmul
+        mats = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in mats]
         out["torch"] = torch.__version__
     else:
         import llvmlite.binding as llvm
 
         from euler.cpu import blas
 
-        mul = np.matmul
+        matmul = np.matmul
         out.update(openblas_core=blas.core_name(), llvm_cpu=llvm.get_host_cpu_name())
-    out["gflops"] = {"x".join(map(str, s)): round(_gflops(mul, a, b, reps), 1)
-                     for s, (a, b) in zip(SHAPES, mats, strict=True)}  # fmt: skip
+    out["gflops"], flop, seconds = {}, 0, 0.0
+    for (M, N, K, ta, tb), (a, b) in zip(SHAPES, mats, strict=True):
+
+        def mul(a, b, ta=ta, tb=tb):
+            return matmul(a.T if ta else a, b.T if tb else b)
+
+        s = _seconds(mul, a, b, reps)
+        name = f"{M}x{N}x{K} {'t' if ta else 'n'}{'t' if tb else 'n'}"
+        out["gflops"][name] = round(2 * M * N * K / s / 1e9, 1)
+        flop, seconds = flop + 2 * M * N * K, seconds + s
+    out["gflops_all"] = round(flop / seconds / 1e9, 1)
     return out
 
 
