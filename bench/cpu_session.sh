@@ -218,9 +218,9 @@ for case in "$@"; do
         grep -m4 -E "^(vendor_id|cpu family|model|model name)" /proc/cpuinfo | tee -a "$OUT/log.txt"
         log "OpenBLAS's core pick and its products on one core against PyTorch's"
         python3 bench/labs/cpu_blas_cores.py 2>&1 | tee -a "$OUT/blas-cores.jsonl"
-        for core in default SKYLAKEX SAPPHIRERAPIDS; do
+        for core in HASWELL SKYLAKEX SAPPHIRERAPIDS; do
             log "ours at 1 and 2 cores, OpenBLAS core $core"
-            env $([ $core = default ] || echo OPENBLAS_CORETYPE=$core) python3 bench/cpu_scaling.py \
+            OPENBLAS_CORETYPE=$core python3 bench/cpu_scaling.py \
                 --threads 1,2 --no-peer --steps 20 --untimed-steps 10 2>&1 | tee -a "$OUT/log.txt"
         done
         ;;

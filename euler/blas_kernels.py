@@ -19,6 +19,7 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 from euler.errors import EulerError
 
@@ -72,7 +73,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def family_to_set(flags: frozenset[str], environ: dict | os._Environ, numpy_loaded: bool) -> str:
+def family_to_set(flags: frozenset[str], environ: Mapping[str, str], numpy_loaded: bool) -> str:
     """The OPENBLAS_CORETYPE to set: 'SKYLAKEX' on an AVX-512 CPU, '' where the user set
     one already, NumPy has loaded OpenBLAS (too late to choose) or the CPU lacks AVX-512."""
     if numpy_loaded or environ.get("OPENBLAS_CORETYPE") or not AVX512 <= flags:

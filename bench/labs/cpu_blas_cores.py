@@ -54,9 +54,11 @@ def _child(engine: str, reps: int) -> dict:
         a = rng.standard_normal((K, M) if ta else (M, K), np.float32)
         b = rng.standard_normal((N, K) if tb else (K, N), np.float32)
         mats.append((a, b))
-    flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
-    out: dict = {"engine": engine, "isa": [f for f in flags if f.startswith(("avx512f", "amx",
-                 "avx512_bf16", "avx2", "fma"))]}  # fmt: skip
+    from euler.blas_kernels import cpu_flags  # after NumPy: euler must not pick the family
+
+    flags = cpu_flags()
+    out: dict = {"engine": engine, "isa": sorted(f for f in flags if f.startswith(("avx512f",
+                 "amx", "avx512_bf16", "avx2", "fma")))}  # fmt: skip
     if engine == "torch":
         import torch
 
