@@ -351,15 +351,15 @@ def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     # one thread: a product whole, but a weight gradient's sum still in its pieces
     assert cut(2048, 128, 128, False, threads=1) == (1, 1, 1)
     assert cut(682, 128, 2048, True, threads=1) == (1, 1, 4)
-    # the small preset's products: two blocks a thread below 8 threads, one from 8 on; a
+    # the small preset's products: two blocks a thread below 4 threads, one from 4 on; a
     # tall activation by rows, weight gradients with long sums by pieces and then rows or
     # columns of 64 or more
     assert cut(2048, 128, 128, False, threads=2) == (4, 1, 1)
-    assert cut(2048, 128, 128, False, threads=4) == (8, 1, 1)
+    assert cut(2048, 128, 128, False, threads=4) == (4, 1, 1)
     assert cut(2048, 128, 128, False, threads=16) == (16, 1, 1)
     assert cut(682, 128, 2048, True, threads=16) == (4, 1, 4)
     assert cut(128, 341, 2048, True, threads=16) == (1, 4, 4)
-    assert cut(128, 341, 2048, True, threads=4) == (1, 2, 4)
+    assert cut(128, 341, 2048, True, threads=4) == (1, 1, 4)
     # the gpu preset's: wide outputs are cut both ways, never their sums
     assert cut(2048, 1280, 768, False, threads=16) == (4, 4, 1)
     assert cut(1280, 768, 2048, True, threads=16) == (4, 4, 1)
@@ -367,7 +367,8 @@ def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     # small products stay whole; no block is narrower than 64 rows or columns
     assert cut(8, 8, 8, False, threads=16) == (1, 1, 1)
     assert cut(100, 4096, 512, False, threads=16) == (1, 16, 1)
-    assert cut(100, 4096, 512, False, threads=4) == (1, 8, 1)
+    assert cut(100, 4096, 512, False, threads=4) == (1, 4, 1)
+    assert cut(100, 4096, 512, False, threads=2) == (1, 4, 1)
     # cut_as_for: the same blocks at every count, one thread included
     fixed = ProductPlan(cut_as_for=16).cut
     assert {fixed(2048, 128, 128, False, threads=t) for t in (1, 2, 16)} == {(16, 1, 1)}

@@ -15,9 +15,11 @@ Every result bit is the same at 1 or 16 threads, although the cut follows the th
   a thread that finishes first takes another), and one block a thread from `many_threads`
   threads on, each block of at least `block_macs` multiply-adds, with edges on multiples
   of `align` rows or columns. Many threads make small blocks, and every block repacks its
-  slice of the other operand: on the lent 16-core Xeon, the `small` step at 16 threads took
-  31 ms a step with one block a thread against 34 with two, while at 2 and 4 threads two
-  were faster (bench/labs/cpu_plans.py, docs/measurements.md).
+  slice of the other operand: on the lent 16-core Xeon (OpenBLAS's AVX-512 kernels) the
+  `small` step at 4 threads took 64.6 ms with one block a thread against 69.9 with two; at
+  2 threads one block was faster there too (116.9 against 124.8 ms) but 8% slower on the
+  2-core Zen 4 machine, whose threads share their host's cores with other tenants, so two
+  stay below 4 threads (bench/labs/cpu_plans.py, docs/measurements.md).
   Such a block computes each of its elements as the whole product's call would, the same
   kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
   sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
@@ -99,7 +101,7 @@ class ProductPlan:
     """How products are cut into blocks and the blocks scheduled (see the module's text)."""
 
     per_thread: int = 2  # row x column blocks a thread, about, on 2 to many_threads - 1
-    many_threads: int = 8  # from this many threads on, one block a thread
+    many_threads: int = 4  # from this many threads on, one block a thread
     block_macs: int = 1 << 20  # fewest multiply-adds in a block
     align: int = 64  # row and column blocks start on multiples of this
     pieces: int = 4  # most pieces a weight gradient's sum is cut into
