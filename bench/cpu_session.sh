@@ -4,7 +4,8 @@
 # bench/device_wheels.sh); results go to $OUT. Cases:
 #     bash bench/cpu_session.sh scaling   # small at 1..16 cores (eager; compile at 16), small
 #                                         # at B=128 on 16, gpu preset B=4 T=512 on 16
-#     bash bench/cpu_session.sh profile   # each backend method's ms a step at 1, 2, 4 and 16
+#     bash bench/cpu_session.sh profile   # each backend method's (and PyTorch op's) ms a step
+#                                         # at 1, 2, 4 and 16
 #     bash bench/cpu_session.sh policy    # the profile at 2 and 16 under each OpenMP wait policy
 #     bash bench/cpu_session.sh products  # bench/labs/cpu_products.py at 2, 8 and 16 threads
 #     bash bench/cpu_session.sh bits      # the thread-count bit-identity test at 1..16
@@ -66,8 +67,11 @@ for case in "$@"; do
     profile)
         for t in 1 2 4 $n; do
             log "profile at $t threads"
-            NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
-                python3 bench/labs/cpu_step_profile.py 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl"
+            for engine in ours torch; do
+                NUMBA_NUM_THREADS=$t OMP_NUM_THREADS=$t taskset -c 0-$((t - 1)) \
+                    python3 bench/labs/cpu_step_profile.py --engine $engine 2>&1 | tail -1 |
+                    tee -a "$OUT/profile.jsonl"
+            done
         done
         ;;
     policy)

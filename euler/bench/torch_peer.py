@@ -22,7 +22,7 @@ import resource
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -226,22 +226,14 @@ def flops_per_token(cfg: ModelConfig, T: int) -> int:
     return 6 * (matrix + tied_head) + 6 * cfg.n_layer * T * cfg.q_dim
 
 
-def time_training(
-    cfg: ModelConfig,
-    batch: int,
-    seq: int,
-    steps: int,
-    warmup: int,
-    threads: int,
-    seed: int = 0,
-    optimizer: str = "fused",
-) -> dict:
-    """Time eager float32 training steps (forward, backward, clip to 1.0, AdamW); return stats.
+def training_step(
+    cfg: ModelConfig, batch: int, seq: int, seed: int = 0, optimizer: str = "fused"
+) -> Callable[[], float]:
+    """An eager float32 training step on one fixed random (batch, seq) batch: forward,
+    backward, clip to 1.0, AdamW; calling it runs one step and returns the loss.
 
     `optimizer` picks torch's AdamW implementation: "fused", "foreach" or "for-loop".
-    One fixed random batch is reused, so data loading is not part of the measurement.
     """
-    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     layout = ParamLayout(cfg)
     model = build_peer(cfg, layout.views(init_params(layout, seed)), torch.float32)
@@ -266,6 +258,26 @@ def time_training(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss.item()
+
+    return step
+
+
+def time_training(
+    cfg: ModelConfig,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    threads: int,
+    seed: int = 0,
+    optimizer: str = "fused",
+) -> dict:
+    """Time training_step's steps on `threads` threads; return stats.
+
+    One fixed random batch is reused, so data loading is not part of the measurement.
+    """
+    torch.set_num_threads(threads)
+    step = training_step(cfg, batch, seq, seed, optimizer)
 
     for _ in range(warmup):
         step()
