@@ -18,8 +18,8 @@ Every result bit is the same at 1 or 16 threads, although the cut follows the th
   slice of the other operand: on the lent 16-core Xeon (OpenBLAS's AVX-512 kernels) the
   `small` step at 4 threads took 64.6 ms with one block a thread against 69.9 with two; at
   2 threads one block was faster there too (116.9 against 124.8 ms) but 8% slower on the
-  2-core Zen 4 machine, whose threads share their host's cores with other tenants, so two
-  stay below 4 threads (bench/labs/cpu_plans.py, docs/measurements.md).
+  2-core Zen 4 machine (98.8 against 91.2 ms, every round; why is not known), so two stay
+  below 4 threads (bench/labs/cpu_plans.py, docs/measurements.md).
   Such a block computes each of its elements as the whole product's call would, the same
   kernel summing the same terms in the same order: OpenBLAS picks its kernel by a call's
   sizes, and only calls of a few rows (a one-row call is a gemv) or of edges inside its
