@@ -25,6 +25,9 @@
 #                                         # 0-1, then 8-9, at 1 and 4 on the first, 2 on 0 and 8
 #     bash bench/cpu_session.sh rest      # one round: small at 8 and 16, B=128 and gpu preset at
 #                                         # 16, then torch.compile at 16
+#     bash bench/cpu_session.sh load      # each library's GFLOP/s a core with every core busy
+#                                         # (labs/cpu_blas_cores.py --copies): small and gpu
+#                                         # preset shapes on 1, 2 and all cores
 #     bash bench/cpu_session.sh blas      # OpenBLAS's core pick (OPENBLAS_CORETYPE) on one core
 #                                         # against PyTorch's, and our step at 1, 2 under each
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
@@ -217,6 +220,15 @@ for case in "$@"; do
         rounds cores-8-9 8-15 2
         rounds first-cores 0-15 1,4
         rounds cores-0-and-8 0,8 2
+        ;;
+    load)
+        for preset in small gpu; do
+            for c in 1 2 $n; do
+                log "GFLOP/s a core, $preset shapes, $c copies at once"
+                taskset -c 0-$((n - 1)) python3 bench/labs/cpu_blas_cores.py --cores default \
+                    --preset $preset --copies $c --reps 10 2>&1 | tee -a "$OUT/blas-load.jsonl"
+            done
+        done
         ;;
     blas)
         grep -m4 -E "^(vendor_id|cpu family|model|model name)" /proc/cpuinfo | tee -a "$OUT/log.txt"
