@@ -28,6 +28,9 @@
 #     bash bench/cpu_session.sh load      # each library's GFLOP/s a core with every core busy
 #                                         # (labs/cpu_blas_cores.py --copies): small and gpu
 #                                         # preset shapes on 1, 2 and all cores
+#     bash bench/cpu_session.sh libs      # each BLAS library's GFLOP/s a core, gpu preset shapes
+#                                         # on all cores, copies and threaded (labs/cpu_blas_libs.py;
+#                                         # .whl with blis and scipy-openblas64: device_wheels.sh)
 #     bash bench/cpu_session.sh blas      # OpenBLAS's core pick (OPENBLAS_CORETYPE) on one core
 #                                         # against PyTorch's, and our step at 1, 2 under each
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
@@ -229,6 +232,12 @@ for case in "$@"; do
                     --preset $preset --copies $c --reps 10 2>&1 | tee -a "$OUT/blas-load.jsonl"
             done
         done
+        ;;
+    libs)
+        log "GFLOP/s a core, gpu preset shapes, $n copies at once and one call on $n threads"
+        python3 bench/labs/cpu_blas_libs.py --preset gpu --copies $n --threaded --reps 3 \
+            --libraries numpy,openblas,blis,torch \
+            --openblas /tmp/site/scipy_openblas64/lib/libscipy_openblas64_.so 2>&1 | tee -a "$OUT/blas-libs.jsonl"
         ;;
     blas)
         grep -m4 -E "^(vendor_id|cpu family|model|model name)" /proc/cpuinfo | tee -a "$OUT/log.txt"

@@ -369,6 +369,11 @@ def test_product_plans_cut_sums_by_shape_and_blocks_by_threads():
     assert cut(100, 4096, 512, False, threads=16) == (1, 16, 1)
     assert cut(100, 4096, 512, False, threads=4) == (1, 4, 1)
     assert cut(100, 4096, 512, False, threads=2) == (1, 4, 1)
+    # pair_per_thread: each product of a pair cut finer than one alone, below many_threads
+    paired = ProductPlan(per_thread=1, pair_per_thread=2).cut
+    assert paired(2048, 128, 128, False, threads=2) == (2, 1, 1)
+    assert paired(2048, 128, 128, False, threads=2, paired=True) == (4, 1, 1)
+    assert paired(2048, 128, 128, False, threads=16, paired=True) == (16, 1, 1)
     # cut_as_for: the same blocks at every count, one thread included
     fixed = ProductPlan(cut_as_for=16).cut
     assert {fixed(2048, 128, 128, False, threads=t) for t in (1, 2, 16)} == {(16, 1, 1)}

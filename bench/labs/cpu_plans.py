@@ -12,7 +12,8 @@ steps of each plan and keeps their median; a plan's figure is the median of its 
 Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
 - default: default_plan(), the plan the package runs (by the kernel family of OpenBLAS);
 - FIELD=VALUE[+FIELD=VALUE...]: ProductPlan with those fields replaced (per_thread=1: one
-  block a thread; many_threads=1048576: two blocks a thread at every count;
+  block a thread; per_thread=1+pair_per_thread=2: one a thread for a product alone, two
+  for each of a backward's pair; many_threads=1048576: two blocks a thread at every count;
   per_thread=4+many_threads=1048576: four at every count; block_macs=4194304, ...);
 - fixedN: N row x column blocks whatever the thread count (where the product is large
   enough), as the package did before its cut followed the thread count.
@@ -49,10 +50,12 @@ class FixedPlan(ProductPlan):
     blocks: int = 16
     many_threads: int = 1 << 20  # per_thread blocks a thread at every count
 
-    def cut(self, M: int, N: int, K: int, trans_a: bool, threads: int) -> tuple[int, int, int]:
+    def cut(
+        self, M: int, N: int, K: int, trans_a: bool, threads: int, paired: bool = False
+    ) -> tuple[int, int, int]:
         """ProductPlan's cut as if `blocks / per_thread` threads ran it."""
         return super().cut(
-            M, N, K, trans_a, max(1, self.blocks // self.per_thread) if threads > 1 else 1
+            M, N, K, trans_a, max(1, self.blocks // self.per_thread) if threads > 1 else 1, paired
         )
 
 

@@ -101,6 +101,7 @@ class ProductPlan:
     """How products are cut into blocks and the blocks scheduled (see the module's text)."""
 
     per_thread: int = 2  # row x column blocks a thread, about, on 2 to many_threads - 1
+    pair_per_thread: int = 0  # the same for each product of a pair (0: per_thread)
     many_threads: int = 4  # from this many threads on, one block a thread
     block_macs: int = 1 << 20  # fewest multiply-adds in a block
     align: int = 64  # row and column blocks start on multiples of this
@@ -120,9 +121,11 @@ class ProductPlan:
         count = max(1, min(self.piece_blocks, M * N * K // self.block_macs))
         return max(1, min(self.pieces, count, K // self.piece_min))
 
-    def cut(self, M: int, N: int, K: int, trans_a: bool, threads: int) -> tuple[int, int, int]:
+    def cut(
+        self, M: int, N: int, K: int, trans_a: bool, threads: int, paired: bool = False
+    ) -> tuple[int, int, int]:
         """(row blocks, column blocks, sum pieces) for out (M, N) = op(a) @ op(b), K terms,
-        on `threads` threads.
+        on `threads` threads, alone or one of a pair run in one parallel loop.
 
         The sum's pieces count as blocks; the rest form the grid of rows x columns that
         packs the fewest elements: BLAS copies the (K, N/nb) of b and the (M/mb, K) of a
@@ -130,7 +133,8 @@ class ProductPlan:
         """
         pieces = self.sum_pieces(M, N, K, trans_a)
         threads = self.cut_as_for or threads
-        per_thread = self.per_thread if threads < self.many_threads else 1
+        per_thread = (self.pair_per_thread or self.per_thread) if paired else self.per_thread
+        per_thread = per_thread if threads < self.many_threads else 1
         wanted = -(-threads * per_thread // pieces) if threads > 1 else 1
         count = max(1, min(wanted, M * N * K // pieces // self.block_macs))
         rows, cols = max(1, M // self.align), max(1, N // self.align)
@@ -241,7 +245,7 @@ class Products:
         self._partials: dict[tuple, np.ndarray] = {}
         self._cuts: dict[tuple, tuple[int, int, int]] = {}  # a step repeats its shapes
 
-    def _prepare(self, out, a, b, trans_a, trans_b, accumulate) -> tuple:
+    def _prepare(self, out, a, b, trans_a, trans_b, accumulate, paired=False) -> tuple:
         """The arguments of one product for _products, after checking what BLAS trusts."""
         M, N = out.shape
         K = a.shape[0] if trans_a else a.shape[1]
@@ -256,7 +260,7 @@ class Products:
             raise ValueError("matmul: out's rows must be contiguous")
         a = a if a.strides[1] == a.itemsize or not a.size else np.ascontiguousarray(a)
         b = b if b.strides[1] == b.itemsize or not b.size else np.ascontiguousarray(b)
-        shape = (M, N, K, trans_a, numba.get_num_threads())
+        shape = (M, N, K, trans_a, numba.get_num_threads(), paired)
         if shape not in self._cuts:
             self._cuts[shape] = self.plan.cut(*shape) if M * N else (0, 1, 1)
         mb, nb, pieces = self._cuts[shape]
@@ -277,7 +281,7 @@ class Products:
     def pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), in one
         parallel loop over both products' blocks (a backward's dX and dW of one layer)."""
-        self._run(self._prepare(*first), self._prepare(*second))
+        self._run(self._prepare(*first, paired=True), self._prepare(*second, paired=True))
 
     def _run(self, first, second) -> None:
         # a chunk size of 1 makes the prange hand out blocks one at a time
