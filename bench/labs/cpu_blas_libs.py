@@ -77,8 +77,9 @@ def _openblas_mul(lib: ctypes.CDLL, name: str):
 def _openblas_info(lib: ctypes.CDLL) -> dict:
     """The build's config string and the kernel family it chose."""
     info = {}
-    for key, names in (("config", ("scipy_openblas_get_config64_", "openblas_get_config64_")),
-                       ("core", ("scipy_openblas_get_corename64_", "openblas_get_corename64_"))):  # fmt: skip
+    queries = {"config": ("scipy_openblas_get_config64_", "openblas_get_config64_"),
+               "core": ("scipy_openblas_get_corename64_", "openblas_get_corename64_")}  # fmt: skip
+    for key, names in queries.items():
         name = next((n for n in names if hasattr(lib, n)), None)
         if name:
             fn = getattr(lib, name)
@@ -168,7 +169,7 @@ def _child(library: str, preset: str, copies: int, threaded: bool, reps: int, pa
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
-            list(pool.map(lambda i: mul(c[i], a[i], b[i], ta, tb), range(calls)))
+            list(pool.map(mul, c, a, b, [ta] * calls, [tb] * calls))
             best = min(best, time.perf_counter() - t0)
         name = f"{weight} {M}x{N}x{K} {'t' if ta else 'n'}{'t' if tb else 'n'}"
         out["gflops"][name] = round(2 * M * N * K * calls / best / 1e9 / copies, 1)
@@ -178,7 +179,9 @@ def _child(library: str, preset: str, copies: int, threaded: bool, reps: int, pa
 
 
 def main(
-    libraries: Annotated[str, typer.Option(help="Of numpy, openblas, blis, torch.")] = "numpy,blis,torch",
+    libraries: Annotated[
+        str, typer.Option(help="Of numpy, openblas, blis, torch.")
+    ] = "numpy,blis,torch",
     preset: Annotated[str, typer.Option(help="Whose shapes: small or gpu.")] = "gpu",
     copies: Annotated[str, typer.Option(help="Core counts, each N copies at once.")] = "1",
     threaded: Annotated[bool, typer.Option(help="Also one call on N threads.")] = False,
