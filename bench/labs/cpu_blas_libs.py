@@ -15,7 +15,10 @@ in a call), each call on one thread:
 - `openblas`: another OpenBLAS build, --openblas PATH (scipy-openblas64's newer release);
 - `blis`: BLIS (the `blis` wheel exports its typed API; bli_sgemm takes row and column
   strides, so a transposed operand is its strides swapped);
-- `torch`: PyTorch's matmul (MKL on x86 wheels), torch.set_num_threads(1).
+- `torch`: PyTorch's matmul (MKL on x86 wheels), torch.set_num_threads(1);
+- `euler`: the package's products (euler.cpu.blas.Products) on N of Numba's threads, one
+  product at a time: the cut against the libraries' own threads; `euler:PLAN` cuts by
+  another plan, named as bench/labs/cpu_plans.py names them (`euler:per_thread=1`).
 
 `--threaded` also times one call on all N cores with the library's own threads (NumPy's
 OpenBLAS, the other OpenBLAS and PyTorch; this BLIS build has no threads). One JSON line a
@@ -146,6 +149,18 @@ def _child(library: str, preset: str, copies: int, threaded: bool, reps: int, pa
         out.update(_openblas_info(lib))
         _openblas_threads(lib, copies if threaded else 1)
         mul = _openblas_mul(lib, name)
+    elif library.startswith("euler"):
+        import numba
+        from cpu_plans import parse_plan
+
+        from euler.cpu.blas import Products, core_name
+
+        numba.set_num_threads(copies)
+        plan = parse_plan(library.partition(":")[2] or "default")
+        products, out["core"] = Products(plan), core_name()
+
+        def mul(c, a, b, ta, tb):
+            products(c, a, b, ta, tb)
     elif library == "blis":
         lib, info = _blis()
         out.update(info)
@@ -180,7 +195,7 @@ def _child(library: str, preset: str, copies: int, threaded: bool, reps: int, pa
 
 def main(
     libraries: Annotated[
-        str, typer.Option(help="Of numpy, openblas, blis, torch.")
+        str, typer.Option(help="Of numpy, openblas, blis, torch, euler.")
     ] = "numpy,blis,torch",
     preset: Annotated[str, typer.Option(help="Whose shapes: small or gpu.")] = "gpu",
     copies: Annotated[str, typer.Option(help="Core counts, each N copies at once.")] = "1",
@@ -200,9 +215,15 @@ def main(
             raise typer.BadParameter(f"--copies: 1 to {len(mask)} (this process's cores)")
         first = ",".join(str(c) for c in mask[:n])
         for library in libraries.split(","):
-            for mode in [False, *([True] if threaded and library != "blis" and n > 1 else [])]:
+            if library.startswith("euler"):  # one product at a time on Numba's N threads
+                modes = [True]
+            elif library == "blis" or n == 1 or not threaded:
+                modes = [False]
+            else:
+                modes = [False, True]
+            for mode in modes:
                 env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n),
-                           MKL_NUM_THREADS=str(n))  # fmt: skip
+                           MKL_NUM_THREADS=str(n), NUMBA_NUM_THREADS=str(n))  # fmt: skip
                 cmd = ["taskset", "-c", first, sys.executable, __file__, "--preset", preset,
                        "--copies", str(n), "--reps", str(reps), "--openblas", openblas,
                        "--child", library, "--threaded" if mode else "--no-threaded"]  # fmt: skip
