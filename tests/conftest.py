@@ -10,10 +10,6 @@ read it: the session's copy of the file holds only the reporting tests); its fix
   runs one Python thread per GPU thread, its block scheduler replaced by
   simulator_scheduler.py's).
 - simulator=False: the sm_90 PTX compiles, a minute or two of NVVM on one core.
-
-A session of many tests also starts tests/warm_kernels.py, which compiles the CPU engine's
-kernels into Numba's disk cache before the session's tests reach most of them (two minutes
-of a cold run on one core); niced less than the background runs, which have time to spare.
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
 BACKGROUND_NICE = 5
-WARM_NICE = 2
-WARM_MIN_TESTS = 200  # a session of fewer tests compiles what it needs itself
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
 
 IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"
@@ -68,20 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _start_warm() -> None:
-    out = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "warm_kernels.py")], cwd=ROOT,
-                            stdout=out, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: os.nice(WARM_NICE))  # fmt: skip
-    _RUNS["warm_kernels"] = (proc, out)
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
-    in_child = IN_BACKGROUND or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    if len(session.items) >= WARM_MIN_TESTS and not in_child:
-        _start_warm()
     for item in session.items:
         _start(item)
 
