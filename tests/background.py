@@ -5,19 +5,14 @@ from __future__ import annotations
 import pytest
 
 
-def background_test(
-    file: str | tuple[str, ...], marks: str, simulator: bool, doc: str, needs_cuda: bool = True
-):
+def background_test(file: str, marks: str, simulator: bool, doc: str):
     """A test that passes when the background run of `file`'s tests selected by `-m marks`
     (in the CUDA simulator if `simulator`) passes, and shows its output when it fails; a
-    run of the slow tests is itself marked slow. Bind it to a test_* name in the file, or,
-    for CPU test files (a tuple of paths from the repository root), in a file of its own:
-    a session that collects it leaves those files' tests to the background run."""
+    run of the slow tests is itself marked slow. Bind it to a test_* name in the file."""
 
     @pytest.mark.background_run(file, marks, simulator)
     def test(background_run_result) -> None:
-        if needs_cuda:
-            pytest.importorskip("numba.cuda")
+        pytest.importorskip("numba.cuda")
         rc, out = background_run_result
         assert rc == 0, out
 

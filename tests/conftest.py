@@ -9,11 +9,7 @@ read it: the session's copy of the file holds only the reporting tests); its fix
   numba.cuda is first imported, so they need a process of their own anyway (the simulator
   runs one Python thread per GPU thread, its block scheduler replaced by
   simulator_scheduler.py's).
-- simulator=False: the sm_90 PTX compiles, a minute or two of NVVM on one core;
-- CPU test files that compile many kernels (tests/test_engine_in_background.py names
-  them): most of a cold session is Numba compiling on one core, so those files compile
-  and run beside the rest. A session that collects their reporting test deselects the
-  files' own tests; one that runs a file by name runs it in place.
+- simulator=False: the sm_90 PTX compiles, a minute or two of NVVM on one core.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ def _start(item: pytest.Item) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
     cmd += ["-p", "no:hypothesispytest"]
     cmd += ["-m", marks] if marks else []
-    cmd += [str(Path(f)) for f in ((file,) if isinstance(file, str) else file)]
+    cmd += [str(Path(file))]
     out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     env = dict(os.environ, EULER_TEST_BACKGROUND="1")
     env["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
@@ -64,21 +60,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "background_run(file, marks, simulator): reports a pytest run of file in a subprocess",
     )
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the tests of CPU files that a collected background run covers to that run."""
-    if IN_BACKGROUND:
-        return
-    covered = set()
-    for item in items:
-        marker = item.get_closest_marker("background_run")
-        if marker is not None and not isinstance(marker.args[0], str):
-            covered |= {(ROOT / f).resolve() for f in marker.args[0]}
-    if covered:
-        left = [item for item in items if Path(item.path).resolve() in covered]
-        items[:] = [item for item in items if Path(item.path).resolve() not in covered]
-        config.hook.pytest_deselected(items=left)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
