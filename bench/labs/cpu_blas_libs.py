@@ -52,14 +52,10 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 def _openblas(path: str) -> tuple[ctypes.CDLL, str]:
     """An OpenBLAS build with 64-bit integers at path ('' for NumPy's): the library, sgemm's
     symbol name."""
-    if path:
-        lib = ctypes.CDLL(path)
-    else:
-        from euler.blas_kernels import openblas
+    from euler.blas_kernels import SGEMM, openblas
 
-        lib = openblas()
-    name = next(n for n in ("scipy_cblas_sgemm64_", "cblas_sgemm64_") if hasattr(lib, n))
-    return lib, name
+    lib = ctypes.CDLL(path) if path else openblas()
+    return lib, next(n for n in SGEMM if hasattr(lib, n))
 
 
 def _openblas_mul(lib: ctypes.CDLL, name: str):
@@ -79,9 +75,11 @@ def _openblas_mul(lib: ctypes.CDLL, name: str):
 
 def _openblas_info(lib: ctypes.CDLL) -> dict:
     """The build's config string and the kernel family it chose."""
+    from euler.blas_kernels import _CORE_NAME
+
     info = {}
     queries = {"config": ("scipy_openblas_get_config64_", "openblas_get_config64_"),
-               "core": ("scipy_openblas_get_corename64_", "openblas_get_corename64_")}  # fmt: skip
+               "core": _CORE_NAME}  # fmt: skip
     for key, names in queries.items():
         name = next((n for n in names if hasattr(lib, n)), None)
         if name:
@@ -92,9 +90,10 @@ def _openblas_info(lib: ctypes.CDLL) -> dict:
 
 
 def _openblas_threads(lib: ctypes.CDLL, n: int) -> None:
-    name = next(n for n in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
-                if hasattr(lib, n))  # fmt: skip
-    getattr(lib, name)(ctypes.c_int(n))
+    """The library's threads a call (the names NumPy's OpenBLAS builds give it)."""
+    from euler.cpu.blas import _SET_THREADS
+
+    getattr(lib, next(name for name in _SET_THREADS if hasattr(lib, name)))(ctypes.c_int(n))
 
 
 def _blis() -> tuple[ctypes.CDLL, dict]:
@@ -157,10 +156,7 @@ def _child(library: str, preset: str, copies: int, threaded: bool, reps: int, pa
 
         numba.set_num_threads(copies)
         plan = parse_plan(library.partition(":")[2] or "default")
-        products, out["core"] = Products(plan), core_name()
-
-        def mul(c, a, b, ta, tb):
-            products(c, a, b, ta, tb)
+        mul, out["core"] = Products(plan), core_name()  # mul(out, a, b, trans_a, trans_b)
     elif library == "blis":
         lib, info = _blis()
         out.update(info)
