@@ -224,17 +224,21 @@ def _products(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1,
     product), then their partial sums."""
     first = m1 * n1 * k1
     for i in prange(first + m2 * n2 * k2):
-        if i < first:
-            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, align, i)
+        # a signed index in both calls: prange's own is unsigned, and each index type
+        # would compile a callee of its own
+        j = np.int64(i)
+        if j < first:
+            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, align, j)
         else:
-            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align, i - first)
+            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align, j - first)
     rows1 = o1.shape[0] if k1 > 1 else 0
     rows2 = o2.shape[0] if k2 > 1 and m2 > 0 else 0
     for r in prange(rows1 + rows2):
-        if r < rows1:
-            _add_partials(o1, p1, k1, r)
+        row = np.int64(r)
+        if row < rows1:
+            _add_partials(o1, p1, k1, row)
         else:
-            _add_partials(o2, p2, k2, r - rows1)
+            _add_partials(o2, p2, k2, row - rows1)
 
 
 class Products:
