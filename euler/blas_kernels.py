@@ -26,9 +26,16 @@ from euler.errors import EulerError
 AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 AVX512_FAMILIES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})  # OpenBLAS's names
 # NumPy's OpenBLAS names its symbols by build: scipy-openblas wheels (NumPy 2) prefix and
-# suffix them, OpenBLAS's own 64-bit-integer builds suffix them
+# suffix them, OpenBLAS's own 64-bit-integer builds suffix them; all take 64-bit integers
 SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
-_CORE_NAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
+DGEMM = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")
+SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
+CORE_NAME = ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
+
+
+def symbol(lib: ctypes.CDLL, names: tuple[str, ...]) -> str | None:
+    """The first of names (one symbol's names across builds) that lib exports, or None."""
+    return next((n for n in names if hasattr(lib, n)), None)
 
 
 @functools.cache
@@ -44,7 +51,7 @@ def openblas() -> ctypes.CDLL:
         maps = ""
     for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
         lib = ctypes.CDLL(path)
-        if any(hasattr(lib, name) for name in SGEMM):
+        if symbol(lib, SGEMM):
             return lib
     raise EulerError("CPU backend: NumPy's OpenBLAS (with 64-bit integers) was not found; "
                      "install NumPy's wheel from PyPI")  # fmt: skip
@@ -53,7 +60,7 @@ def openblas() -> ctypes.CDLL:
 def core_name() -> str:
     """The kernel family OpenBLAS chose for this CPU (SkylakeX, Haswell, ...), or ''."""
     lib = openblas()
-    name = next((n for n in _CORE_NAME if hasattr(lib, n)), None)
+    name = symbol(lib, CORE_NAME)
     if name is None:
         return ""
     fn = getattr(lib, name)

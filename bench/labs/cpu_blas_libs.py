@@ -52,10 +52,10 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 def _openblas(path: str) -> tuple[ctypes.CDLL, str]:
     """An OpenBLAS build with 64-bit integers at path ('' for NumPy's): the library, sgemm's
     symbol name."""
-    from euler.blas_kernels import SGEMM, openblas
+    from euler.blas_kernels import SGEMM, openblas, symbol
 
     lib = ctypes.CDLL(path) if path else openblas()
-    return lib, next(n for n in SGEMM if hasattr(lib, n))
+    return lib, symbol(lib, SGEMM)
 
 
 def _openblas_mul(lib: ctypes.CDLL, name: str):
@@ -75,13 +75,13 @@ def _openblas_mul(lib: ctypes.CDLL, name: str):
 
 def _openblas_info(lib: ctypes.CDLL) -> dict:
     """The build's config string and the kernel family it chose."""
-    from euler.blas_kernels import _CORE_NAME
+    from euler.blas_kernels import CORE_NAME, symbol
 
     info = {}
     queries = {"config": ("scipy_openblas_get_config64_", "openblas_get_config64_"),
-               "core": _CORE_NAME}  # fmt: skip
+               "core": CORE_NAME}  # fmt: skip
     for key, names in queries.items():
-        name = next((n for n in names if hasattr(lib, n)), None)
+        name = symbol(lib, names)
         if name:
             fn = getattr(lib, name)
             fn.restype = ctypes.c_char_p
@@ -91,9 +91,9 @@ def _openblas_info(lib: ctypes.CDLL) -> dict:
 
 def _openblas_threads(lib: ctypes.CDLL, n: int) -> None:
     """The library's threads a call (the names NumPy's OpenBLAS builds give it)."""
-    from euler.cpu.blas import _SET_THREADS
+    from euler.blas_kernels import SET_THREADS, symbol
 
-    getattr(lib, next(name for name in _SET_THREADS if hasattr(lib, name)))(ctypes.c_int(n))
+    getattr(lib, symbol(lib, SET_THREADS))(ctypes.c_int(n))
 
 
 def _blis() -> tuple[ctypes.CDLL, dict]:

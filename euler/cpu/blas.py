@@ -48,11 +48,9 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
-from euler.blas_kernels import SGEMM, core_name, cpu_flags, kernel_warning, openblas
+from euler import blas_kernels
+from euler.blas_kernels import core_name, cpu_flags, kernel_warning, openblas, symbol
 
-# NumPy's OpenBLAS names its symbols by build (euler/blas_kernels.py); all take 64-bit integers
-_DGEMM = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")
-_SET_THREADS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
@@ -61,8 +59,8 @@ def _bind() -> ctypes.CDLL:
     when a kernel is linked, also one loaded from Numba's cache, so this runs when the
     module is imported, before any kernel."""
     lib = openblas()
-    for ours, names in (("euler_sgemm", SGEMM), ("euler_dgemm", _DGEMM)):
-        fn = next(getattr(lib, n) for n in names if hasattr(lib, n))
+    for ours, names in (("euler_sgemm", blas_kernels.SGEMM), ("euler_dgemm", blas_kernels.DGEMM)):
+        fn = getattr(lib, symbol(lib, names))
         llvm.add_symbol(ours, ctypes.cast(fn, ctypes.c_void_p).value)
     return lib
 
@@ -73,8 +71,7 @@ _OPENBLAS = _bind()
 def set_blas_threads(n: int) -> None:
     """OpenBLAS's threads per call: 1 for the backend, whose blocks run on Numba's threads
     (set when this module is imported); a lab sets more to time OpenBLAS's own threading."""
-    name = next(n for n in _SET_THREADS if hasattr(_OPENBLAS, n))
-    getattr(_OPENBLAS, name)(ctypes.c_int(n))
+    getattr(_OPENBLAS, symbol(_OPENBLAS, blas_kernels.SET_THREADS))(ctypes.c_int(n))
 
 
 set_blas_threads(1)
