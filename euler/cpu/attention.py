@@ -33,10 +33,11 @@ from euler.layer_math import exp_, online_softmax_rescale, softmax_grad
 TILE = 64
 ROWS = 8  # query rows per block; the kernels below are written out for exactly eight
 FAST = {"reassoc", "contract", "nsz", "arcp"}  # lets sums vectorise; keeps inf/nan semantics
-# The eight-row helpers below are functions of their own, called, not inlined: inlined into
-# both kernels' prange bodies, which Numba's parallel lowering optimises twice, they took
-# 28 s of compiling a dtype; called, 17.6 s, at the same speed (2-core AVX2 EPYC, float32,
-# B=4, T=1024, 2 threads: forward 34 to 39 ms either way, backward 74 to 87; 2026-12-07).
+# The helpers below are functions of their own, called, not inlined: inlined into both
+# kernels' prange bodies, which Numba's parallel lowering optimises twice, they made a dtype's
+# two kernels take 18.7 s to compile; called, 12.8 s, with the same bits and speed (one
+# process on the 2-core AVX2 EPYC, float32, B=4, T=1024, 2 threads: forward 32.1 against
+# 31.0 ms, backward 74.1 against 71.0; 2026-12-07).
 HELPER = dict(inline="never", fastmath=FAST, error_model="numpy")
 
 
@@ -116,6 +117,48 @@ def _rank8_update(acc, a, x, j0, n):
             )  # fmt: skip
 
 
+@njit(**HELPER)
+def _online_softmax8(s, acc, m, l, i0, last, j0, n):
+    """The online softmax of the eight rows' scores s[:, :n] (keys j0 .. j0 + n - 1, causal
+    for rows i0 ..): s becomes exp(s - new max), acc, m, l rescaled and updated."""
+    E = acc.shape[1]
+    T = s.dtype.type
+    for r in range(ROWS):
+        valid = min(n, min(i0 + r, last) - j0 + 1)  # causal: keys <= row
+        mt = T(-np.inf)
+        for j in range(valid):
+            mt = max(mt, s[r, j])
+        m_new = max(m[r], mt)
+        alpha = online_softmax_rescale(m[r], m_new, T)
+        for e in range(E):
+            acc[r, e] *= alpha
+        total = T(0.0)
+        for j in range(valid):
+            p = exp_(s[r, j] - m_new)
+            s[r, j] = p
+            total += p
+        for j in range(valid, n):
+            s[r, j] = T(0.0)
+        l[r] = l[r] * alpha + total
+        m[r] = m_new
+
+
+@njit(**HELPER)
+def _softmax_grad8(s, dp, li, di, scale, i0, last, j0, n):
+    """s: the eight rows' scores -> P = exp(s scale - lse); dp: dO V^T -> dS, both zero past
+    the causal edge and in rows past the end (repeats, which must add nothing)."""
+    T = s.dtype.type
+    for r in range(ROWS):
+        valid = min(n, i0 + r - j0 + 1) if i0 + r <= last else 0
+        for j in range(valid):
+            p = exp_(s[r, j] * scale - li[r])
+            dp[r, j] = softmax_grad(p, dp[r, j], di[r]) * scale  # dS
+            s[r, j] = p
+        for j in range(max(valid, 0), n):
+            dp[r, j] = T(0.0)
+            s[r, j] = T(0.0)
+
+
 @njit(parallel=True, cache=True, fastmath=FAST, error_model="numpy")
 def attention_forward(out, lse, qkv, H, G, E, tile):
     """out (B, T, H E), lse (B, H, T), assigned, from qkv (B, T, (H + 2G) E)."""
@@ -152,24 +195,7 @@ def attention_forward(out, lse, qkv, H, G, E, tile):
             for j0 in range(0, last + 1, tile):
                 n = min(tile, last + 1 - j0)
                 _scores8(s, qb, k, j0, n)
-                for r in range(ROWS):
-                    valid = min(n, min(i0 + r, last) - j0 + 1)  # causal: keys <= row
-                    mt = T(-np.inf)
-                    for j in range(valid):
-                        mt = max(mt, s[r, j])
-                    m_new = max(m[r], mt)
-                    alpha = online_softmax_rescale(m[r], m_new, T)
-                    for e in range(E):
-                        acc[r, e] *= alpha
-                    total = T(0.0)
-                    for j in range(valid):
-                        p = exp_(s[r, j] - m_new)
-                        s[r, j] = p
-                        total += p
-                    for j in range(valid, n):
-                        s[r, j] = T(0.0)
-                    l[r] = l[r] * alpha + total
-                    m[r] = m_new
+                _online_softmax8(s, acc, m, l, i0, last, j0, n)
                 _accumulate8(acc, s, vt, j0, n)
             for r in range(min(ROWS, Tn - i0)):
                 inv = T(1.0) / l[r]
@@ -230,16 +256,7 @@ def attention_backward(dqkv, dout, qkv, out, lse, H, G, E, tile):
                     n = min(tile, last + 1 - j0)
                     _scores8(s, qb, k, j0, n)
                     _scores8(dp, dob, v, j0, n)
-                    for r in range(ROWS):
-                        # rows past the end are repeats: they must add nothing
-                        valid = min(n, i0 + r - j0 + 1) if i0 + r <= last else 0
-                        for j in range(valid):
-                            p = exp_(s[r, j] * scale - li[r])
-                            dp[r, j] = softmax_grad(p, dp[r, j], di[r]) * scale  # dS
-                            s[r, j] = p
-                        for j in range(max(valid, 0), n):
-                            dp[r, j] = T(0.0)
-                            s[r, j] = T(0.0)
+                    _softmax_grad8(s, dp, li, di, scale, i0, last, j0, n)
                     _accumulate8(dq, dp, kt, j0, n)
                     _rank8_update(dk, dp, qb, j0, n)  # dK += dS^T Q
                     _rank8_update(dv, s, dob, j0, n)  # dV += P^T dO
