@@ -33,6 +33,10 @@
 #                                         # .whl with blis and scipy-openblas64: device_wheels.sh)
 #     bash bench/cpu_session.sh blas      # OpenBLAS's core pick (OPENBLAS_CORETYPE) on one core
 #                                         # against PyTorch's, and our step at 1, 2 under each
+#     bash bench/cpu_session.sh pairs     # a backward pair's products cut as for half the threads
+#                                         # (labs/cpu_plans.py pair_split=2) at 2 and at all cores
+#     bash bench/cpu_session.sh tiles     # one core: products whole against small tiles, which
+#                                         # take OpenBLAS's unpacked kernels (labs/cpu_blas_tiles.py)
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
 #                                         # of 3 engines a process (labs/cpu_step_times.py)
 #                                         # on cores 0-1, 8-9, with malloc on huge pages, at 4;
@@ -177,6 +181,24 @@ for case in "$@"; do
         python3 bench/labs/cpu_plans.py --plans many_threads=1048576,per_thread=1,fixed16 --preset gpu \
             --batch-size 4 --seq-len 512 --rounds 3 --steps 2 --untimed-steps 1 2>&1 \
             | tee -a "$OUT/plans.jsonl" | cut -c1-400
+        ;;
+    pairs)
+        # a backward's pair of products cut as for half the threads (dX whole on one thread at
+        # 2 while the other takes dW's sum pieces), against the default and one block a thread
+        for cores in 0-1 2-3; do
+            log "pair splits, small, 2 cores ($cores)"
+            NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c $cores python3 bench/labs/cpu_plans.py \
+                --plans default,per_thread=1,pair_split=2,per_thread=1+pair_split=2 --rounds 8 \
+                --steps 8 2>&1 | tee -a "$OUT/pairs.jsonl" | cut -c1-400
+        done
+        log "pair splits, small, $n cores"
+        python3 bench/labs/cpu_plans.py --plans default,pair_split=2 --rounds 6 --steps 8 2>&1 \
+            | tee -a "$OUT/pairs.jsonl" | cut -c1-400
+        ;;
+    tiles)
+        # OpenBLAS's unpacked small-matrix and direct kernels (small tiles) against whole calls
+        NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 taskset -c 2 python3 bench/labs/cpu_blas_tiles.py \
+            --reps 30 | tee -a "$OUT/tiles.jsonl" | cut -c1-400
         ;;
     warm)
         { cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag

@@ -16,7 +16,10 @@ Plans (euler/cpu/blas.py's ProductPlan and two lab variants):
   for each of a backward's pair; many_threads=1048576: two blocks a thread at every count;
   per_thread=4+many_threads=1048576: four at every count; block_macs=4194304, ...);
 - fixedN: N row x column blocks whatever the thread count (where the product is large
-  enough), as the package did before its cut followed the thread count.
+  enough), as the package did before its cut followed the thread count;
+- pair_split=S (a lab field, with any of the above fields): each product of a backward's
+  pair cut as for threads / S threads, since the two share the threads (pair_split=2 at 2
+  threads: dX whole on one thread while the other takes dW's sum pieces).
 
 A plan that cuts only rows and columns differently must give the default's bits (64-aligned
 cuts keep them); one that cuts sums differently (pieces, piece_min, small_output) adds in
@@ -59,6 +62,23 @@ class FixedPlan(ProductPlan):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitPairPlan(ProductPlan):
+    """ProductPlan whose pairs cut each product as for threads // pair_split threads."""
+
+    pair_split: int = 1
+
+    def cut(
+        self, M: int, N: int, K: int, trans_a: bool, threads: int, paired: bool = False
+    ) -> tuple[int, int, int]:
+        """ProductPlan's cut, a pair's products on their share of the threads."""
+        if not paired:
+            return super().cut(M, N, K, trans_a, threads, paired)
+        share = max(1, (self.cut_as_for or threads) // self.pair_split)
+        return ProductPlan.cut(dataclasses.replace(self, cut_as_for=0), M, N, K, trans_a, share,
+                               paired)  # fmt: skip
+
+
 def parse_plan(spec: str) -> ProductPlan:
     """A plan from its name: default, fixedN, or FIELD=VALUE fields joined by '+'."""
     if spec == "default":
@@ -68,8 +88,10 @@ def parse_plan(spec: str) -> ProductPlan:
     fields = {}
     for item in spec.split("+"):
         field, _, value = item.partition("=")
-        kind = type(getattr(ProductPlan(), field))
+        kind = type(getattr(SplitPairPlan(), field))
         fields[field] = value == "1" if kind is bool else kind(int(value))
+    if "pair_split" in fields:
+        return SplitPairPlan(**{**dataclasses.asdict(default_plan()), **fields})
     return dataclasses.replace(default_plan(), **fields)
 
 
