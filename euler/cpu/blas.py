@@ -160,12 +160,6 @@ def default_plan() -> ProductPlan:
 
 
 @njit(nogil=True, cache=True)
-def _ld(a):
-    """Elements between rows (at least a row's length, as BLAS asks, for a single row)."""
-    return a.strides[0] // a.itemsize if a.shape[0] > 1 else max(a.shape[1], 1)
-
-
-@njit(nogil=True, cache=True)
 def gemm(m, n, k, pa, lda, pb, ldb, beta, pc, ldc, double, trans_a=False, trans_b=False):
     """C (m, n) = op(A) op(B) + beta C on one thread, at raw addresses pa, pb, pc (row-major,
     leading dimensions in elements); float64 if double, else float32; op transposes where
@@ -186,20 +180,20 @@ def _edge(i, n, parts, align):
 
 
 @njit(nogil=True, cache=True)
-def _block(out, a, b, trans_a, trans_b, beta, mb, nb, kb, partial, align, i):
-    """Block i of out = op(a) @ op(b) cut into mb x nb x kb: its rows, columns, sum piece."""
+def _block(out, pa, lda, pb, ldb, K, trans_a, trans_b, beta, mb, nb, kb, partial, align, i):
+    """Block i of out = op(A) @ op(B) cut into mb x nb x kb: its rows, columns, sum piece.
+    A and B are addresses and leading dimensions (see Products._prepare), K the sum's terms."""
     M, N = out.shape
-    K = a.shape[0] if trans_a else a.shape[1]
     r, c, k = i % mb, (i // mb) % nb, i // (mb * nb)
     r0, r1 = _edge(r, M, mb, align), _edge(r + 1, M, mb, align)
     c0, c1 = _edge(c, N, nb, align), _edge(c + 1, N, nb, align)
     k0, k1 = k * K // kb, (k + 1) * K // kb
     dst = out if k == 0 else partial[k - 1]
     item = out.itemsize
-    lda, ldb, ldc = _ld(a), _ld(b), _ld(dst)
+    ldc = dst.strides[0] // item if M > 1 else max(N, 1)
     gemm(r1 - r0, c1 - c0, k1 - k0,
-         a.ctypes.data + item * (k0 * lda + r0 if trans_a else r0 * lda + k0), lda,
-         b.ctypes.data + item * (c0 * ldb + k0 if trans_b else k0 * ldb + c0), ldb,
+         pa + item * (k0 * lda + r0 if trans_a else r0 * lda + k0), lda,
+         pb + item * (c0 * ldb + k0 if trans_b else k0 * ldb + c0), ldb,
          beta if k == 0 else 0.0, dst.ctypes.data + item * (r0 * ldc + c0), ldc,
          item == 8, trans_a=trans_a, trans_b=trans_b)  # fmt: skip
 
@@ -215,19 +209,20 @@ def _add_partials(out, partial, pieces, r):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _products(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1,
-              o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align):  # fmt: skip
+def _products(o1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1,
+              o2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2, align):  # fmt: skip
     """Two products' blocks in one parallel loop (m x n x k blocks each; m2 = 0 for one
-    product), then their partial sums."""
+    product), then their partial sums. The operands are addresses, so that one compiled
+    kernel serves arrays and views alike."""
     first = m1 * n1 * k1
     for i in prange(first + m2 * n2 * k2):
         # a signed index in both calls: prange's own is unsigned, and each index type
         # would compile a callee of its own
         j = np.int64(i)
         if j < first:
-            _block(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1, align, j)
+            _block(o1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1, align, j)
         else:
-            _block(o2, a2, b2, ta2, tb2, beta2, m2, n2, k2, p2, align, j - first)
+            _block(o2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2, align, j - first)
     rows1 = o1.shape[0] if k1 > 1 else 0
     rows2 = o2.shape[0] if k2 > 1 and m2 > 0 else 0
     for r in prange(rows1 + rows2):
@@ -236,6 +231,13 @@ def _products(o1, a1, b1, ta1, tb1, beta1, m1, n1, k1, p1,
             _add_partials(o1, p1, k1, row)
         else:
             _add_partials(o2, p2, k2, row - rows1)
+
+
+def _address(x: np.ndarray) -> tuple[int, int]:
+    """(address, leading dimension in elements) of a 2-D array whose rows are contiguous:
+    at least a row's length, as BLAS asks, for a single row."""
+    ld = x.strides[0] // x.itemsize if x.shape[0] > 1 else max(x.shape[1], 1)
+    return x.ctypes.data, ld
 
 
 class Products:
@@ -247,7 +249,8 @@ class Products:
         self._cuts: dict[tuple, tuple[int, int, int]] = {}  # a step repeats its shapes
 
     def _prepare(self, out, a, b, trans_a, trans_b, accumulate, paired=False) -> tuple:
-        """The arguments of one product for _products, after checking what BLAS trusts."""
+        """The arguments of one product for _products, after checking what BLAS trusts, and
+        the operands they point into (the caller holds them until the kernel returns)."""
         M, N = out.shape
         K = a.shape[0] if trans_a else a.shape[1]
         if (b.shape[1] if trans_b else b.shape[0]) != K or (
@@ -272,17 +275,22 @@ class Products:
             dims = (pieces - 1, M, N) if pieces > 1 else (1, 1, 1)
             partial = self._partials[key] = np.empty(dims, out.dtype)
         beta = 1.0 if accumulate else 0.0
-        return out, a, b, trans_a, trans_b, beta, mb, nb, pieces, partial
+        args = (out, *_address(a), *_address(b), K, trans_a, trans_b, beta, mb, nb, pieces,
+                partial)  # fmt: skip
+        return args, (a, b)  # the kernel gets a and b (copies, maybe) as addresses: keep them
 
     def __call__(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op an optional transpose."""
-        first = self._prepare(out, a, b, trans_a, trans_b, accumulate)
-        self._run(first, (*first[:6], 0, 1, 1, first[9]))
+        first, _operands = self._prepare(out, a, b, trans_a, trans_b, accumulate)
+        self._run(first, (*first[:9], 0, 1, 1, first[12]))
 
     def pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), in one
         parallel loop over both products' blocks (a backward's dX and dW of one layer)."""
-        self._run(self._prepare(*first, paired=True), self._prepare(*second, paired=True))
+        (one, _operands1), (two, _operands2) = (
+            self._prepare(*p, paired=True) for p in (first, second)
+        )
+        self._run(one, two)
 
     def _run(self, first, second) -> None:
         # a chunk size of 1 makes the prange hand out blocks one at a time
