@@ -180,9 +180,9 @@ def _edge(i, n, parts, align):
 
 
 @njit(nogil=True, cache=True)
-def _block(out, pa, lda, pb, ldb, K, trans_a, trans_b, beta, mb, nb, kb, partial, align, i):
+def _block(out, ldo, pa, lda, pb, ldb, K, trans_a, trans_b, beta, mb, nb, kb, partial, align, i):
     """Block i of out = op(A) @ op(B) cut into mb x nb x kb: its rows, columns, sum piece.
-    A and B are addresses and leading dimensions (see Products._prepare), K the sum's terms."""
+    A and B are addresses and leading dimensions, ldo out's (_address), K the sum's terms."""
     M, N = out.shape
     r, c, k = i % mb, (i // mb) % nb, i // (mb * nb)
     r0, r1 = _edge(r, M, mb, align), _edge(r + 1, M, mb, align)
@@ -190,7 +190,7 @@ def _block(out, pa, lda, pb, ldb, K, trans_a, trans_b, beta, mb, nb, kb, partial
     k0, k1 = k * K // kb, (k + 1) * K // kb
     dst = out if k == 0 else partial[k - 1]
     item = out.itemsize
-    ldc = dst.strides[0] // item if M > 1 else max(N, 1)
+    ldc = ldo if k == 0 else N  # the partials are whole (M, N) arrays
     gemm(r1 - r0, c1 - c0, k1 - k0,
          pa + item * (k0 * lda + r0 if trans_a else r0 * lda + k0), lda,
          pb + item * (c0 * ldb + k0 if trans_b else k0 * ldb + c0), ldb,
@@ -209,8 +209,9 @@ def _add_partials(out, partial, pieces, r):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _products(o1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1,
-              o2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2, align):  # fmt: skip
+def _products(o1, ldo1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1,
+              o2, ldo2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2,
+              align):  # fmt: skip
     """Two products' blocks in one parallel loop (m x n x k blocks each; m2 = 0 for one
     product), then their partial sums. The operands are addresses, so that one compiled
     kernel serves arrays and views alike."""
@@ -220,9 +221,10 @@ def _products(o1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1,
         # would compile a callee of its own
         j = np.int64(i)
         if j < first:
-            _block(o1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1, align, j)
+            _block(o1, ldo1, pa1, lda1, pb1, ldb1, K1, ta1, tb1, beta1, m1, n1, k1, p1, align, j)
         else:
-            _block(o2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2, align, j - first)
+            _block(o2, ldo2, pa2, lda2, pb2, ldb2, K2, ta2, tb2, beta2, m2, n2, k2, p2, align,
+                   j - first)  # fmt: skip
     rows1 = o1.shape[0] if k1 > 1 else 0
     rows2 = o2.shape[0] if k2 > 1 and m2 > 0 else 0
     for r in prange(rows1 + rows2):
@@ -275,14 +277,14 @@ class Products:
             dims = (pieces - 1, M, N) if pieces > 1 else (1, 1, 1)
             partial = self._partials[key] = np.empty(dims, out.dtype)
         beta = 1.0 if accumulate else 0.0
-        args = (out, *_address(a), *_address(b), K, trans_a, trans_b, beta, mb, nb, pieces,
-                partial)  # fmt: skip
+        args = (out, _address(out)[1], *_address(a), *_address(b), K, trans_a, trans_b, beta,
+                mb, nb, pieces, partial)  # fmt: skip
         return args, (a, b)  # the kernel gets a and b (copies, maybe) as addresses: keep them
 
     def __call__(self, out, a, b, trans_a=False, trans_b=False, accumulate=False) -> None:
         """out (M, N) = op(a) @ op(b), assigned or accumulated (+=); op an optional transpose."""
         first, _operands = self._prepare(out, a, b, trans_a, trans_b, accumulate)
-        self._run(first, (*first[:9], 0, 1, 1, first[12]))
+        self._run(first, (*first[:10], 0, 1, 1, first[13]))
 
     def pair(self, first, second) -> None:
         """Two independent products, each (out, a, b, trans_a, trans_b, accumulate), in one
