@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +28,7 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_blas_cores import shapes  # noqa: E402  (loads NumPy before euler: env's family)
+from cpu_products import timed  # noqa: E402
 
 from euler.blas_kernels import core_name  # noqa: E402
 from euler.cpu.blas import gemm  # noqa: E402
@@ -50,18 +51,6 @@ def _tiled(out, a, b, ta, tb, tr, tc):
             gemm(r1 - r0, c1 - c0, K, pa, lda, pb, ldb, 0.0, pc, N, False, trans_a=ta, trans_b=tb)
 
 
-def _seconds(out, a, b, ta, tb, tr, tc, reps: int) -> float:
-    """Median seconds of reps tiled products (tr x tc tiles) after two warm-up calls."""
-    _tiled(out, a, b, ta, tb, tr, tc)
-    _tiled(out, a, b, ta, tb, tr, tc)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        _tiled(out, a, b, ta, tb, tr, tc)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def main(
     reps: Annotated[int, typer.Option(help="timed calls a shape and tile")] = 30,
     tiles: Annotated[str, typer.Option(help="rows x columns of each tile, comma-separated")] = (
@@ -81,10 +70,10 @@ def main(
         layout = "tn" if ta else ("nt" if tb else "nn")
         name = f"{weight} {layout} {M}x{N}x{K}"
         flop = 2.0 * M * N * K
-        row = {"whole": flop / _seconds(out, a, b, ta, tb, M, N, reps) / 1e9}
+        row = {"whole": flop / timed(partial(_tiled, out, a, b, ta, tb, M, N), reps) / 1e9}
         want = (a.T if ta else a) @ (b.T if tb else b)
         for tr, tc in sizes:
-            s = _seconds(out, a, b, ta, tb, tr, tc, reps)
+            s = timed(partial(_tiled, out, a, b, ta, tb, tr, tc), reps)
             assert np.allclose(out, want, rtol=1e-3, atol=1e-2), (name, tr, tc)
             row[f"{tr}x{tc}"] = flop / s / 1e9
         result["gflops"][name] = {k: round(v, 1) for k, v in row.items()}
