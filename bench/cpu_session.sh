@@ -35,6 +35,9 @@
 #                                         # against PyTorch's, and our step at 1, 2 under each
 #     bash bench/cpu_session.sh pairs     # a backward pair's products cut as for half the threads
 #                                         # (labs/cpu_plans.py pair_split=2) at 2 and at all cores
+#     bash bench/cpu_session.sh two       # small at 2 cores: ours, one block a thread and eager
+#                                         # in 8 rounds; then plans (default, per_thread=1,
+#                                         # pair_split=2) in alternating rounds on cores 0-1
 #     bash bench/cpu_session.sh tiles     # one core: products whole against small tiles, which
 #                                         # take OpenBLAS's unpacked kernels (labs/cpu_blas_tiles.py)
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
@@ -193,6 +196,18 @@ for case in "$@"; do
         done
         log "pair splits, small, $n cores"
         python3 bench/labs/cpu_plans.py --plans default,pair_split=2 --rounds 6 --steps 8 2>&1 \
+            | tee -a "$OUT/pairs.jsonl" | cut -c1-400
+        ;;
+    two)
+        # the one target still open at 2 cores: ours (and one block a thread) against eager in
+        # 8 rounds, then the plans lab's alternating rounds on the same cores
+        d=$(date -u +%F)
+        log "small at 2 cores, 8 rounds, one block a thread beside the default"
+        python3 bench/cpu_scaling.py --threads 2 --rounds 8 --steps 20 --untimed-steps 10 \
+            --ab-per-thread 1 --json "$OUT/cpu-scaling-small-2-xeon$n-$d.json" 2>&1 | tee -a "$OUT/log.txt"
+        log "plans at 2 cores (0-1)"
+        NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0-1 python3 bench/labs/cpu_plans.py \
+            --plans default,per_thread=1,pair_split=2 --rounds 8 --steps 8 2>&1 \
             | tee -a "$OUT/pairs.jsonl" | cut -c1-400
         ;;
     tiles)
