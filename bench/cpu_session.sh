@@ -38,6 +38,8 @@
 #     bash bench/cpu_session.sh two       # small at 2 cores: ours, one block a thread and eager
 #                                         # in 8 rounds; then plans (default, per_thread=1,
 #                                         # pair_split=2) in alternating rounds on cores 0-1
+#     bash bench/cpu_session.sh lockstep  # small at 2 and 4 cores: ours and eager one step each in
+#                                         # turn on the same cores (cpu_lockstep.py, 60 pairs)
 #     bash bench/cpu_session.sh tiles     # one core: products whole against small tiles, which
 #                                         # take OpenBLAS's unpacked kernels (labs/cpu_blas_tiles.py)
 #     bash bench/cpu_session.sh warm      # does a step get faster with time? every step's ms
@@ -209,6 +211,15 @@ for case in "$@"; do
         NUMBA_NUM_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0-1 python3 bench/labs/cpu_plans.py \
             --plans default,per_thread=1,pair_split=2 --rounds 8 --steps 8 2>&1 \
             | tee -a "$OUT/pairs.jsonl" | cut -c1-400
+        ;;
+    lockstep)
+        # ours and eager one step each in turn on the same cores (bench/cpu_lockstep.py)
+        d=$(date -u +%F)
+        for t in 2 4; do
+            log "lockstep, small at $t cores, 60 pairs"
+            python3 bench/cpu_lockstep.py --threads $t --steps 60 --untimed-steps 10 \
+                --json "$OUT/cpu-lockstep-small-$t-xeon$n-$d.json" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+        done
         ;;
     tiles)
         # OpenBLAS's unpacked small-matrix and direct kernels (small tiles) against whole calls

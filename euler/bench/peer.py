@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from euler.bench.timing import peak_rss_mib, reset_peak_rss, time_steps
+from euler.bench.timing import StepTurns, peak_rss_mib, reset_peak_rss, time_steps
 from euler.model.config import ModelConfig
 from euler.model.params import ParamLayout, init_params, param_table
 from euler.training.optim import AdamWConfig
@@ -75,10 +75,11 @@ def time_peer(
     threads: int,
     precision: str,
     compiled: bool,
+    turns: StepTurns | None = None,
 ) -> dict:
     """Time the peer's step on tokens (B, T) and targets (K, B, T) in `precision` (fp32,
-    tf32, bf16: set_precision); stats as time_steps, plus memory, or {"skipped": why}
-    where torch.compile or CUDA is not to be had."""
+    tf32, bf16: set_precision); stats as time_steps (each step in its turn where turns are
+    given), plus memory, or {"skipped": why} where torch.compile or CUDA is not to be had."""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -113,7 +114,7 @@ def time_peer(
 
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     try:
-        stats = time_steps(step, sync, steps, warmup)
+        stats = time_steps(step, sync, steps, warmup, turns)
     except Exception as e:  # torch.compile fails in many ways (no compiler, backend errors)
         if not compiled:
             raise
@@ -140,28 +141,35 @@ def time_peer_in_own_process(
     threads: int,
     precision: str,
     compiled: bool,
+    turns: StepTurns | None = None,
 ) -> dict:
-    """time_peer in a fresh Python process, as a user would run PyTorch alone.
+    """time_peer in a fresh Python process, as a user would run PyTorch alone; turns (pipe
+    ends) pass to that process, and this one closes its copies.
 
     In our process the peer would share its cores with our sleeping thread pools and run
     under the OpenMP and BLAS settings our CPU backend makes for itself (measured: torch
     eager at 2,117 tokens/s there against about 11,600 alone on the same 2 cores).
     """
     env = dict(os.environ)
+    fds = (turns.go, turns.done) if turns is not None else ()
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "tokens.npy", np.asarray(tokens), allow_pickle=False)
         np.save(Path(tmp) / "targets.npy", np.asarray(targets), allow_pickle=False)
         job = {"cfg": cfg.to_dict(), "device": device, "steps": steps, "warmup": warmup,
                "threads": threads, "precision": precision, "compiled": compiled,
-               "dir": tmp}  # fmt: skip
+               "dir": tmp, "turns": list(fds)}  # fmt: skip
         code = "import sys; from euler.bench.peer import _peer_child; _peer_child(sys.argv[1])"
-        out = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(job)], env=env, capture_output=True, text=True
-        )
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(job)], env=env, pass_fds=fds,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for fd in fds:  # the peer's alone: a driver sees the pipe close if the peer dies
+            os.close(fd)
+        stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
         return {"skipped": f"peer process failed: {last}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _peer_child(job_json: str) -> None:
@@ -177,6 +185,7 @@ def _peer_child(job_json: str) -> None:
     stats = time_peer(
         peer, ModelConfig.from_dict(job["cfg"]), job["device"], tokens, targets,
         job["steps"], job["warmup"], job["threads"], job["precision"], job["compiled"],
+        StepTurns(*job["turns"]) if job.get("turns") else None,
     )  # fmt: skip
     stats["process"] = "its own (a fresh Python process)"
     print(json.dumps(stats))

@@ -35,7 +35,7 @@ import numpy as np
 from euler.backend import make_backend
 from euler.bench.kernels import attention_batch, compare_attention, time_layers, tokenizer_speed
 from euler.bench.peer import LR, load_torch_peer, time_peer_in_own_process
-from euler.bench.timing import best_ms, peak_rss_mib, reset_peak_rss, time_steps
+from euler.bench.timing import StepTurns, best_ms, peak_rss_mib, reset_peak_rss, time_steps
 from euler.errors import EulerError
 from euler.model.config import ModelConfig, get_preset
 from euler.model.transformer import Model, make_targets
@@ -175,11 +175,12 @@ def synthetic_batch(cfg: ModelConfig, B: int, T: int, seed: int = 0):
 
 def time_engine(
     cfg: ModelConfig, be, device: str, tokens, targets, steps: int, warmup: int,
-    graph: bool = False, precision: str = "fp32",
+    graph: bool = False, precision: str = "fp32", turns: StepTurns | None = None,
 ) -> dict:  # fmt: skip
     """Our training step (forward, backward, clip, AdamW) on tokens (B, T), targets
     (K, B, T) in `precision` (be made for it by make_backend), as the trainer runs it (with
-    graph=True, replayed as CUDA graphs on a GPU): time_steps' statistics plus memory."""
+    graph=True, replayed as CUDA graphs on a GPU): time_steps' statistics plus memory; each
+    step in its turn where turns are given (bench/cpu_lockstep.py)."""
     rss0 = reset_peak_rss() if device == "cpu" else None
     if device == "cuda":
         be.release_unused()  # an earlier engine's buffers must not count in this one's memory
@@ -193,7 +194,7 @@ def time_engine(
         step_graph.update(graphs, opt, LR)
         return loss
 
-    stats = time_steps(step, be.synchronize, steps, warmup)  # the first step compiles
+    stats = time_steps(step, be.synchronize, steps, warmup, turns)  # the first compiles
     stats["cuda_graph_nodes"] = graphs.nodes()
     stats["precision"] = precision
     graphs.close()

@@ -7,10 +7,12 @@ does nothing). Memory is this process's resident set, read from /proc on Linux.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,29 +34,68 @@ def best_ms(fn: Callable[[], object], sync: Callable[[], None], reps: int, calls
     return 1e3 * best
 
 
+@dataclass(frozen=True)
+class StepTurns:
+    """Pipe ends through which a driving process hands this one each step's turn, so that
+    two engines on the same cores take steps in alternation and never overlap
+    (bench/cpu_lockstep.py): a byte read from `go` starts a step, a byte written to `done`
+    ends it."""
+
+    go: int
+    done: int
+
+    def wait(self) -> None:
+        """Block until the driver gives this process the next step."""
+        if os.read(self.go, 1) != b"g":
+            raise SystemExit("lockstep: the driving process went away")
+
+    def finished(self) -> None:
+        """Tell the driver that the step is over (the device synchronised)."""
+        os.write(self.done, b"d")
+
+
 def time_steps(
-    step: Callable[[], float], sync: Callable[[], None], steps: int, warmup: int
+    step: Callable[[], float],
+    sync: Callable[[], None],
+    steps: int,
+    warmup: int,
+    turns: StepTurns | None = None,
 ) -> dict:
     """Run 1 + warmup untimed training steps, then `steps` timed ones; their statistics.
 
     The first step is timed apart (`first_step_s`): it compiles. tokens/s is left to the
-    caller, which knows the tokens per step; `loss_last` is the last step's loss.
+    caller, which knows the tokens per step; `loss_last` is the last step's loss. With
+    turns, every step waits for its turn, and `step_ms` lists the timed steps' ms in order.
     """
+
+    def one() -> float:
+        if turns is not None:
+            turns.wait()
+        loss = step()
+        sync()
+        if turns is not None:
+            turns.finished()
+        return loss
+
     t0 = time.perf_counter()
-    step()
-    sync()
+    one()
     first_s = time.perf_counter() - t0
     for _ in range(warmup):
-        step()
+        one()
     times, host, loss = [], [], math.nan
     cpu0 = time.process_time()
     for _ in range(steps):
+        if turns is not None:
+            turns.wait()
         t0 = time.perf_counter()
         loss = step()
         host.append(time.perf_counter() - t0)
         sync()
         times.append(time.perf_counter() - t0)
-    return {
+        if turns is not None:
+            turns.finished()
+    extra = {"step_ms": [round(1e3 * t, 3) for t in times]} if turns is not None else {}
+    return extra | {
         "steps_timed": steps,
         "ms_per_step": 1e3 * float(np.median(times)),
         # until step() returned: Python's share on a GPU, which then waits for the device
