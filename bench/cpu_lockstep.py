@@ -29,6 +29,9 @@ from typing import Annotated
 import typer
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.cpu_scaling import cpu_name  # noqa: E402
+
 ENGINES = ("ours", "torch_eager")
 WAIT_S = 900  # the longest a step may take, its first (compiling) one included
 
@@ -130,6 +133,7 @@ def main(
         "report": "cpu lockstep: ours and PyTorch eager, one step each in turn",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "cpu": cpu_name(),
         "cores": cores[:threads],
         "preset": preset,
         "batch": batch,
