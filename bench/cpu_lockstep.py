@@ -30,7 +30,7 @@ import typer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cpu_scaling import cpu_name  # noqa: E402
+from bench.cpu_scaling import BatchSize, Preset, SeqLen, UntimedSteps, cpu_name  # noqa: E402
 
 ENGINES = ("ours", "torch_eager")
 WAIT_S = 900  # the longest a step may take, its first (compiling) one included
@@ -87,13 +87,11 @@ def pair_ratios(ours_ms: list[float], peer_ms: list[float]) -> list[float]:
 
 def main(
     threads: Annotated[int, typer.Option(help="Cores (the first this process may use).")] = 2,
-    preset: Annotated[str, typer.Option(help="Model preset.")] = "small",
-    batch: Annotated[int, typer.Option("--batch-size", help="Sequences per step (B).")] = 16,
-    seq: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence (T).")] = 128,
+    preset: Preset = "small",
+    batch: BatchSize = 16,
+    seq: SeqLen = 128,
     steps: Annotated[int, typer.Option(help="Timed steps per engine (pairs).")] = 60,
-    warmup: Annotated[
-        int, typer.Option("--untimed-steps", help="Untimed steps after the first.")
-    ] = 10,
+    warmup: UntimedSteps = 10,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
 ) -> None:
     """Time ours and PyTorch eager in alternating steps on the same cores; print the ratio."""

@@ -162,15 +162,22 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# the workload's options, shared with bench/cpu_lockstep.py
+Preset = Annotated[str, typer.Option(help="Model preset.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per step (B).")]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence (T).")]
+UntimedSteps = Annotated[
+    int, typer.Option("--untimed-steps", help="Untimed steps after the first.")
+]
+
+
 def main(
     threads: Annotated[str, typer.Option(help="Thread counts, comma-separated.")] = "1,2",
-    preset: Annotated[str, typer.Option(help="Model preset.")] = "small",
-    batch: Annotated[int, typer.Option("--batch-size", help="Sequences per step (B).")] = 16,
-    seq: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence (T).")] = 128,
+    preset: Preset = "small",
+    batch: BatchSize = 16,
+    seq: SeqLen = 128,
     steps: Annotated[int, typer.Option(help="Timed steps per engine.")] = 10,
-    warmup: Annotated[
-        int, typer.Option("--untimed-steps", help="Untimed steps after the first.")
-    ] = 2,
+    warmup: UntimedSteps = 2,
     peer: Annotated[bool, typer.Option(help="Time PyTorch eager too.")] = True,
     compile_at: Annotated[
         str, typer.Option(help="Thread counts at which torch.compile is timed too.")
