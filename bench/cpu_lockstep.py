@@ -80,6 +80,16 @@ def _why(proc: subprocess.Popen) -> str:
     return (err.strip().splitlines() or ["no output"])[-1]
 
 
+def _turn(go: int, done: int) -> bool:
+    """Give a worker one step; whether it came back within WAIT_S (False: it is gone)."""
+    try:
+        os.write(go, b"g")
+    except BrokenPipeError:
+        return False
+    ready, _, _ = select.select([done], [], [], WAIT_S)
+    return bool(ready) and os.read(done, 1) == b"d"
+
+
 def pair_ratios(ours_ms: list[float], peer_ms: list[float]) -> list[float]:
     """Each pair's peer ms over ours: above 1 where ours was the faster of the pair."""
     return [p / o for o, p in zip(ours_ms, peer_ms, strict=True)]
@@ -112,9 +122,7 @@ def main(
         os.close(done_w)
     for i in range(1 + warmup + steps):
         for name in ENGINES if i % 2 == 0 else ENGINES[::-1]:
-            os.write(go[name], b"g")
-            ready, _, _ = select.select([done[name]], [], [], WAIT_S)
-            if not ready or os.read(done[name], 1) != b"d":
+            if not _turn(go[name], done[name]):
                 for p in procs.values():
                     p.kill()
                 raise SystemExit(f"{name}: no step came back: {_why(procs[name])}")
