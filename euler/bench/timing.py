@@ -54,6 +54,10 @@ class StepTurns:
         os.write(self.done, b"d")
 
 
+def _nothing() -> None:
+    pass
+
+
 def time_steps(
     step: Callable[[], float],
     sync: Callable[[], None],
@@ -67,33 +71,26 @@ def time_steps(
     caller, which knows the tokens per step; `loss_last` is the last step's loss. With
     turns, every step waits for its turn, and `step_ms` lists the timed steps' ms in order.
     """
+    wait, finished = (turns.wait, turns.finished) if turns is not None else (_nothing, _nothing)
 
-    def one() -> float:
-        if turns is not None:
-            turns.wait()
-        loss = step()
-        sync()
-        if turns is not None:
-            turns.finished()
-        return loss
-
-    t0 = time.perf_counter()
-    one()
-    first_s = time.perf_counter() - t0
-    for _ in range(warmup):
-        one()
-    times, host, loss = [], [], math.nan
-    cpu0 = time.process_time()
-    for _ in range(steps):
-        if turns is not None:
-            turns.wait()
+    def one() -> tuple[float, float, float]:
+        """A step in its turn: (loss, s until step() returned, s until synchronised)."""
+        wait()
         t0 = time.perf_counter()
         loss = step()
-        host.append(time.perf_counter() - t0)
+        returned = time.perf_counter() - t0
         sync()
-        times.append(time.perf_counter() - t0)
-        if turns is not None:
-            turns.finished()
+        done = time.perf_counter() - t0
+        finished()
+        return loss, returned, done
+
+    first_s = one()[2]
+    for _ in range(warmup):
+        one()
+    cpu0 = time.process_time()
+    runs = [one() for _ in range(steps)]
+    loss = runs[-1][0] if runs else math.nan
+    host, times = [r[1] for r in runs], [r[2] for r in runs]
     extra = {"step_ms": [round(1e3 * t, 3) for t in times]} if turns is not None else {}
     return extra | {
         "steps_timed": steps,
