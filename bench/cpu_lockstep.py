@@ -30,7 +30,14 @@ import typer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cpu_scaling import BatchSize, Preset, SeqLen, UntimedSteps, cpu_name  # noqa: E402
+from bench.cpu_scaling import (  # noqa: E402
+    BatchSize,
+    Preset,
+    SeqLen,
+    UntimedSteps,
+    cpu_name,
+    pinned_child,
+)
 
 ENGINES = ("ours", "torch_eager")
 WAIT_S = 900  # the longest a step may take, its first (compiling) one included
@@ -56,19 +63,6 @@ def _worker(job: dict) -> dict:
     return time_peer_in_own_process(
         cfg, "cpu", tokens, targets, steps, warmup, threads, "fp32", False, turns
     )
-
-
-def _spawn(n: int, cores: list[int], job: dict) -> subprocess.Popen:
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
-    code = (  # euler first: it picks OpenBLAS's kernels before NumPy loads the library
-        "import euler; import json, sys; from bench.cpu_lockstep import _worker; "
-        "print(json.dumps(_worker(json.loads(sys.argv[1]))))"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(job)], env=env, cwd=ROOT,
-        pass_fds=tuple(job["turns"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, preexec_fn=lambda: os.sched_setaffinity(0, cores[:n]),
-    )  # fmt: skip
 
 
 def _why(proc: subprocess.Popen) -> str:
@@ -117,7 +111,8 @@ def main(
         job = {"engine": "ours" if name == "ours" else "torch", "preset": preset,
                "batch": batch, "seq": seq, "steps": steps, "warmup": warmup,
                "turns": [go_r, done_w]}  # fmt: skip
-        procs[name] = _spawn(threads, cores, job)
+        procs[name] = pinned_child(threads, cores, "bench.cpu_lockstep:_worker", job,
+                                   (go_r, done_w))  # fmt: skip
         os.close(go_r)
         os.close(done_w)
     for i in range(1 + warmup + steps):

@@ -70,20 +70,29 @@ def _child(job: dict) -> dict:
     return row
 
 
-def _run_pinned(n: int, cores: list[int], job: dict) -> dict:
+def pinned_child(n: int, cores: list[int], entry: str, job: dict, fds=()) -> subprocess.Popen:
+    """A Python process on the first n of cores with n Numba and OpenMP threads, printing
+    entry(job) as its last line of JSON; entry is "module:function" from the repository
+    root, fds the file descriptors it inherits."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
+    module, function = entry.split(":")
     code = (  # euler first: it picks OpenBLAS's kernels before NumPy loads the library
-        "import euler; import json, sys; from bench.cpu_scaling import _child; "
-        "print(json.dumps(_child(json.loads(sys.argv[1]))))"
+        f"import euler; import json, sys; from {module} import {function}; "
+        f"print(json.dumps({function}(json.loads(sys.argv[1]))))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(job)],
-        env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
-        preexec_fn=lambda: os.sched_setaffinity(0, cores[:n]),
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(job)], env=env, pass_fds=fds,
+        cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, cores[:n]),
     )  # fmt: skip
-    if out.returncode != 0:
-        raise SystemExit(f"threads={n}: the child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run_pinned(n: int, cores: list[int], job: dict) -> dict:
+    proc = pinned_child(n, cores, "bench.cpu_scaling:_child", job)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"threads={n}: the child failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _median_row(rounds: list[dict]) -> dict:
