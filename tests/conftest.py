@@ -11,9 +11,13 @@ read it: the session's copy of the file holds only the reporting tests); its fix
   simulator_scheduler.py's).
 - simulator=False: the sm_90 PTX compiles, a minute or two of NVVM on one core.
 
-The four background runs take about 400 s of CPU (measured on the 2-core machine): they
+The four background runs take about 300 s of CPU (measured on the 2-core machine): they
 run at the lowest priority, so the session (the longest chain) keeps a core, and their
-reporting tests come last, so the session waits for them only at its end.
+reporting tests come last, so the session waits for them only at its end. A default
+selection over their files (`-m 'not slow'`, no `-k`) starts the runs of EARLY_RUNS when the
+session starts, not when collection ends: collecting imports torch, hypothesis and more for
+about 15 s while the other core would idle. A run that collection then does not pick is
+stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
 BACKGROUND_NICE = 19
+# (file under the repository, marks, simulator) of the runs a default selection reports
+EARLY_RUNS = (
+    ("tests/test_gpu_sim.py", "", True),
+    ("tests/test_gpu_ptx.py", "not slow", False),
+    ("tests/test_gpu_tc.py", "not slow", False),
+    ("tests/test_gpu_tc.py", "not slow", True),
+)
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
+_EARLY: dict[tuple[str, str, bool], tuple[subprocess.Popen, object]] = {}  # started, unclaimed
 
 IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"
 
@@ -39,11 +51,12 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     install()
 
 
-def _start(item: pytest.Item) -> None:
-    marker = item.get_closest_marker("background_run")
-    if marker is None or IN_BACKGROUND or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return
-    file, marks, simulator = marker.args
+def _run_key(file: str, marks: str, simulator: bool) -> tuple[str, str, bool]:
+    return str(Path(file).resolve().relative_to(ROOT)), marks, simulator
+
+
+def _launch(file: str, marks: str, simulator: bool) -> tuple[subprocess.Popen, object]:
+    """Start `pytest -m marks file` in a niced subprocess; (process, its output file)."""
     # without hypothesis's plugin: no background suite uses it, and its import costs seconds
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
     cmd += ["-p", "no:hypothesispytest"]
@@ -56,7 +69,35 @@ def _start(item: pytest.Item) -> None:
     # background runs share what is left (at nice 5 the four together outweighed it)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=lambda: os.nice(BACKGROUND_NICE))  # fmt: skip
-    _RUNS[item.nodeid] = (proc, out)
+    return proc, out
+
+
+def _in_background() -> bool:
+    return IN_BACKGROUND or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start EARLY_RUNS under the session's paths when the selection is the default."""
+    opt = session.config.option
+    if _in_background() or opt.collectonly or opt.markexpr != "not slow" or opt.keyword:
+        return
+    paths = [Path(a) for a in session.config.args]
+    if any("::" in str(p) for p in paths):
+        return
+    paths = [p.resolve() for p in paths]
+    for key in EARLY_RUNS:
+        file = ROOT / key[0]
+        if any(p == file or p in file.parents for p in paths):
+            _EARLY[key] = _launch(str(file), *key[1:])
+
+
+def _start(item: pytest.Item) -> None:
+    """Bind the item to its run: the one started early, or a new one."""
+    marker = item.get_closest_marker("background_run")
+    if marker is None or _in_background():
+        return
+    early = _EARLY.pop(_run_key(*marker.args), None)
+    _RUNS[item.nodeid] = early or _launch(*marker.args)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,12 +117,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     for item in session.items:
         _start(item)
+    _stop(_EARLY.values())  # started early, but collection did not pick their tests
+    _EARLY.clear()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for proc, out in _RUNS.values():  # runs whose test never came (an earlier -x stop)
+    # runs whose test never came (an earlier -x stop), or early ones when collection failed
+    _stop([*_RUNS.values(), *_EARLY.values()])
+
+
+def _stop(runs) -> None:
+    for proc, out in runs:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
         out.close()
 
 
