@@ -17,7 +17,9 @@ reporting tests come last, so the session waits for them only at its end. A defa
 selection over their files (`-m 'not slow'`, no `-k`) starts the runs of EARLY_RUNS when the
 session starts, not when collection ends: collecting imports torch, hypothesis and more for
 about 15 s while the other core would idle. A run that collection then does not pick is
-stopped.
+stopped. A default selection of the whole folder also starts tests/prewarm.py, at normal
+priority: it compiles kernels the session needs only later into Numba's cache, and
+test_background_runs.py's last test reports it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ EARLY_RUNS = (
 )
 _RUNS: dict[str, tuple[subprocess.Popen, object]] = {}  # nodeid -> (process, its output)
 _EARLY: dict[tuple[str, str, bool], tuple[subprocess.Popen, object]] = {}  # started, unclaimed
+_PREWARM: list[tuple[subprocess.Popen, object]] = []  # tests/prewarm.py, when started
 
 IN_BACKGROUND = os.environ.get("EULER_TEST_BACKGROUND") == "1"
 
@@ -62,13 +65,18 @@ def _launch(file: str, marks: str, simulator: bool) -> tuple[subprocess.Popen, o
     cmd += ["-p", "no:hypothesispytest"]
     cmd += ["-m", marks] if marks else []
     cmd += [str(Path(file))]
-    out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     env = dict(os.environ, EULER_TEST_BACKGROUND="1")
     env["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
     # niced: the session is the longest chain of tests, so it keeps a core while the
     # background runs share what is left (at nice 5 the four together outweighed it)
+    return _popen(cmd, env, BACKGROUND_NICE)
+
+
+def _popen(cmd: list[str], env: dict, nice: int) -> tuple[subprocess.Popen, object]:
+    """Start cmd in the repository at the given niceness; (process, its output file)."""
+    out = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nobody reads it until the end
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=lambda: os.nice(BACKGROUND_NICE))  # fmt: skip
+                            text=True, preexec_fn=lambda: os.nice(nice))  # fmt: skip
     return proc, out
 
 
@@ -85,6 +93,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if any("::" in str(p) for p in paths):
         return
     paths = [p.resolve() for p in paths]
+    if any(p in (ROOT, ROOT / "tests") for p in paths):
+        _PREWARM.append(_popen([sys.executable, "-m", "tests.prewarm"], dict(os.environ), 0))
     for key in EARLY_RUNS:
         file = ROOT / key[0]
         if any(p == file or p in file.parents for p in paths):
@@ -108,8 +118,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The background runs' reporting tests last, in their order."""
-    items.sort(key=lambda item: item.get_closest_marker("background_run") is not None)
+    """The reporting tests of the background runs and of the prewarm last, in their order."""
+
+    def reports(item: pytest.Item) -> bool:
+        marked = item.get_closest_marker("background_run") is not None
+        return marked or "prewarm_result" in getattr(item, "fixturenames", ())
+
+    items.sort(key=reports)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -123,7 +138,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     # runs whose test never came (an earlier -x stop), or early ones when collection failed
-    _stop([*_RUNS.values(), *_EARLY.values()])
+    _stop([*_RUNS.values(), *_EARLY.values(), *_PREWARM])
 
 
 def _stop(runs) -> None:
@@ -137,7 +152,11 @@ def _stop(runs) -> None:
 @pytest.fixture
 def background_run_result(request: pytest.FixtureRequest) -> tuple[int, str]:
     """(exit status, the last 8,000 characters of output) of the test's background run."""
-    proc, out = _RUNS[request.node.nodeid]
+    return _result(*_RUNS[request.node.nodeid])
+
+
+def _result(proc: subprocess.Popen, out) -> tuple[int, str]:
+    """Wait for proc (killed after TIMEOUT_S); (exit status, the end of its output)."""
     try:
         rc = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -145,6 +164,16 @@ def background_run_result(request: pytest.FixtureRequest) -> tuple[int, str]:
         rc = proc.wait()
     out.seek(0)
     return rc, out.read()[-8000:]
+
+
+@pytest.fixture
+def prewarm_result() -> tuple[int, str]:
+    """(exit status, the last 8,000 characters of output) of tests/prewarm.py's run;
+    skips when this session did not start one."""
+    if not _PREWARM:
+        pytest.skip("no prewarm in this session: it starts with a default run of the folder")
+    proc, out = _PREWARM[0]
+    return _result(proc, out)
 
 
 @pytest.fixture(scope="module")

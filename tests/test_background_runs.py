@@ -1,4 +1,5 @@
-"""conftest.py's early start: EARLY_RUNS must name the default selection's background runs."""
+"""conftest.py's early starts: EARLY_RUNS names the default selection's background runs, and
+the prewarm (tests/prewarm.py) ran through."""
 
 from __future__ import annotations
 
@@ -18,3 +19,10 @@ def test_early_runs_are_the_default_selections_background_runs():
                 continue
             found |= {conftest._run_key(*m.args) for m in marks if m.name == "background_run"}
     assert found == set(conftest.EARLY_RUNS)
+
+
+def test_the_prewarm_compiled_without_an_error(prewarm_result):
+    """tests/prewarm.py, started with the session, ran through: a kernel it names that
+    no longer exists or takes other arguments stops it, and the session would compile alone."""
+    rc, out = prewarm_result
+    assert rc == 0, out
