@@ -1,5 +1,5 @@
-"""Session hooks: the background runs start as soon as collection has picked their tests,
-so that their minutes overlap the rest of the session on the other core.
+"""Session hooks: the background runs start with the session (or as soon as collection has
+picked their tests), so that their minutes overlap the rest of the session on the other core.
 
 A test marked `background_run(file, marks, simulator)` reports a pytest subprocess that runs
 the file's tests selected by `-m marks` with EULER_TEST_BACKGROUND=1 (the file's own tests

@@ -4,7 +4,7 @@ The launchers are driven with host arrays while kernel launches are intercepted,
 kernel is compiled for exactly the argument types its launcher passes. float32 kernels
 must carry no float64 arithmetic (a stray Python float literal would promote the math);
 only the norm and loss reductions, which accumulate in float64 on purpose, may. The
-compiles run in a subprocess started at collection (conftest.py), beside the session.
+compiles run in a subprocess started by conftest.py, beside the session.
 """
 
 from __future__ import annotations
@@ -241,5 +241,5 @@ else:
         __file__,
         "not slow",
         False,
-        "This file's PTX compiles, in a subprocess started at collection (conftest.py).",
+        "This file's PTX compiles, in a subprocess started by conftest.py.",
     )

@@ -2,7 +2,7 @@
 
 NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so the one test that
 runs in the ordinary session reports this same file run again in a subprocess with it set
-(started as the session's collection ends, conftest.py);
+(started by conftest.py beside the session);
 there the layer checks of test_gpu_device.py run on a GpuBackend whose blocks and tiles
 are small (the simulator runs one Python thread per GPU thread) and whose matrix products
 come from NumPy (cuBLAS cannot run in the simulator). Block reductions take their
@@ -23,7 +23,7 @@ if not IN_SIMULATOR:
     from tests.background import background_test
 
     test_kernels_in_simulator = background_test(
-        __file__, "", True, "This file's simulator tests (started at collection: conftest.py)."
+        __file__, "", True, "This file's simulator tests (started by conftest.py)."
     )
     test_kernels_in_simulator_slow = background_test(
         __file__, "slow", True, "This file's slow simulator tests (minutes each)."

@@ -141,7 +141,7 @@ if not IN_BACKGROUND:  # the session: quick checks, and the reports of the backg
         __file__,
         "not slow",
         False,
-        "This file's PTX checks at head size 16, in a subprocess started at collection.",
+        "This file's PTX checks at head size 16, in a subprocess started by conftest.py.",
     )
     test_ptx_in_background_slow = background_test(
         __file__, "slow", False, "The PTX checks at head sizes 8 and 64 (minutes of NVVM)."
@@ -150,7 +150,7 @@ if not IN_BACKGROUND:  # the session: quick checks, and the reports of the backg
         __file__,
         "not slow",
         True,
-        "This file's simulator tests, in a subprocess started at collection.",
+        "This file's simulator tests, in a subprocess started by conftest.py.",
     )
     test_in_simulator_slow = background_test(
         __file__,
