@@ -85,7 +85,8 @@ def _in_background() -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Start EARLY_RUNS under the session's paths when the selection is the default."""
+    """When the selection is the default: start EARLY_RUNS under the session's paths, and
+    the prewarm when the paths hold the whole tests folder."""
     opt = session.config.option
     if _in_background() or opt.collectonly or opt.markexpr != "not slow" or opt.keyword:
         return
