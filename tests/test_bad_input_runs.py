@@ -235,6 +235,12 @@ CASES = (
             "train out in use", TRAIN, ("{root}/run is in use by another run (PID 4242)",), locked()
         ),  # fmt: skip
         Case(
+            "train out holds a run in use",
+            TRAIN,
+            ("{root}/run is in use by another run (PID 4242)",),
+            locked(run_copy()),
+        ),  # a run that trains there now: --resume, which 'already holds' offers, is refused too
+        Case(
             "train overwrite in use",
             (*TRAIN, "--overwrite"),
             ("in use by another run (PID 77)",),

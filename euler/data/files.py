@@ -151,6 +151,22 @@ def acquire_lock(path: Path, busy: str) -> int:
     return fd
 
 
+def lock_holder(path: Path) -> str | None:
+    """The PID (as acquire_lock's message gives it) of the process holding the lock file
+    `path`, or None when no process holds it; never creates the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file: nobody holds it (a holder unlinks it before letting go)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _lock_holder(fd)
+    finally:
+        os.close(fd)  # closing lets go of the shared lock when it was free
+    return None
+
+
 def release_lock(path: Path, fd: int) -> None:
     """Let go of a lock acquire_lock took: unlink the file while still holding it."""
     Path(path).unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euler import ownership
-from euler.data.files import acquire_lock, release_lock
+from euler.data.files import acquire_lock, lock_holder, release_lock
 from euler.errors import EulerError
 from euler.model.config import ModelConfig
 from euler.schema import Fields, read_json
@@ -118,7 +118,11 @@ def lock_run(run: Path, create: bool, owner: bool = True) -> Iterator[None]:
 
 def _acquire(run: Path) -> int:
     """Take RUN/.lock (flock, not waiting) and write our PID in it; refuse a held one."""
-    return acquire_lock(run / LOCK_FILE, f"{run} is in use by another run")
+    return acquire_lock(run / LOCK_FILE, _busy(run))
+
+
+def _busy(run: Path) -> str:
+    return f"{run} is in use by another run"
 
 
 def check_folder(run: Path) -> None:
@@ -152,11 +156,15 @@ def remove_temp_files(run: Path) -> None:
 def check_run_dir(run: Path, overwrite: bool, reads: Iterable[tuple[str, Path]] = ()) -> bool:
     """Refuse a folder a fresh run may not take (euler.ownership's rule): one that holds a
     run unless overwrite, one of another kind or holding run files but no run.json, one
-    that holds an input (reads). True when it holds a run to replace."""
+    that holds an input (reads); a refused folder that another run trains in now is named
+    so, with its PID. True when it holds a run to replace."""
     try:
         replace = ownership.claim_folder(run, ownership.RUN, overwrite, reads,
                                          foreign_ok=RUN_FILES)  # fmt: skip
     except EulerError:
+        holder = lock_holder(run / LOCK_FILE)
+        if holder is not None:  # a run trains there now: --resume would be refused too
+            raise EulerError(f"{_busy(run)} (PID {holder})") from None
         if overwrite or ownership.identify(run).kind is not ownership.RUN:
             raise
         what = "a run"
