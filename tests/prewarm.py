@@ -21,14 +21,13 @@ import numpy as np
 
 def _model_step(dtype) -> None:
     """A tiny model's forward, backward, evaluation loss and AdamW step in dtype."""
+    from euler.bench.steps import synthetic_batch
     from euler.model.config import get_preset
-    from euler.model.transformer import Model, make_targets
+    from euler.model.transformer import Model
     from euler.training.optim import AdamW, AdamWConfig
 
     cfg = get_preset("tiny")
-    B, T, K = 2, 16, cfg.n_mtp
-    window = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T + K)).astype(np.int32)
-    tokens, targets = window[:, :T], make_targets(window, T, K, None)
+    tokens, targets = synthetic_batch(cfg, 2, 16)
     model = Model(cfg, dtype=dtype, seed=1)
     model.forward(tokens, targets, need_grad=True)
     model.backward()
